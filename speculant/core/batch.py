@@ -1,0 +1,64 @@
+"""What the scheduler hands to the rest of the step.
+
+A step's batch is ordered prefill chunks first, then decodes ("prefill |
+decode"). Every later stage (proposer, scorer, acceptance, commit) walks the
+same two lists, so no index bookkeeping is needed to map results back.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from speculant.core.request import Request
+
+
+@dataclass(slots=True)
+class ScheduledRequest:
+    """One request's share of a step.
+
+    ``num_new_tokens`` tokens of the request's own sequence are fed, starting
+    at ``request.num_computed_tokens``. Decodes feed one token (the last
+    sampled one) plus ``num_spec_tokens`` proposals budgeted for them.
+    """
+
+    request: Request
+    num_new_tokens: int
+    num_spec_tokens: int = 0
+
+    @property
+    def start(self) -> int:
+        """Position of the first token fed this step."""
+        return self.request.num_computed_tokens
+
+    @property
+    def samples(self) -> bool:
+        """True when this step reaches the end of the sequence (terminal chunk
+        or decode), so a token is sampled; False for a non-terminal chunk."""
+        return self.start + self.num_new_tokens == self.request.num_tokens
+
+    @property
+    def new_token_ids(self) -> list[int]:
+        return self.request.token_ids[self.start:self.start + self.num_new_tokens]
+
+
+@dataclass(slots=True)
+class StepBatch:
+    prefills: list[ScheduledRequest] = field(default_factory=list)
+    decodes: list[ScheduledRequest] = field(default_factory=list)
+    preempted: list[Request] = field(default_factory=list)
+
+    @property
+    def entries(self) -> list[ScheduledRequest]:
+        return self.prefills + self.decodes
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(s.num_new_tokens + s.num_spec_tokens for s in self.entries)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.prefills and not self.decodes
+
+    @property
+    def num_spec_tokens(self) -> list[int]:
+        return [d.num_spec_tokens for d in self.decodes]

@@ -1,0 +1,186 @@
+"""Engine configuration: pydantic v2 models, loadable from TOML or YAML.
+
+Every model forbids unknown keys. ``load_config`` turns validation failures
+into one ``ConfigError`` that lists every problem with the file, the key path,
+the value received and what is allowed.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+
+class StrictModel(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ModelConfig(StrictModel):
+    path: str
+    """Local Hugging Face model directory (config.json, safetensors, tokenizer)."""
+    tokenizer: str | None = None
+    """Tokenizer directory; defaults to ``path``."""
+    dtype: Literal["float32", "float64", "bfloat16", "float16"] = "float32"
+    """Weights and activations dtype. float32 is the exact default on CPU."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """``auto`` picks CUDA when available, else the CPU."""
+    max_model_len: int | None = Field(default=None, ge=2)
+    """Longest prompt + output; defaults to the model's max_position_embeddings."""
+    attention_backend: str = "auto"
+    """``auto``, ``torch`` (reference) or a registered backend name."""
+    linear_backend: Literal["auto", "default", "onednn"] = "auto"
+    """``onednn`` pre-packs linear weights (CPU, float32/bfloat16); ``auto``
+    packs when that is supported and exact."""
+    seed: int = 0
+    """Engine seed: requests without their own seed draw theirs from it."""
+
+
+class CacheConfig(StrictModel):
+    block_size: int = Field(default=16, ge=1, le=1024)
+    """Tokens per KV block."""
+    num_blocks: int | None = Field(default=None, ge=1)
+    """Exact pool size in blocks; overrides ``memory_gb``."""
+    memory_gb: float = Field(default=1.0, gt=0)
+    """KV pool budget in GiB when ``num_blocks`` is not set."""
+
+
+class SchedulerConfig(StrictModel):
+    max_num_batched_tokens: int = Field(default=512, ge=1)
+    """Token budget of one step (prefill chunk tokens + decode tokens + drafts)."""
+    max_num_seqs: int = Field(default=64, ge=1)
+    """Most requests in one step."""
+    enable_chunked_prefill: bool = True
+    """Split prompts longer than the remaining budget across steps."""
+
+
+class SpeculativeConfig(StrictModel):
+    proposer: str | None = None
+    """Registered proposer name; None turns speculation off."""
+    proposer_options: dict[str, Any] = Field(default_factory=dict)
+    """Options validated against the chosen proposer's options model."""
+    scorer: str = "mqa"
+    """Registered scorer name."""
+    acceptance: str = "rejection"
+    """Registered acceptance method name."""
+    acceptance_options: dict[str, Any] = Field(default_factory=dict)
+    """Options validated against the chosen acceptance method's options model."""
+    num_speculative_tokens: int = Field(default=4, ge=1, le=64)
+    """k: proposals per decode per step."""
+    disable_by_batch_size: int | None = Field(default=None, ge=1)
+    """Above this many running requests, speculation is off for the step."""
+
+    @property
+    def enabled(self) -> bool:
+        return self.proposer is not None
+
+
+class EngineConfig(StrictModel):
+    model: ModelConfig
+    cache: CacheConfig = Field(default_factory=CacheConfig)
+    scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
+    speculative: SpeculativeConfig = Field(default_factory=SpeculativeConfig)
+
+    @model_validator(mode="after")
+    def _check_budget(self) -> "EngineConfig":
+        if self.scheduler.max_num_batched_tokens < self.scheduler.max_num_seqs:
+            raise ValueError(
+                f"scheduler.max_num_batched_tokens={self.scheduler.max_num_batched_tokens} is below "
+                f"scheduler.max_num_seqs={self.scheduler.max_num_seqs}: every running request needs "
+                "at least one token per step. Raise max_num_batched_tokens or lower max_num_seqs."
+            )
+        return self
+
+
+class ConfigError(ValueError):
+    """A config file or override that failed validation; lists every problem."""
+
+    def __init__(self, source: str, problems: list[str]) -> None:
+        self.source = source
+        self.problems = problems
+        lines = "\n".join(f"  - {p}" for p in problems)
+        super().__init__(f"invalid configuration in {source}:\n{lines}")
+
+
+def _allowed_keys(model: type[BaseModel], loc: tuple) -> list[str] | None:
+    """Field names of the model at ``loc`` (minus the offending key)."""
+    current: Any = model
+    for part in loc[:-1]:
+        field = getattr(current, "model_fields", {}).get(part)
+        if field is None:
+            return None
+        current = field.annotation
+    fields = getattr(current, "model_fields", None)
+    return sorted(fields) if fields else None
+
+
+def format_validation_error(err: ValidationError, root: type[BaseModel] = EngineConfig,
+                            prefix: str = "") -> list[str]:
+    problems = []
+    for e in err.errors():
+        loc = tuple(e["loc"])
+        path = prefix + ".".join(str(p) for p in loc) if loc else prefix.rstrip(".") or "(top level)"
+        if e["type"] == "extra_forbidden":
+            allowed = _allowed_keys(root, loc)
+            hint = f"; allowed keys: {', '.join(allowed)}" if allowed else ""
+            problems.append(f"{path}: unknown key{hint}")
+        elif e["type"] == "missing":
+            problems.append(f"{path}: required key is missing")
+        else:
+            msg = e["msg"].removeprefix("Value error, ")
+            problems.append(f"{path} = {e.get('input')!r}: {msg}")
+    return problems
+
+
+def read_config_file(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(str(path), [f"file not found: {path} (pass a .toml, .yaml or .yml file)"])
+    text = path.read_text()
+    try:
+        if path.suffix == ".toml":
+            data = tomllib.loads(text)
+        elif path.suffix in (".yaml", ".yml"):
+            data = yaml.safe_load(text) or {}
+        else:
+            raise ConfigError(str(path), [f"unknown config format {path.suffix!r}: use .toml, .yaml or .yml"])
+    except (tomllib.TOMLDecodeError, yaml.YAMLError) as exc:
+        raise ConfigError(str(path), [f"cannot parse: {exc}"]) from exc
+    if not isinstance(data, dict):
+        raise ConfigError(str(path), ["top level must be a table/mapping of sections"])
+    return data
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply ``key.path=value`` strings (value parsed as TOML, else a string)."""
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError("--set", [f"{item!r}: expected key.path=value"])
+        key, raw = item.split("=", 1)
+        try:
+            value = tomllib.loads(f"v = {raw}")["v"]
+        except tomllib.TOMLDecodeError:
+            value = raw
+        node = data
+        parts = key.strip().split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError("--set", [f"{key}: {part} is not a section"])
+        node[parts[-1]] = value
+    return data
+
+
+def build_config(data: dict[str, Any], source: str = "<arguments>") -> EngineConfig:
+    try:
+        return EngineConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(source, format_validation_error(exc)) from None
+
+
+def load_config(path: str | Path, overrides: list[str] | None = None) -> EngineConfig:
+    data = apply_overrides(read_config_file(path), overrides or [])
+    return build_config(data, str(path))

@@ -1,0 +1,54 @@
+"""The scorer interface: run the target over a step's batch and return its
+logits at exactly the positions that need them."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
+
+import torch
+from pydantic import BaseModel
+
+from speculant.core.capabilities import ScorerCapabilities
+from speculant.proposers.base import NoOptions, Proposals
+
+if TYPE_CHECKING:
+    from speculant.core.batch import StepBatch
+    from speculant.core.model_runner import ModelRunner
+
+
+@dataclass(frozen=True)
+class Scores:
+    """Target outputs for one step.
+
+    ``prefill_logits`` has one row per prefill entry that samples (terminal
+    chunks), in batch order. ``decode_logits[i, j]`` is the target's logits
+    after the decode's last token and its first j proposals, for
+    j = 0..lens[i]; rows past lens[i] are unspecified.
+    """
+
+    prefill_logits: torch.Tensor  # [num_sampling_prefills, V]
+    decode_logits: torch.Tensor  # [num_decodes, k_max + 1, V]
+    prefill_hidden: torch.Tensor | None = None  # [num_sampling_prefills, H]
+    decode_hidden: torch.Tensor | None = None  # [num_decodes, k_max + 1, H]
+
+
+class Scorer(ABC):
+    name: ClassVar[str]
+    capabilities: ClassVar[ScorerCapabilities] = ScorerCapabilities()
+    Options: ClassVar[type[BaseModel]] = NoOptions
+
+    def __init__(self, options: BaseModel | None = None) -> None:
+        self.options = options
+
+    @abstractmethod
+    def score(
+        self,
+        runner: "ModelRunner",
+        batch: "StepBatch",
+        proposals: Proposals,
+        want_hidden: bool = False,
+    ) -> Scores:
+        """Run the target once over ``batch`` with ``proposals`` appended to
+        its decodes and return the logits that sampling and acceptance need."""
