@@ -53,3 +53,6 @@ class AttentionBackendCapabilities:
     """Accepts query runs of length > 1 over a cached, paged prefix."""
     devices: tuple[str, ...] = ("cpu", "cuda")
     """torch device types the backend runs on."""
+    priority: int = 0
+    """``attention_backend = 'auto'`` picks the highest-priority backend that
+    runs on the model's device (the reference backend has 0)."""

@@ -175,10 +175,16 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
 
 
 def build_config(data: dict[str, Any], source: str = "<arguments>") -> EngineConfig:
+    """Validate ``data`` into an ``EngineConfig``, including the plugin checks
+    of ``speculant.core.compat`` (names, plugin options, supported
+    combinations), so an unsupported config never reaches the engine."""
+    from speculant.core import compat  # lazy: compat imports this module and loads plugins
+
     try:
-        return EngineConfig.model_validate(data)
+        config = EngineConfig.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(source, format_validation_error(exc)) from None
+        raise ConfigError(source, format_validation_error(exc) + compat.data_problems(data)) from None
+    return compat.validate_config(config, source=source)
 
 
 def load_config(path: str | Path, overrides: list[str] | None = None) -> EngineConfig:

@@ -1,0 +1,216 @@
+"""Time one linear layer for small row counts under each CPU route.
+
+Why: speculative decoding pays only when verifying ``k + 1`` tokens costs about
+as much as decoding one, so the linear layers must stay near the memory-bandwidth
+bound for 1-16 rows. This script measures ms per call for every route below,
+next to the bound (weight bytes / measured read bandwidth).
+
+Routes (all exact up to float32 summation order):
+
+* ``default``        ``F.linear`` with the stored ``[out, in]`` weight (MKL on CPU).
+* ``onednn_packed``  weight reordered once by ``torch.ops.mkldnn._reorder_linear_weight``,
+                     run by ``torch.ops.mkldnn._linear_pointwise`` (what
+                     ``speculant.core.linear_backend`` uses).
+* ``onednn_dense``   the same oneDNN op given the plain ``[out, in]`` weight (no
+                     packed copy; oneDNN picks its kernel per call).
+* ``mkldnn_utils``   the public ``torch.utils.mkldnn.to_mkldnn(linear)``; its input
+                     must be converted ``to_mkldnn()`` and back ``to_dense()``.
+* ``transposed``     weight stored ``[in, out]``, ``torch.addmm(bias, x, w_t)``.
+* ``weight_left``    ``(w @ x.T).T + bias``: the small row count becomes GEMM's N.
+* ``mkl_packed``     ``torch.ops.mkl._mkl_reorder_linear_weight`` packed for one
+                     batch size (needs a packed copy per row count plus the
+                     original weight, so it is listed for comparison only).
+* ``compile_freezing`` (opt-in, slow) ``torch.compile`` with inductor freezing;
+                     compiled once per row count and weight copy (use it with
+                     ``--pool-mb 0``), compile seconds reported.
+
+Weights are read from DRAM, not cache: each route cycles through enough copies
+of the weight that the copies of all routes together exceed ``--pool-mb``
+(default 1024 MiB, above this machine's L3). ``--pool-mb 0`` measures hot
+(cache-resident) weights instead. Routes are interleaved call by call so that
+load from other processes hits them alike; each figure is a median, and the
+JSON keeps the spread (max - min). On a shared machine, OpenMP threads that
+wait for a busy core inflate every figure; ``--threads 1`` is steadier there.
+
+Usage::
+
+    python benchmarks/bench_linear.py                 # default run, ~1-2 min
+    python benchmarks/bench_linear.py --rows 1,5,64,256 --routes default,onednn_packed
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+import torch.utils.mkldnn
+
+DEFAULT_SHAPES = "768x32000,768x3072,3072x768,2048x2048,2048x5632,4096x4096"
+DEFAULT_ROUTES = "default,onednn_packed,onednn_dense,mkldnn_utils,transposed,weight_left,mkl_packed"
+RESULTS = Path(__file__).parent / "results" / "linear_backends.json"
+
+Call = Callable[[torch.Tensor], torch.Tensor]
+
+
+def measure_read_bandwidth(num_bytes: int = 1 << 30, reps: int = 7) -> float:
+    """Median read bandwidth in bytes/s: ``sum()`` over a tensor larger than L3."""
+    big = torch.ones(num_bytes // 4)
+    big.sum()
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        big.sum()
+        times.append(time.perf_counter() - start)
+    return num_bytes / statistics.median(times)
+
+
+def build_route(route: str, weight: torch.Tensor, bias: torch.Tensor, rows: int) -> Call:
+    """Return ``fn(x [rows, in]) -> [rows, out]`` for one weight copy ``[out, in]``."""
+    if route == "default":
+        return lambda x: F.linear(x, weight, bias)
+    if route == "onednn_packed":
+        packed = torch.ops.mkldnn._reorder_linear_weight(weight)
+        return lambda x: torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+    if route == "onednn_dense":
+        return lambda x: torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+    if route == "mkldnn_utils":
+        layer = torch.nn.Linear(weight.shape[1], weight.shape[0])
+        layer.weight.data, layer.bias.data = weight, bias
+        mk = torch.utils.mkldnn.to_mkldnn(layer, weight.dtype)
+        return lambda x: mk(x.to_mkldnn()).to_dense()
+    if route == "transposed":
+        w_t = weight.t().contiguous()  # [in, out]
+        return lambda x: torch.addmm(bias, x, w_t)
+    if route == "weight_left":
+        return lambda x: torch.mm(weight, x.t()).t().add_(bias)
+    if route == "mkl_packed":
+        if weight.dtype != torch.float32:
+            raise ValueError("route 'mkl_packed' is float32 only; drop it with --routes")
+        packed = torch.ops.mkl._mkl_reorder_linear_weight(weight, rows)
+        return lambda x: torch.ops.mkl._mkl_linear(x, packed, weight, bias, rows)
+    raise ValueError(f"unknown route {route!r}; choose from {DEFAULT_ROUTES},compile_freezing")
+
+
+def build_compiled(weight: torch.Tensor, bias: torch.Tensor, rows: int) -> tuple[Call, float]:
+    """Inductor with freezing, compiled for one static row count; returns (fn, seconds)."""
+    import torch._inductor.config as inductor_config
+
+    inductor_config.freezing = True
+    layer = torch.nn.Linear(weight.shape[1], weight.shape[0], dtype=weight.dtype)
+    layer.weight.data, layer.bias.data = weight, bias
+    fn = torch.compile(layer, dynamic=False)
+    start = time.perf_counter()
+    with torch.no_grad():
+        fn(torch.randn(rows, weight.shape[1], dtype=weight.dtype))
+    return fn, time.perf_counter() - start
+
+
+def time_shape(in_f: int, out_f: int, rows_list: list[int], routes: list[str], reps: int,
+               pool_bytes: int, dtype: torch.dtype) -> dict:
+    """Median ms per call for every (route, rows) of one ``in_f x out_f`` layer."""
+    weight_bytes = in_f * out_f * dtype.itemsize
+    copies = max(1, math.ceil(pool_bytes / (weight_bytes * len(routes))))
+    gen = torch.Generator().manual_seed(0)
+    weights = [(torch.randn(out_f, in_f, generator=gen) * in_f**-0.5).to(dtype)
+               for _ in range(copies)]
+    bias = (torch.randn(out_f, generator=gen) * 0.02).to(dtype)
+    result: dict = {"copies_per_route": copies, "compile_s": {}}
+    for key in ("ms", "spread_ms", "max_rel_error"):  # error vs a float64 reference
+        result[key] = {r: {} for r in routes}
+    static = {r: [build_route(r, w, bias, 1) for w in weights] for r in routes
+              if r not in ("mkl_packed", "compile_freezing")}
+    for rows in rows_list:
+        fns = dict(static)
+        for r in routes:
+            if r == "mkl_packed":
+                fns[r] = [build_route(r, w, bias, rows) for w in weights]
+            elif r == "compile_freezing":
+                built = [build_compiled(w, bias, rows) for w in weights]
+                fns[r] = [fn for fn, _ in built]
+                result["compile_s"][rows] = round(sum(s for _, s in built) / len(built), 2)
+        x = torch.randn(rows, in_f, generator=gen).to(dtype)
+        samples: dict[str, list[float]] = {r: [] for r in routes}
+        for i in range(reps + copies):  # the first `copies` calls are warm-up
+            for r in routes:
+                fn = fns[r][i % copies]
+                start = time.perf_counter()
+                fn(x)
+                elapsed = time.perf_counter() - start
+                if i >= copies:
+                    samples[r].append(elapsed)
+        ref = F.linear(x.double(), weights[0].double(), bias.double())  # [rows, out]
+        for r in routes:
+            result["ms"][r][rows] = round(statistics.median(samples[r]) * 1e3, 3)
+            result["spread_ms"][r][rows] = round((max(samples[r]) - min(samples[r])) * 1e3, 3)
+            error = (fns[r][0](x).double() - ref).abs().max() / ref.abs().max()
+            result["max_rel_error"][r][rows] = float(f"{error.item():.2e}")
+    return result
+
+
+def markdown_table(results: dict, rows_list: list[int], routes: list[str]) -> str:
+    """One line per (shape, route), columns = rows, plus the bandwidth bound."""
+    head = "| layer (in×out) | route | " + " | ".join(f"{r} rows" for r in rows_list)
+    lines = [head + " | bound |", "|" + "---|" * (len(rows_list) + 3)]
+    for shape, res in results["shapes"].items():
+        for r in routes:
+            cells = " | ".join(f"{res['ms'][r][n]:.3f}" for n in rows_list)
+            lines.append(f"| {shape} | {r} | {cells} | {res['bound_ms']:.3f} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--shapes", default=DEFAULT_SHAPES, help="comma list of INxOUT")
+    parser.add_argument("--rows", default="1,2,5,8,16", help="comma list of row counts")
+    parser.add_argument("--routes", default=DEFAULT_ROUTES, help="comma list of routes")
+    parser.add_argument("--reps", type=int, default=15, help="timed calls per cell")
+    parser.add_argument("--pool-mb", type=int, default=1024,
+                        help="MiB of weight copies cycled through (0 = cache-hot)")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    rows_list = [int(n) for n in args.rows.split(",")]
+    dtype = getattr(torch, args.dtype)
+    routes = args.routes.split(",")
+    started = time.perf_counter()
+    if os.getloadavg()[0] > 0.5:
+        print(f"warning: load average {os.getloadavg()[0]:.1f} before starting; other "
+              "processes will inflate the figures (try --threads 1, or rerun when idle)")
+    bandwidth = measure_read_bandwidth()
+    results: dict = {
+        "torch": torch.__version__, "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "machine": platform.processor() or platform.machine(), "threads": torch.get_num_threads(),
+        "load_avg_at_start": os.getloadavg(), "read_bandwidth_gb_s": round(bandwidth / 1e9, 2),
+        "dtype": args.dtype, "pool_mb": args.pool_mb, "reps": args.reps, "rows": rows_list, "shapes": {},
+    }
+    with torch.inference_mode():
+        for shape in args.shapes.split(","):
+            in_f, out_f = (int(v) for v in shape.split("x"))
+            res = time_shape(in_f, out_f, rows_list, routes, args.reps, args.pool_mb << 20, dtype)
+            res["bound_ms"] = round(in_f * out_f * dtype.itemsize / bandwidth * 1e3, 3)
+            results["shapes"][shape] = res
+            print(f"{shape}: done ({time.perf_counter() - started:.0f}s)", flush=True)
+    results["load_avg_at_end"] = os.getloadavg()
+    results["seconds"] = round(time.perf_counter() - started, 1)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=1))
+    print(f"\nread bandwidth {results['read_bandwidth_gb_s']} GB/s, {results['threads']} threads, "
+          f"load {results['load_avg_at_start']} -> {results['load_avg_at_end']}, ms per call:\n")
+    print(markdown_table(results, rows_list, routes))
+    print(f"\nwrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,11 @@
+"""The module named by this distribution's ``speculant.plugins`` entry point."""
+
+from __future__ import annotations
+
+from speculant.plugins import hookimpl
+from speculant_retrieval.proposer import RetrievalProposer
+
+
+@hookimpl
+def register_proposers(register):
+    register(RetrievalProposer)

@@ -1,0 +1,1 @@
+"""Attention: the HF seam, the forward context and the paged backends."""

@@ -1,0 +1,254 @@
+"""Run a model's linear layers on the fastest exact CPU path for small token counts.
+
+Speculative decoding pays only when verifying ``k + 1`` tokens costs about one
+decode. On CPU the default ``F.linear`` (MKL) is up to 2-3x off the
+memory-bandwidth bound for 2-16 rows, while oneDNN with its weight reordered once
+into its blocked layout stays near the bound for any row count, and is as fast
+for prefill-sized row counts (``benchmarks/bench_linear.py`` measures it).
+
+``pack_linear_layers(model, backend)`` is a one-time load step: every plain
+``torch.nn.Linear`` becomes a ``OneDNNLinear`` holding the packed weight, after a
+per-layer exactness probe. Packing is the last load step: tie, resize or cast the
+model before it, not after (packed weights are opaque oneDNN tensors that
+``model.to()``, ``state_dict()`` and ``copy.deepcopy`` do not handle).
+
+Vocabulary:
+
+* **packed weight**: the ``[out, in]`` weight reordered by
+  ``torch.ops.mkldnn._reorder_linear_weight`` into oneDNN's blocked layout.
+* **probe**: packed vs ``F.linear`` on random inputs with the layer's own
+  weight; the largest difference is divided by the largest reference output
+  (``PROBE_TOLERANCE`` per dtype). A layer whose probe fails stays on the default
+  path, with a warning.
+* **tied weight**: a weight that another module of the model also holds (e.g.
+  ``lm_head`` tied to ``embed_tokens``). The other module keeps it; the packed
+  copy is extra memory. An untied dense weight is released once packed.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+LINEAR_BACKENDS = ("auto", "default", "onednn")
+ONEDNN_DTYPES = (torch.float32, torch.bfloat16)
+
+# Largest allowed |packed - default| / max|default| in the probe. float32: the two
+# paths differ only in summation order, measured <= ~5e-6 relative; 1e-4 leaves
+# headroom while a layout or indexing bug gives errors of order 1. bfloat16: both
+# round their float32 accumulators to bfloat16, so one rounding step may differ:
+# one bf16 ulp is 2^-7 relative, and 2^-6 of the largest output covers that.
+PROBE_TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 2.0**-6}
+PROBE_SHAPES = ((1,), (1, 7))  # leading dims of the probe inputs: [1, in] and [1, 7, in]
+
+
+class LinearBackendError(ValueError):
+    """``model.linear_backend`` asks for a backend this model or machine cannot use."""
+
+
+@dataclass(frozen=True)
+class LinearPackReport:
+    """What ``pack_linear_layers`` did, for logs and the CLI summary."""
+
+    requested: str
+    """The ``model.linear_backend`` value received."""
+    backend: str
+    """``onednn`` when at least one layer runs packed, else ``default``."""
+    num_packed: int
+    """Linear layers packed by this call."""
+    num_already_packed: int
+    """``OneDNNLinear`` layers found from an earlier call (packing is idempotent)."""
+    num_default: int
+    """``nn.Linear`` layers left on the default path (ineligible or failed probe)."""
+    packed_bytes: int
+    """Bytes of the packed weights created by this call."""
+    freed_bytes: int
+    """Bytes of dense weights released (untied weights that were packed)."""
+    max_probe_error: float
+    """Largest relative probe error among packed layers (0.0 when none)."""
+    reason: str = ""
+    """Why layers stayed on the default path; empty when every layer packed."""
+
+    @property
+    def extra_bytes(self) -> int:
+        """Net memory added by packing: packed copies minus released dense weights."""
+        return self.packed_bytes - self.freed_bytes
+
+
+class OneDNNLinear(nn.Module):
+    """Inference-only drop-in for ``nn.Linear`` with a oneDNN pre-packed weight.
+
+    Accepts inputs with any leading dims, ``[..., in_features]`` (the engine
+    passes ``[1, T, in]`` or ``[T, in]``), and returns ``[..., out_features]``.
+    Works under ``torch.no_grad()`` and ``torch.inference_mode()``; it has no
+    backward.
+    """
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        self.in_features = linear.in_features
+        self.out_features = linear.out_features
+        # Opaque oneDNN tensor, logically [out, in]; a plain attribute, not a
+        # buffer, so that state_dict() and .to() never see it.
+        self.packed_weight = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach())
+        self.bias = linear.bias  # [out] or None; shared with the original layer
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """A dense ``[out, in]`` copy of the weight, made on every access: for
+        inspection and code that reads ``.weight`` rarely, never for hot paths."""
+        return self.packed_weight.to_dense()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # x: [..., in_features] -> [..., out_features]
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"bias={self.bias is not None}, dtype={self.packed_weight.dtype}")
+
+
+def onednn_unavailable_reason(weight: torch.Tensor) -> str | None:
+    """Why oneDNN packing cannot run this weight, or ``None`` when it can."""
+    if not torch.backends.mkldnn.is_available():
+        return "this torch build has no oneDNN (torch.backends.mkldnn.is_available() is False)"
+    if not torch.backends.mkldnn.enabled:
+        return "oneDNN is disabled in this process (torch.backends.mkldnn.enabled is False)"
+    if weight.device.type != "cpu":
+        return f"weights are on {weight.device.type}, and oneDNN packing is CPU-only"
+    if weight.dtype not in ONEDNN_DTYPES:
+        return (f"weights are {str(weight.dtype).removeprefix('torch.')}, and oneDNN "
+                "packing supports float32 and bfloat16")
+    return None
+
+
+def probe_error(linear: nn.Linear, packed: OneDNNLinear) -> float:
+    """Largest ``|packed - F.linear| / max|F.linear|`` over the probe inputs."""
+    gen = torch.Generator().manual_seed(0)
+    worst = 0.0
+    with torch.no_grad():
+        for lead in PROBE_SHAPES:
+            x = torch.randn(*lead, linear.in_features, generator=gen).to(linear.weight.dtype)
+            ref = F.linear(x, linear.weight, linear.bias).float()  # [*lead, out]
+            got = packed(x).float()
+            if got.shape != ref.shape:
+                return float("inf")
+            scale = ref.abs().max().clamp_min(torch.finfo(torch.float32).tiny)
+            worst = max(worst, ((got - ref).abs().max() / scale).item())
+    return worst
+
+
+def _linear_slots(model: nn.Module) -> list[tuple[str, nn.Module, str, nn.Linear]]:
+    """Every (qualified name, parent, attribute, layer) holding an exact ``nn.Linear``.
+
+    Subclasses of ``nn.Linear`` are left alone: they may override ``forward``
+    (quantized or adapter layers) or read ``.weight`` directly (``nn.MultiheadAttention``).
+    A layer reachable from several parents appears once per parent.
+    """
+    slots = []
+    for parent_name, parent in model.named_modules(remove_duplicate=False):
+        for attr, child in parent.named_children():
+            if type(child) is nn.Linear:
+                name = f"{parent_name}.{attr}" if parent_name else attr
+                slots.append((name, parent, attr, child))
+    return slots
+
+
+def _shared_weight_ids(model: nn.Module) -> set[int]:
+    """Ids of parameters that more than one module holds (tied weights)."""
+    holders: dict[int, int] = {}
+    for module in model.modules():  # each module once, however many parents hold it
+        for param in module.parameters(recurse=False):
+            holders[id(param)] = holders.get(id(param), 0) + 1
+    return {pid for pid, count in holders.items() if count > 1}
+
+
+def _check_backend(backend: str, slots: list) -> None:
+    """Raise ``LinearBackendError`` for an unknown value, or 'onednn' that cannot run."""
+    if backend not in LINEAR_BACKENDS:
+        raise LinearBackendError(
+            f"model.linear_backend = {backend!r} is not a linear backend; "
+            f"choose one of {', '.join(repr(b) for b in LINEAR_BACKENDS)}.")
+    if backend != "onednn":
+        return
+    for name, _, _, layer in slots:
+        reason = onednn_unavailable_reason(layer.weight)
+        if reason is not None:
+            raise LinearBackendError(
+                f"model.linear_backend = 'onednn' cannot run layer '{name}': {reason}. "
+                "Set model.linear_backend = 'auto' (packs what oneDNN supports, runs "
+                "the rest on the default path) or 'default'; or load the model on the "
+                "CPU with model.dtype = 'float32' or 'bfloat16'.")
+
+
+def _try_pack(layer: nn.Linear) -> tuple[OneDNNLinear | None, float, str]:
+    """Pack and probe one layer: (packed or None, probe error, why not packed)."""
+    reason = onednn_unavailable_reason(layer.weight)
+    if reason is not None:
+        return None, 0.0, reason
+    packed = OneDNNLinear(layer)
+    error = probe_error(layer, packed)
+    tolerance = PROBE_TOLERANCE[layer.weight.dtype]
+    if error > tolerance:
+        return None, error, (f"packed output differs by {error:.2e} of the output scale "
+                             f"(probe tolerance {tolerance:.1e})")
+    return packed, error, ""
+
+
+def pack_linear_layers(model: nn.Module, backend: str = "auto") -> LinearPackReport:
+    """Replace every plain ``nn.Linear`` of ``model`` by a packed ``OneDNNLinear``.
+
+    ``backend``: ``"default"`` packs nothing; ``"onednn"`` packs every layer or
+    raises ``LinearBackendError`` naming the option, the value, the reason and the
+    fix; ``"auto"`` packs the layers oneDNN supports (CPU, float32/bfloat16) and
+    leaves the rest on ``F.linear``. A layer failing the exactness probe stays on
+    the default path, with one ``RuntimeWarning`` for all such layers. Calling this
+    again packs nothing new. Call once after loading, before serving.
+    """
+    slots = _linear_slots(model)
+    _check_backend(backend, slots)
+    num_already = len({id(m) for m in model.modules() if isinstance(m, OneDNNLinear)})
+    shared = _shared_weight_ids(model)
+    outcome: dict[int, OneDNNLinear | None] = {}  # id(layer) -> packed, None = default
+    reasons: dict[str, str] = {}  # layer name -> why it stays on the default path
+    packed_bytes = freed_bytes = 0
+    worst = 0.0
+    with torch.no_grad():
+        for name, parent, attr, layer in slots:
+            if id(layer) not in outcome:
+                if backend == "default":
+                    packed, error, reason = None, 0.0, "model.linear_backend = 'default'"
+                else:
+                    packed, error, reason = _try_pack(layer)
+                outcome[id(layer)] = packed
+                if packed is None:
+                    reasons[name] = reason
+                else:
+                    worst = max(worst, error)
+                    nbytes = layer.weight.numel() * layer.weight.element_size()
+                    packed_bytes += nbytes
+                    freed_bytes += 0 if id(layer.weight) in shared else nbytes
+            if outcome[id(layer)] is not None:
+                setattr(parent, attr, outcome[id(layer)])
+    summary = ""
+    if reasons:
+        name, reason = next(iter(reasons.items()))
+        summary = f"{len(reasons)} linear layer(s) on the default path, e.g. '{name}': {reason}"
+        if any("probe" in r for r in reasons.values()):
+            warnings.warn(summary, RuntimeWarning, stacklevel=2)
+    num_packed = len(outcome) - len(reasons)
+    return LinearPackReport(
+        requested=backend,
+        backend="onednn" if num_packed or num_already else "default",
+        num_packed=num_packed,
+        num_already_packed=num_already,
+        num_default=len(reasons),
+        packed_bytes=packed_bytes,
+        freed_bytes=freed_bytes,
+        max_probe_error=worst,
+        reason=summary,
+    )

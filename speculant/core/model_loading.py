@@ -1,0 +1,121 @@
+"""Load a local Hugging Face causal LM through the speculant attention seam
+and refuse model features that our attention does not implement."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PretrainedConfig
+
+from speculant.core.attention.hf_seam import register_seam
+
+_DTYPES = {"float32": torch.float32, "float64": torch.float64,
+           "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class UnsupportedModelError(ValueError):
+    """The model uses a feature speculant's attention would get wrong."""
+
+
+def check_model_dir(path: str, option: str = "model.path") -> Path:
+    p = Path(path)
+    if not p.is_dir():
+        raise FileNotFoundError(
+            f"{option} = {path!r}: no such directory. Point it at a local Hugging Face model "
+            "directory (config.json + *.safetensors + tokenizer files); nothing is downloaded.")
+    if not (p / "config.json").is_file():
+        raise FileNotFoundError(f"{option} = {path!r}: directory has no config.json, so it is not "
+                                "a Hugging Face model directory; save one with model.save_pretrained().")
+    return p
+
+
+def unsupported_features(config: PretrainedConfig, max_model_len: int) -> list[str]:
+    """Every attention feature of ``config`` the paged backends do not handle."""
+    cfg = config.get_text_config()
+    problems = []
+    window = getattr(cfg, "sliding_window", None)
+    window_on = getattr(cfg, "use_sliding_window", True)
+    layer_types = getattr(cfg, "layer_types", None) or []
+    if window is not None and window_on and window < max_model_len:
+        problems.append(f"sliding-window attention (sliding_window={window} < max_model_len={max_model_len}); "
+                        f"set model.max_model_len <= {window} or use a model without a window")
+    elif any("sliding" in str(t) for t in layer_types) and (window or 0) < max_model_len:
+        problems.append("sliding-window attention layers (layer_types); use a model without them")
+    softcap = getattr(cfg, "attn_logit_softcapping", None)
+    if softcap:
+        problems.append(f"attention logit soft-capping (attn_logit_softcapping={softcap})")
+    if getattr(cfg, "alibi", False) or getattr(cfg, "position_embedding_type", None) == "alibi" \
+            or cfg.model_type in ("bloom", "mpt"):
+        problems.append("ALiBi position biases")
+    return problems
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("model.device = 'cuda' but torch sees no CUDA device; set model.device = 'cpu' or 'auto'")
+    return torch.device(device)
+
+
+def default_max_model_len(config: PretrainedConfig) -> int:
+    cfg = config.get_text_config()
+    for attr in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
+        value = getattr(cfg, attr, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return 2048
+
+
+def load_hf_model(path: str, dtype: str, device: torch.device, max_model_len: int | None,
+                  option: str = "model.path") -> tuple[torch.nn.Module, int]:
+    """Load the model with our attention; return it and the resolved max_model_len."""
+    model_dir = check_model_dir(path, option)
+    config = AutoConfig.from_pretrained(model_dir)
+    limit = default_max_model_len(config)
+    if max_model_len is None:
+        max_model_len = limit
+    elif max_model_len > limit:
+        raise ValueError(f"model.max_model_len = {max_model_len} exceeds the model's {limit} positions; "
+                         f"set it to at most {limit}")
+    problems = unsupported_features(config, max_model_len)
+    if problems:
+        raise UnsupportedModelError(
+            f"{option} = {path!r} ({config.model_type}) uses features speculant's attention does not "
+            "implement yet: " + "; ".join(problems) + ". Refusing to load rather than compute wrong outputs.")
+    seam = register_seam()
+    try:
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=_DTYPES[dtype], attn_implementation=seam)
+    except ValueError as exc:
+        if "attn_implementation" in str(exc) or "attention" in str(exc).lower():
+            raise UnsupportedModelError(
+                f"{option} = {path!r} ({config.model_type}) does not route attention through "
+                f"transformers' AttentionInterface, which speculant needs: {exc}") from exc
+        raise
+    model.to(device).eval()
+    model.requires_grad_(False)
+    return model, max_model_len
+
+
+def load_tokenizer(path: str, option: str = "model.tokenizer"):
+    try:
+        return AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError) as exc:
+        raise FileNotFoundError(f"{option} = {path!r}: cannot load a tokenizer there ({exc}). "
+                                "Save one with tokenizer.save_pretrained() into the model directory "
+                                "or set model.tokenizer.") from exc
+
+
+def eos_token_ids(model: torch.nn.Module, tokenizer) -> frozenset[int]:
+    ids: set[int] = set()
+    gen = getattr(model, "generation_config", None)
+    for source in (getattr(gen, "eos_token_id", None), getattr(model.config, "eos_token_id", None),
+                   getattr(tokenizer, "eos_token_id", None)):
+        if isinstance(source, int):
+            ids.add(source)
+        elif isinstance(source, (list, tuple)):
+            ids.update(int(t) for t in source)
+        if ids:
+            break
+    return frozenset(ids)

@@ -1,0 +1,146 @@
+"""Drive a Hugging Face causal LM over flattened, paged batches.
+
+A forward takes a list of ``QuerySpan``s, lays their tokens out as one row of
+``T`` tokens with explicit positions, writes K/V into the paged cache through
+the attention seam and returns logits (and optionally final hidden states)
+only at the requested offsets.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from speculant.core.attention.base import AttentionBackend, QuerySpan
+from speculant.core.attention.context import ForwardContext, forward_context
+from speculant.core.config import CacheConfig, ModelConfig
+from speculant.core.kv_cache import BlockManager
+from speculant.core.model_loading import eos_token_ids, load_hf_model, load_tokenizer, resolve_device
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ForwardOutput:
+    logits: torch.Tensor  # [R, V] float32, R = total len(span.logits_at), span order
+    hidden_states: torch.Tensor | None  # [R, H] final (normed) hidden states, if asked
+
+
+class ModelRunner:
+    def __init__(self, model_cfg: ModelConfig, cache_cfg: CacheConfig, backend: AttentionBackend,
+                 *, option_prefix: str = "model") -> None:
+        self.device = resolve_device(model_cfg.device)
+        self.backend = backend
+        self.block_size = cache_cfg.block_size
+        self.model, self.max_model_len = load_hf_model(
+            model_cfg.path, model_cfg.dtype, self.device, model_cfg.max_model_len,
+            option=f"{option_prefix}.path")
+        self.tokenizer = load_tokenizer(model_cfg.tokenizer or model_cfg.path, option=f"{option_prefix}.tokenizer")
+        self.eos_token_ids = eos_token_ids(self.model, self.tokenizer)
+        self.vocab_size = self.model.get_output_embeddings().weight.shape[0]
+        self.linear_report = self._pack_linears(model_cfg.linear_backend)
+        self._captured_hidden: torch.Tensor | None = None
+        self._capture = False
+        self.model.base_model.register_forward_hook(self._hidden_hook)
+        self.kv_shapes = self._probe_kv_shapes()  # per layer (H_kv, D)
+        self.num_blocks = self._num_blocks(cache_cfg)
+        self.key_caches, self.value_caches = self._allocate_caches()
+        self.block_manager = BlockManager(self.num_blocks, self.block_size)
+
+    # --- setup -----------------------------------------------------------
+    def _pack_linears(self, backend: str):
+        try:  # TEMPORARY until linear_backend lands
+            from speculant.core.linear_backend import pack_linear_layers
+        except ImportError:
+            return None
+
+        with torch.inference_mode():
+            return pack_linear_layers(self.model, backend)
+
+    def _hidden_hook(self, module, args, output) -> None:
+        if self._capture:
+            self._captured_hidden = output.last_hidden_state if hasattr(output, "last_hidden_state") else output[0]
+
+    def _probe_kv_shapes(self) -> list[tuple[int, int]]:
+        """Run one token through the model recording each layer's K shape, so
+        the cache is sized from what the model really does (GQA, head_dim)."""
+        shapes: dict[int, tuple[int, int]] = {}
+
+        def record(layer: int, key: torch.Tensor, value: torch.Tensor) -> None:
+            shapes[layer] = (key.shape[1], key.shape[2])
+
+        ctx = ForwardContext(self.backend, None, [], [], on_layer=record)
+        ids = torch.zeros(1, 1, dtype=torch.long, device=self.device)
+        with forward_context(ctx), torch.inference_mode():
+            self.model(input_ids=ids, position_ids=ids, use_cache=False,
+                       logits_to_keep=torch.zeros(0, dtype=torch.long, device=self.device))
+        if sorted(shapes) != list(range(len(shapes))) or not shapes:
+            raise RuntimeError(f"attention layers reported indices {sorted(shapes)}; expected 0..L-1")
+        return [shapes[i] for i in range(len(shapes))]
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        elem = torch.empty(0, dtype=self.model.dtype).element_size()
+        return sum(2 * h * d * elem for h, d in self.kv_shapes)
+
+    def _num_blocks(self, cache_cfg: CacheConfig) -> int:
+        if cache_cfg.num_blocks is not None:
+            return cache_cfg.num_blocks
+        per_block = self.kv_bytes_per_token * self.block_size
+        num = int(cache_cfg.memory_gb * (1 << 30) // per_block)
+        if num < 1:
+            raise ValueError(f"cache.memory_gb = {cache_cfg.memory_gb} holds no KV block of "
+                             f"{per_block} bytes; raise cache.memory_gb or lower cache.block_size")
+        # never more than enough for max_model_len tokens of many sequences
+        return min(num, 1 + 256 * -(-self.max_model_len // self.block_size))
+
+    def _allocate_caches(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        keys, values = [], []
+        for h, d in self.kv_shapes:
+            shape = (self.num_blocks, self.block_size, h, d)
+            keys.append(torch.zeros(shape, dtype=self.model.dtype, device=self.device))
+            values.append(torch.zeros(shape, dtype=self.model.dtype, device=self.device))
+        return keys, values
+
+    # --- forward ---------------------------------------------------------
+    def slot_mapping(self, spans: list[QuerySpan]) -> list[int]:
+        bs = self.block_size
+        slots = []
+        for span in spans:
+            table = span.block_table
+            for pos in range(span.start, span.end):
+                slots.append(table[pos // bs] * bs + pos % bs)
+        return slots
+
+    @torch.inference_mode()
+    def forward(self, spans: list[QuerySpan], want_hidden: bool = False) -> ForwardOutput:
+        assert spans, "forward needs at least one span"
+        ids, positions, keep = [], [], []
+        offset = 0
+        for span in spans:
+            assert span.end <= self.max_model_len, "scheduler let a position reach max_model_len"
+            ids.extend(span.token_ids)
+            positions.extend(range(span.start, span.end))
+            keep.extend(offset + i for i in span.logits_at)
+            offset += span.num_tokens
+        dev = self.device
+        slot_mapping = torch.tensor(self.slot_mapping(spans), dtype=torch.long, device=dev)
+        metadata = self.backend.build_metadata(spans, slot_mapping, self.block_size, dev)
+        ctx = ForwardContext(self.backend, metadata, self.key_caches, self.value_caches)
+        keep_t = torch.tensor(keep, dtype=torch.long, device=dev)
+        self._capture = want_hidden
+        try:
+            with forward_context(ctx):
+                out = self.model(
+                    input_ids=torch.tensor([ids], dtype=torch.long, device=dev),
+                    position_ids=torch.tensor([positions], dtype=torch.long, device=dev),
+                    use_cache=False,
+                    logits_to_keep=keep_t,
+                )
+            hidden = self._captured_hidden[0, keep_t] if want_hidden else None
+        finally:
+            self._capture = False
+            self._captured_hidden = None
+        return ForwardOutput(logits=out.logits[0].float(), hidden_states=hidden)

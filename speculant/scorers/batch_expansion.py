@@ -1,0 +1,27 @@
+"""Batch-expansion scorer: each decode becomes k+1 single-token rows.
+
+Row j of a decode feeds token j of ``[last, p1..pk]`` at its own position and
+shares the request's block table. All rows of a forward write their K/V before
+any row attends, so row j sees the K/V its siblings wrote for positions before
+it. Prefill chunks stay multi-token spans, as in MQA, in the same forward.
+"""
+
+from __future__ import annotations
+
+from speculant.core.attention.base import QuerySpan
+from speculant.core.capabilities import ScorerCapabilities
+from speculant.core.layout import block_table, decode_tokens, gather_scores, prefill_spans
+from speculant.scorers.base import Scorer, Scores
+
+
+class BatchExpansionScorer(Scorer):
+    name = "batch_expansion"
+    capabilities = ScorerCapabilities(supports_mixed_prefill_decode=True, needs_multi_token_queries=False)
+
+    def score(self, runner, batch, proposals, want_hidden: bool = False) -> Scores:
+        spans = prefill_spans(runner, batch)
+        for i, d in enumerate(batch.decodes):
+            table = block_table(runner, d)
+            for j, tok in enumerate(decode_tokens(d, proposals, i)):
+                spans.append(QuerySpan(table, d.start + j, [tok], [0]))
+        return gather_scores(runner.forward(spans, want_hidden), batch, proposals)

@@ -1,0 +1,20 @@
+"""MQA scorer: all proposals of a decode as one multi-token query.
+
+Prefill chunks and decodes ``[last, p1..pk]`` go through the target in one
+flattened forward; the attention backend must accept multi-token queries over
+a cached prefix.
+"""
+
+from __future__ import annotations
+
+from speculant.core.capabilities import ScorerCapabilities
+from speculant.core.layout import score_flat
+from speculant.scorers.base import Scorer, Scores
+
+
+class MQAScorer(Scorer):
+    name = "mqa"
+    capabilities = ScorerCapabilities(supports_mixed_prefill_decode=True, needs_multi_token_queries=True)
+
+    def score(self, runner, batch, proposals, want_hidden: bool = False) -> Scores:
+        return score_flat(runner, batch, proposals, want_hidden)

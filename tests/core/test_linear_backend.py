@@ -1,0 +1,215 @@
+"""Tests for speculant.core.linear_backend: packed linears equal the unpacked ones.
+
+Tolerances, relative to the largest reference output:
+* float32: 1e-5. Packed and default paths differ only in summation order
+  (~1e-6 relative measured); any layout bug gives errors of order 1.
+* bfloat16: 2^-6. Both paths round float32 accumulators to bfloat16, so one
+  rounding step (one ulp, 2^-7 relative) may differ per layer.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from speculant.core.linear_backend import (
+    LinearBackendError,
+    OneDNNLinear,
+    pack_linear_layers,
+)
+
+requires_onednn = pytest.mark.skipif(
+    not torch.backends.mkldnn.is_available(),
+    reason="this torch build has no oneDNN (torch.backends.mkldnn.is_available() is False)",
+)
+TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2.0**-6}
+NUM_LLAMA_LINEARS = 2 * 7 + 1  # per layer q, k, v, o, gate, up, down; plus lm_head
+
+
+def tiny_llama(tie: bool, dtype: torch.dtype = torch.float32) -> LlamaForCausalLM:
+    """A random 2-layer Llama (hidden 64, GQA 4/2 heads, vocab 256) on the CPU."""
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, vocab_size=256, tie_word_embeddings=tie, initializer_range=0.2,
+    )
+    return LlamaForCausalLM(config).eval().to(dtype)
+
+
+def assert_close_to_scale(got: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype) -> None:
+    """max |got - ref| <= TOLERANCE[dtype] * max |ref|."""
+    assert got.shape == ref.shape
+    error = (got.float() - ref.float()).abs().max().item()
+    scale = ref.float().abs().max().item()
+    assert error <= TOLERANCE[dtype] * scale, f"error {error:.3e} vs scale {scale:.3e}"
+
+
+@requires_onednn
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("tie", [True, False])
+def test_llama_logits_match_unpacked(tie: bool, dtype: torch.dtype) -> None:
+    model = tiny_llama(tie, dtype)
+    assert (model.lm_head.weight is model.model.embed_tokens.weight) == tie
+    embedding = model.model.embed_tokens.weight
+    embedding_before = embedding.detach().clone()
+    ids = torch.randint(0, 256, (1, 11), generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        ref = model(ids).logits  # [1, 11, 256]
+        report = pack_linear_layers(model, "auto")
+        got = model(ids).logits
+    assert report.backend == "onednn"
+    assert report.num_packed == NUM_LLAMA_LINEARS and report.num_default == 0
+    assert isinstance(model.lm_head, OneDNNLinear)
+    assert_close_to_scale(got, ref, dtype)
+    # The embedding keeps its own weight; a tied lm_head costs one extra packed copy.
+    assert model.model.embed_tokens.weight is embedding
+    assert torch.equal(embedding, embedding_before)
+    lm_head_bytes = 256 * 64 * dtype.itemsize
+    assert report.extra_bytes == (lm_head_bytes if tie else 0)
+
+
+@requires_onednn
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("lead", [(1,), (7,), (33,), (1, 1), (1, 7), (2, 5)])
+def test_bias_and_no_bias_layers_any_leading_dims(lead: tuple[int, ...], dtype) -> None:
+    torch.manual_seed(0)
+    # Sizes off oneDNN's 16/64 blocking, so padding paths are exercised.
+    model = nn.Sequential(nn.Linear(300, 520, bias=True), nn.Linear(520, 300, bias=False))
+    model = model.to(dtype)
+    x = torch.randn(*lead, 300).to(dtype)  # [*lead, 300]
+    with torch.no_grad():
+        ref = model(x)  # [*lead, 300]
+        report = pack_linear_layers(model, "onednn")
+        got = model(x)
+    assert report.num_packed == 2
+    assert all(isinstance(m, OneDNNLinear) for m in model)
+    assert model[0].bias is not None and model[1].bias is None
+    assert_close_to_scale(got, ref, dtype)
+
+
+@requires_onednn
+def test_dense_weight_view_is_exact() -> None:
+    layer = nn.Linear(40, 24)
+    weight = layer.weight.detach().clone()
+    packed = OneDNNLinear(layer)
+    assert torch.equal(packed.weight, weight)
+
+
+@requires_onednn
+def test_onednn_on_float64_is_a_clear_error() -> None:
+    model = tiny_llama(tie=False, dtype=torch.float64)
+    with pytest.raises(LinearBackendError) as excinfo:
+        pack_linear_layers(model, "onednn")
+    message = str(excinfo.value)
+    for part in ("model.linear_backend = 'onednn'", "float64", "float32 and bfloat16",
+                 "'auto'", "model.dtype"):
+        assert part in message, (part, message)
+    assert not any(isinstance(m, OneDNNLinear) for m in model.modules())
+
+
+def test_auto_on_float64_packs_nothing() -> None:
+    model = tiny_llama(tie=True, dtype=torch.float64)
+    report = pack_linear_layers(model, "auto")
+    assert report.backend == "default"
+    assert report.num_packed == 0 and report.extra_bytes == 0
+    assert report.num_default == NUM_LLAMA_LINEARS
+    assert not any(isinstance(m, OneDNNLinear) for m in model.modules())
+
+
+def test_default_backend_packs_nothing() -> None:
+    model = tiny_llama(tie=False)
+    report = pack_linear_layers(model, "default")
+    assert report.backend == "default" and report.num_packed == 0
+    assert report.num_default == NUM_LLAMA_LINEARS
+    assert type(model.lm_head) is nn.Linear
+
+
+def test_unknown_backend_lists_the_choices() -> None:
+    with pytest.raises(LinearBackendError, match="'auto', 'default', 'onednn'"):
+        pack_linear_layers(nn.Linear(4, 4), "mkl")
+
+
+@requires_onednn
+def test_onednn_disabled_is_a_clear_error() -> None:
+    model = nn.Sequential(nn.Linear(8, 8))
+    with torch.backends.mkldnn.flags(enabled=False):
+        with pytest.raises(LinearBackendError, match="torch.backends.mkldnn.enabled is False"):
+            pack_linear_layers(model, "onednn")
+        assert pack_linear_layers(model, "auto").num_packed == 0
+
+
+def test_missing_onednn_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: False)
+    model = nn.Sequential(nn.Linear(8, 8))
+    with pytest.raises(LinearBackendError, match=r"no oneDNN .*model.linear_backend = 'auto'"):
+        pack_linear_layers(model, "onednn")
+    report = pack_linear_layers(model, "auto")
+    assert report.backend == "default" and "no oneDNN" in report.reason
+    assert type(model[0]) is nn.Linear
+
+
+@requires_onednn
+def test_onednn_off_cpu_is_a_clear_error() -> None:
+    model = nn.Sequential(nn.Linear(8, 8, device="meta"))
+    with pytest.raises(LinearBackendError, match="layer '0': weights are on meta.*CPU-only"):
+        pack_linear_layers(model, "onednn")
+    assert pack_linear_layers(model, "auto").num_packed == 0
+
+
+@requires_onednn
+def test_packing_twice_is_idempotent() -> None:
+    model = tiny_llama(tie=True)
+    ids = torch.randint(0, 256, (1, 6), generator=torch.Generator().manual_seed(2))
+    first = pack_linear_layers(model, "auto")
+    with torch.inference_mode():
+        once = model(ids).logits
+    second = pack_linear_layers(model, "auto")
+    assert first.num_packed == NUM_LLAMA_LINEARS
+    assert second.num_packed == 0 and second.num_already_packed == NUM_LLAMA_LINEARS
+    assert second.backend == "onednn" and second.extra_bytes == 0
+    for module in model.modules():
+        if isinstance(module, OneDNNLinear):
+            assert not any(isinstance(c, (OneDNNLinear, nn.Linear)) for c in module.children())
+    with torch.inference_mode():
+        assert torch.equal(model(ids).logits, once)
+
+
+@requires_onednn
+@pytest.mark.parametrize("pack_mode", ["inference_mode", "no_grad"])
+@pytest.mark.parametrize("run_mode", ["inference_mode", "no_grad"])
+def test_pack_and_run_under_either_grad_mode(pack_mode: str, run_mode: str) -> None:
+    modes = {"inference_mode": torch.inference_mode, "no_grad": torch.no_grad}
+    layer = nn.Linear(32, 48)
+    x = torch.randn(1, 3, 32)  # [1, T, in]
+    with torch.no_grad():
+        ref = layer(x)
+    model = nn.Sequential(layer)
+    with modes[pack_mode]():
+        assert pack_linear_layers(model, "onednn").num_packed == 1
+    with modes[run_mode]():
+        got = model(x)
+    assert_close_to_scale(got, ref, torch.float32)
+
+
+@requires_onednn
+def test_layer_held_by_two_parents_is_packed_once() -> None:
+    shared = nn.Linear(16, 16)
+    model = nn.ModuleDict({"a": nn.Sequential(shared), "b": nn.Sequential(shared)})
+    report = pack_linear_layers(model, "onednn")
+    assert report.num_packed == 1
+    assert isinstance(model["a"][0], OneDNNLinear) and model["a"][0] is model["b"][0]
+
+
+@requires_onednn
+def test_failed_probe_keeps_the_default_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    exact_forward = OneDNNLinear.forward
+    monkeypatch.setattr(OneDNNLinear, "forward", lambda self, x: exact_forward(self, x) * 1.01)
+    model = nn.Sequential(nn.Linear(32, 32), nn.Linear(32, 32))
+    with pytest.warns(RuntimeWarning, match="2 linear layer.s. on the default path"):
+        report = pack_linear_layers(model, "auto")
+    assert report.backend == "default" and report.num_default == 2
+    assert "tolerance" in report.reason
+    assert all(type(m) is nn.Linear for m in model)
+

@@ -1,0 +1,73 @@
+"""Build tiny random Hugging Face models and a locally trained tokenizer.
+
+Nothing is downloaded: the tokenizer is a byte-level BPE trained on Python
+standard-library source, and models are random weights from a config. Weights
+use a wide init so greedy text varies instead of repeating one token.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import (AutoModelForCausalLM, LlamaConfig, MistralConfig, PreTrainedTokenizerFast,
+                          Qwen2Config)
+
+VOCAB_SIZE = 384
+EOS = "<|eos|>"
+BOS = "<|bos|>"
+
+
+def training_text() -> list[str]:
+    import collections
+    import json as _json
+    import textwrap
+
+    return [inspect.getsource(m) for m in (collections, _json.decoder, textwrap)]
+
+
+def build_tokenizer(out_dir: Path) -> PreTrainedTokenizerFast:
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=VOCAB_SIZE, special_tokens=[EOS, BOS],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(training_text(), trainer=trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS, bos_token=BOS)
+    fast.save_pretrained(out_dir)
+    return fast
+
+
+ARCHS = {
+    "llama": lambda **kw: LlamaConfig(num_key_value_heads=4, **kw),
+    "qwen2": lambda **kw: Qwen2Config(num_key_value_heads=2, use_sliding_window=False, **kw),
+    "mistral": lambda **kw: MistralConfig(num_key_value_heads=1, sliding_window=None, **kw),
+}
+
+
+def build_model(arch: str, out_dir: Path, tokenizer_dir: Path, *, hidden: int = 64, layers: int = 2,
+                heads: int = 4, max_positions: int = 256, seed: int = 0, init_std: float = 0.3,
+                vocab_size: int | None = None) -> Path:
+    torch.manual_seed(seed)
+    tok = PreTrainedTokenizerFast.from_pretrained(tokenizer_dir)
+    config = ARCHS[arch](
+        vocab_size=vocab_size or len(tok), hidden_size=hidden, intermediate_size=2 * hidden,
+        num_hidden_layers=layers, num_attention_heads=heads, max_position_embeddings=max_positions,
+        eos_token_id=tok.eos_token_id, bos_token_id=tok.bos_token_id, pad_token_id=tok.eos_token_id,
+        tie_word_embeddings=False, initializer_range=init_std,
+    )
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.save_pretrained(out_dir)
+    tok.save_pretrained(out_dir)
+    return out_dir
+
+
+def patch_config(model_dir: Path, **changes) -> Path:
+    path = Path(model_dir) / "config.json"
+    data = json.loads(path.read_text())
+    data.update(changes)
+    path.write_text(json.dumps(data))
+    return model_dir
