@@ -21,7 +21,9 @@ logger = logging.getLogger(__name__)
 
 class LLMEngine:
     def __init__(self, config: EngineConfig) -> None:
-        self.config = config
+        from speculant.core.compat import validate_config
+
+        self.config = validate_config(config)
         backend: AttentionBackend = resolve_backend(config)
         self.runner = ModelRunner(config.model, config.cache, backend)
         self.tokenizer = self.runner.tokenizer
@@ -51,6 +53,7 @@ class LLMEngine:
             request_id = f"req-{next(self._counter)}"
         if request_id in self._requests:
             raise ValueError(f"request_id {request_id!r} is already in use; pick a unique id")
+        self._check_sampling(params)
         text, token_ids = self._tokenize(prompt)
         self._check_prompt(token_ids)
         seed = params.seed if params.seed is not None else int(
@@ -72,6 +75,16 @@ class LLMEngine:
                                  "pass ids produced by this model's tokenizer")
             return None, list(prompt)
         raise TypeError(f"prompt must be a str or a list of int token ids, got {type(prompt).__name__}")
+
+    def _check_sampling(self, params: SamplingParams) -> None:
+        if self.spec.proposer is None or params.greedy:
+            return
+        from speculant.core.compat import sampling_reasons
+
+        reasons = sampling_reasons(type(self.spec.proposer), type(self.spec.acceptance))
+        if reasons:
+            raise ValueError(f"temperature={params.temperature} is not supported by this speculative "
+                             "configuration: " + "; ".join(reasons))
 
     def _check_prompt(self, token_ids: list[int]) -> None:
         n, limit = len(token_ids), self.max_model_len
@@ -153,7 +166,7 @@ class LLMEngine:
         for req in self._requests.values():
             stats.merge(req.spec_stats)
         return {
-            "num_steps": self.num_steps,
+            "num_engine_steps": self.num_steps,
             "propose_s": self.times.propose_s,
             "score_s": self.times.score_s,
             "accept_s": self.times.accept_s,

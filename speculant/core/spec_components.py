@@ -9,8 +9,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
 from speculant.core.acceptance import AcceptanceMethod
 from speculant.core.attention.base import AttentionBackend
 from speculant.core.config import EngineConfig
@@ -36,17 +34,13 @@ def _registry():
 
 
 def resolve_backend(config: EngineConfig) -> AttentionBackend:
-    name = config.model.attention_backend
+    from speculant.core.compat import resolve_attention_backend_name
+
     registry = _registry()
-    if name == "auto":
-        cuda = config.model.device == "cuda" or (config.model.device == "auto" and torch.cuda.is_available())
-        device = "cuda" if cuda else "cpu"
-        classes = [registry.get("attention_backend", n) for n in registry.names("attention_backend")]
-        usable = [c for c in classes if device in c.capabilities.devices]
-        if not usable:
-            raise ValueError(f"model.attention_backend = 'auto': no registered attention backend runs on "
-                             f"{device}; registered: {registry.names('attention_backend')}")
-        return max(usable, key=lambda c: c.capabilities.priority)()
+    name = resolve_attention_backend_name(config, registry)
+    if name is None:
+        raise ValueError(f"model.attention_backend = 'auto': no registered attention backend runs on "
+                         f"this device; registered: {registry.names('attention_backend')}")
     return registry.get("attention_backend", name)()
 
 

@@ -49,8 +49,10 @@ class Decisions:
 
 
 def propose(proposer: Proposer | None, batch: StepBatch) -> Proposals:
-    if proposer is None or not any(batch.num_spec_tokens):
+    if proposer is None:
         return Proposals.empty(len(batch.decodes))
+    # called even when no decode speculates: a proposer with its own KV cache
+    # must see this step's prefill chunks to stay in sync
     proposals = proposer.propose(batch)
     lens = proposals.lens
     budget = torch.tensor(batch.num_spec_tokens, dtype=lens.dtype, device=lens.device)

@@ -1,0 +1,115 @@
+"""The offline API: ``LLM(model=...).generate(prompts, SamplingParams(...))``."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Sequence
+
+from tqdm.auto import tqdm
+
+from speculant.core.config import ConfigError, EngineConfig, build_config, load_config
+from speculant.core.engine import LLMEngine
+from speculant.core.request import RequestOutput
+from speculant.core.sampling_params import SamplingParams
+
+# keyword -> (section, key) for the flat overrides LLM(...) accepts, vLLM style
+_FLAT_KEYS = {
+    "tokenizer": ("model", "tokenizer"), "dtype": ("model", "dtype"), "device": ("model", "device"),
+    "max_model_len": ("model", "max_model_len"), "attention_backend": ("model", "attention_backend"),
+    "linear_backend": ("model", "linear_backend"), "seed": ("model", "seed"),
+    "block_size": ("cache", "block_size"), "num_blocks": ("cache", "num_blocks"),
+    "kv_cache_memory_gb": ("cache", "memory_gb"),
+    "max_num_batched_tokens": ("scheduler", "max_num_batched_tokens"),
+    "max_num_seqs": ("scheduler", "max_num_seqs"),
+    "enable_chunked_prefill": ("scheduler", "enable_chunked_prefill"),
+}
+_SECTIONS = ("model", "cache", "scheduler", "speculative")
+
+Prompt = str | list[int]
+
+
+def config_from_kwargs(model: str | None, overrides: dict[str, Any]) -> EngineConfig:
+    data: dict[str, dict[str, Any]] = {s: {} for s in _SECTIONS}
+    if model is not None:
+        data["model"]["path"] = model
+    for key, value in overrides.items():
+        if key in _SECTIONS:
+            if not isinstance(value, dict):
+                raise TypeError(f"LLM({key}=...) must be a dict of {key} settings, got {type(value).__name__}")
+            data[key].update(value)
+        elif key in _FLAT_KEYS:
+            section, name = _FLAT_KEYS[key]
+            data[section][name] = value
+        else:
+            allowed = ", ".join(sorted([*_FLAT_KEYS, *_SECTIONS]))
+            raise TypeError(f"LLM() got an unknown keyword {key!r}; allowed: {allowed}")
+    return build_config(data, "LLM(...) arguments")
+
+
+class LLM:
+    """Load a model and generate from batches of prompts.
+
+    ``LLM(model="path/to/hf-dir", max_num_seqs=32, speculative={...})`` or
+    ``LLM.from_config("file.toml")``.
+    """
+
+    def __init__(self, model: str | None = None, *, config: EngineConfig | None = None, **overrides: Any) -> None:
+        if config is None:
+            if model is None and "model" not in overrides:
+                raise ConfigError("LLM(...) arguments", ["model: pass LLM(model='path/to/model-dir') or config="])
+            config = config_from_kwargs(model, overrides)
+        elif model is not None or overrides:
+            raise TypeError("pass either config= or model=/overrides to LLM(), not both")
+        self.config = config
+        self.engine = LLMEngine(config)
+        self.tokenizer = self.engine.tokenizer
+
+    @classmethod
+    def from_config(cls, path: str, overrides: list[str] | None = None) -> "LLM":
+        return cls(config=load_config(path, overrides))
+
+    def generate(
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+    ) -> list[RequestOutput]:
+        """Generate for every prompt; outputs come back in prompt order."""
+        if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        prompts = list(prompts)
+        if sampling_params is None:
+            sampling_params = SamplingParams()
+        params = [sampling_params] * len(prompts) if isinstance(sampling_params, SamplingParams) \
+            else list(sampling_params)
+        if len(params) != len(prompts):
+            raise ValueError(f"got {len(prompts)} prompts but {len(params)} SamplingParams; "
+                             "pass one SamplingParams or one per prompt")
+        ids = self._add_all(prompts, params)
+        results: dict[str, RequestOutput] = {}
+        bar = tqdm(total=len(ids), desc="generating", unit="req", disable=not use_tqdm or len(ids) < 2)
+        self.last_run_seconds = 0.0
+        start = time.perf_counter()
+        while self.engine.has_unfinished_requests():
+            for out in self.engine.step():
+                if out.finished and out.request_id in ids:
+                    results[out.request_id] = out
+                    bar.update(1)
+        self.last_run_seconds = time.perf_counter() - start
+        bar.close()
+        return [results[i] for i in ids]
+
+    def _add_all(self, prompts: list[Prompt], params: list[SamplingParams]) -> list[str]:
+        """Queue every prompt, or none: a bad prompt aborts the ones queued before it."""
+        ids: list[str] = []
+        try:
+            for i, (prompt, p) in enumerate(zip(prompts, params)):
+                ids.append(self.engine.add_request(None, prompt, p))
+        except (ValueError, TypeError) as exc:
+            for rid in ids:
+                self.engine.abort_request(rid)
+            raise type(exc)(f"prompt {len(ids)}: {exc}") from exc
+        return ids
+
+    def get_metrics(self) -> dict:
+        return self.engine.get_metrics()

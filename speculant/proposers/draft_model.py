@@ -1,0 +1,162 @@
+"""Draft-model proposer: a smaller HF model with its own paged KV cache.
+
+Per step, one draft forward carries this step's prefill chunks (so the draft's
+cache follows the target chunk by chunk, in the same step) together with each
+speculating decode's not-yet-drafted tokens; then k - 1 single-token forwards,
+batched over all speculating decodes, extend the proposals. After acceptance
+the draft's valid length moves back to what the target kept; rejected slots
+are overwritten later.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Literal
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from speculant.core.attention.base import QuerySpan
+from speculant.core.batch import StepBatch
+from speculant.core.capabilities import ProposerCapabilities
+from speculant.core.config import CacheConfig, EngineConfig, ModelConfig
+from speculant.core.logits_processing import filtered_logprobs, sampling_tensors
+from speculant.core.model_runner import ModelRunner
+from speculant.core.sampler import request_generator, sample_from_probs
+from speculant.proposers.base import PLACEHOLDER_TOKEN_ID, Proposals, Proposer, ProposerContext
+
+
+class DraftModelOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = Field(min_length=1)
+    """Local HF directory of the draft model (same tokenizer as the target)."""
+    dtype: Literal["float32", "float64", "bfloat16", "float16"] | None = None
+    """Draft dtype; defaults to the target's."""
+    linear_backend: Literal["auto", "default", "onednn"] = "auto"
+
+
+def _text_config(path: str) -> dict:
+    data = json.loads((Path(path) / "config.json").read_text())
+    return data.get("text_config", data)
+
+
+class DraftModelProposer(Proposer):
+    name = "draft_model"
+    capabilities = ProposerCapabilities(
+        needs_target_hidden_states=False, supports_chunked_prefill=True, draft_probs="full")
+    Options = DraftModelOptions
+
+    @classmethod
+    def validate_against(cls, options: DraftModelOptions, config: EngineConfig) -> list[str]:
+        key = "speculative.proposer_options.model"
+        draft = Path(options.model)
+        if not (draft / "config.json").is_file():
+            return [f"{key} = {options.model!r}: no Hugging Face model directory (config.json) there; "
+                    "point it at a local draft model directory"]
+        target = Path(config.model.path)
+        if not (target / "config.json").is_file():
+            return []  # the target's own check reports this
+        d_vocab = _text_config(options.model).get("vocab_size")
+        t_vocab = _text_config(config.model.path).get("vocab_size")
+        if d_vocab != t_vocab:
+            return [f"{key} = {options.model!r} has vocab_size {d_vocab} but the target has {t_vocab}: "
+                    "draft and target must share one tokenizer and vocabulary; pick a draft trained "
+                    "with the target's tokenizer"]
+        return []
+
+    def __init__(self, options: DraftModelOptions, context: ProposerContext) -> None:
+        super().__init__(options, context)
+        target = context.target
+        cfg = context.config
+        model_cfg = ModelConfig(
+            path=options.model, dtype=options.dtype or cfg.model.dtype, device=cfg.model.device,
+            max_model_len=target.max_model_len, linear_backend=options.linear_backend,
+            attention_backend=cfg.model.attention_backend)
+        # never more blocks than the target: the draft's cache covers at most the target's positions
+        cache_cfg = CacheConfig(block_size=target.block_size, num_blocks=target.num_blocks)
+        self.runner = ModelRunner(model_cfg, cache_cfg, target.backend,
+                                  option_prefix="speculative.proposer_options.model")
+        if self.runner.vocab_size != target.vocab_size:
+            raise ValueError(
+                f"speculative.proposer_options.model = {options.model!r}: draft LM head has "
+                f"{self.runner.vocab_size} outputs but the target has {target.vocab_size}; "
+                "draft and target must share one vocabulary")
+        self._computed: dict[str, int] = {}  # request id -> tokens whose K/V the draft holds
+        self._pending: dict[str, tuple[int, int]] = {}  # request id -> (num_tokens at propose, k)
+
+    # --- helpers -----------------------------------------------------------
+    def _span(self, request_id: str, token_ids: list[int], start: int, logits_at: list[int]) -> QuerySpan:
+        table = self.runner.block_manager.allocate(request_id, start + len(token_ids))
+        return QuerySpan(table, start, token_ids, logits_at)
+
+    def _draw(self, logits: torch.Tensor,  # [R, V] draft logits for R speculating rows
+              rows: list, step: int) -> tuple[list[int], torch.Tensor]:  # tokens, probs [R, V]
+        params = [d.request.params for d in rows]
+        probs = filtered_logprobs(logits, **sampling_tensors(params, logits.device)).exp()
+        tokens = probs.argmax(dim=-1).tolist()
+        for i, d in enumerate(rows):
+            if not d.request.params.greedy:
+                tokens[i] = sample_from_probs(probs[i], request_generator(d.request, stream=2 + step))
+        return tokens, probs
+
+    # --- Proposer ------------------------------------------------------------
+    def propose(self, batch: StepBatch) -> Proposals:
+        spans: list[QuerySpan] = []
+        for p in batch.prefills:
+            req = p.request
+            done = self._computed.get(req.request_id, 0)
+            end = p.start + p.num_new_tokens
+            if done < end:
+                spans.append(self._span(req.request_id, req.token_ids[done:end], done, []))
+                self._computed[req.request_id] = end
+        active = [i for i, d in enumerate(batch.decodes) if d.num_spec_tokens > 0]
+        for i in active:
+            req = batch.decodes[i].request
+            done = self._computed.get(req.request_id, 0)
+            tokens = req.token_ids[done:]  # ends with the last sampled token
+            spans.append(self._span(req.request_id, tokens, done, [len(tokens) - 1]))
+            self._computed[req.request_id] = req.num_tokens
+        k_max = max((batch.decodes[i].num_spec_tokens for i in active), default=0)
+        n = len(batch.decodes)
+        ids = torch.full((n, k_max), PLACEHOLDER_TOKEN_ID, dtype=torch.long)
+        lens = torch.zeros(n, dtype=torch.long)
+        probs = torch.zeros(n, k_max, self.runner.vocab_size)
+        if not spans:
+            return Proposals(ids, lens, probs)
+        logits = self.runner.forward(spans).logits  # [len(active), V]
+        rows = active
+        for step in range(k_max):
+            decs = [batch.decodes[i] for i in rows]
+            tokens, step_probs = self._draw(logits, decs, step)
+            for j, i in enumerate(rows):
+                ids[i, step] = tokens[j]
+                probs[i, step] = step_probs[j]
+                lens[i] = step + 1
+            # extend only rows that want more proposals: feed proposal `step` at its position
+            nxt = [(i, tokens[j]) for j, i in enumerate(rows) if batch.decodes[i].num_spec_tokens > step + 1]
+            if not nxt:
+                break
+            rows = [i for i, _ in nxt]
+            spans = [self._span(batch.decodes[i].request.request_id, [tok],
+                                batch.decodes[i].request.num_tokens + step, [0]) for i, tok in nxt]
+            logits = self.runner.forward(spans).logits
+        for i in active:
+            d = batch.decodes[i]
+            self._pending[d.request.request_id] = (d.request.num_tokens, d.num_spec_tokens)
+        return Proposals(ids, lens, probs)
+
+    def commit(self, batch: StepBatch, num_accepted: list[int]) -> None:
+        for d, a in zip(batch.decodes, num_accepted):
+            pending = self._pending.pop(d.request.request_id, None)
+            if pending is None:
+                continue
+            base, k = pending
+            # the draft fed last, p1..p_{k-1}; of those, last..p_a are still valid
+            self._computed[d.request.request_id] = base + min(a, k - 1)
+
+    def free(self, request_id: str) -> None:
+        self._computed.pop(request_id, None)
+        self._pending.pop(request_id, None)
+        self.runner.block_manager.free(request_id)
