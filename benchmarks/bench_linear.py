@@ -75,6 +75,10 @@ def measure_read_bandwidth(num_bytes: int = 1 << 30, reps: int = 7) -> float:
 
 def build_route(route: str, weight: torch.Tensor, bias: torch.Tensor, rows: int) -> Call:
     """Return ``fn(x [rows, in]) -> [rows, out]`` for one weight copy ``[out, in]``."""
+    if route in ("default", "onednn_dense", "weight_left"):
+        # A private copy: a route must not find its weight in cache because the
+        # route timed just before it read the same tensor.
+        weight = weight.clone()
     if route == "default":
         return lambda x: F.linear(x, weight, bias)
     if route == "onednn_packed":

@@ -32,3 +32,39 @@ def model_dirs(tmp_path_factory, tokenizer_dir) -> dict[str, Path]:
 @pytest.fixture(scope="session")
 def llama_dir(model_dirs) -> Path:
     return model_dirs["llama"]
+
+
+# --- engine test-suite fixtures (appended) -----------------------------------
+
+@pytest.fixture(scope="session")
+def hf_reference(model_dirs):
+    """``hf_reference(arch_or_dir)`` -> a cached ``greedy_compare.HFReference``."""
+    from greedy_compare import HFReference
+
+    cache: dict[str, HFReference] = {}
+
+    def get(arch_or_dir) -> HFReference:
+        path = str(model_dirs.get(arch_or_dir, arch_or_dir))
+        if path not in cache:
+            cache[path] = HFReference(path)
+        return cache[path]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def eos_case(tmp_path_factory, llama_dir, hf_reference):
+    """A copy of the llama model whose EOS is a token that greedy decoding of
+    ``prompt`` emits (for the first time) at output index ``eos_index`` >= 3,
+    so EOS really stops generation there. Fields: model_dir, prompt,
+    eos_token_id, eos_index, tokens (HF greedy tokens without stopping)."""
+    from types import SimpleNamespace
+
+    from tiny_models import copy_model, random_prompts, set_eos_token
+
+    prompt = random_prompts([12], seed=7)[0]
+    tokens = hf_reference("llama").greedy(prompt, 24).tokens
+    index = next(i for i in range(3, len(tokens)) if tokens[i] not in tokens[:i])
+    model_dir = set_eos_token(copy_model(llama_dir, tmp_path_factory.mktemp("llama_eos")), tokens[index])
+    return SimpleNamespace(model_dir=model_dir, prompt=prompt, eos_token_id=tokens[index], eos_index=index,
+                           tokens=tokens)

@@ -71,3 +71,53 @@ def patch_config(model_dir: Path, **changes) -> Path:
     data.update(changes)
     path.write_text(json.dumps(data))
     return model_dir
+
+
+# --- helpers for the engine test-suite (appended) ----------------------------
+
+def build_gemma2(out_dir: Path, tokenizer_dir: Path, *, hidden: int = 64, layers: int = 2, heads: int = 4,
+                 max_positions: int = 256, softcap: float | None = 50.0, seed: int = 0) -> Path:
+    """A tiny random Gemma2 model; by default with ``attn_logit_softcapping``
+    (an attention feature speculant refuses) and a window wider than
+    ``max_positions`` (so the window itself is harmless)."""
+    from transformers import Gemma2Config
+
+    torch.manual_seed(seed)
+    tok = PreTrainedTokenizerFast.from_pretrained(tokenizer_dir)
+    config = Gemma2Config(
+        vocab_size=len(tok), hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+        num_attention_heads=heads, num_key_value_heads=2, head_dim=hidden // heads,
+        max_position_embeddings=max_positions, sliding_window=4 * max_positions,
+        attn_logit_softcapping=softcap, eos_token_id=tok.eos_token_id, bos_token_id=tok.bos_token_id,
+        pad_token_id=tok.eos_token_id,
+    )
+    AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(out_dir)
+    tok.save_pretrained(out_dir)
+    return out_dir
+
+
+def copy_model(model_dir: Path, out_dir: Path) -> Path:
+    """Copy a saved model directory (to patch its config without touching the original)."""
+    import shutil
+
+    shutil.copytree(model_dir, out_dir, dirs_exist_ok=True)
+    return Path(out_dir)
+
+
+def set_eos_token(model_dir: Path, eos_token_id: int) -> Path:
+    """Make ``eos_token_id`` the model's EOS in config.json and
+    generation_config.json (both the engine and ``generate()`` read it there);
+    the weights, and so the greedy text, are unchanged."""
+    patch_config(model_dir, eos_token_id=eos_token_id)
+    gen = Path(model_dir) / "generation_config.json"
+    if gen.is_file():
+        data = json.loads(gen.read_text())
+        data["eos_token_id"] = eos_token_id
+        gen.write_text(json.dumps(data))
+    return Path(model_dir)
+
+
+def random_prompts(lengths: list[int], seed: int = 0, vocab_size: int = VOCAB_SIZE) -> list[list[int]]:
+    """Token-id prompts of the given lengths (ids 2.. so no special tokens)."""
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randint(2, vocab_size, (n,), generator=gen).tolist() for n in lengths]

@@ -155,13 +155,14 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
 
 
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """Apply ``key.path=value`` strings (value parsed as TOML, else a string)."""
+    """Apply ``key.path=value`` strings (value parsed as TOML, else a string;
+    ``null`` clears a value, e.g. ``speculative.proposer=null``)."""
     for item in overrides:
         if "=" not in item:
             raise ConfigError("--set", [f"{item!r}: expected key.path=value"])
         key, raw = item.split("=", 1)
         try:
-            value = tomllib.loads(f"v = {raw}")["v"]
+            value = None if raw.strip() == "null" else tomllib.loads(f"v = {raw}")["v"]
         except tomllib.TOMLDecodeError:
             value = raw
         node = data

@@ -2,13 +2,15 @@
 
 Speculative decoding pays only when verifying ``k + 1`` tokens costs about one
 decode. On CPU the default ``F.linear`` (MKL) is up to 2-3x off the
-memory-bandwidth bound for 2-16 rows, while oneDNN with its weight reordered once
-into its blocked layout stays near the bound for any row count, and is as fast
-for prefill-sized row counts (``benchmarks/bench_linear.py`` measures it).
+memory-bandwidth bound from about 4 rows on, while oneDNN with its weight
+reordered once into its blocked layout stays within ~1.1-1.3x of the bound for
+1-16 rows and is as fast for prefill-sized row counts. At exactly one row MKL is
+~5-25% faster (``benchmarks/bench_linear.py`` measures all of this).
 
 ``pack_linear_layers(model, backend)`` is a one-time load step: every plain
-``torch.nn.Linear`` becomes a ``OneDNNLinear`` holding the packed weight, after a
-per-layer exactness probe. Packing is the last load step: tie, resize or cast the
+``torch.nn.Linear`` (and transformers' ``Conv1D``, GPT-2's transposed linear)
+becomes a ``OneDNNLinear`` holding the packed weight, after a per-layer
+exactness probe. Packing is the last load step: tie, resize or cast the
 model before it, not after (packed weights are opaque oneDNN tensors that
 ``model.to()``, ``state_dict()`` and ``copy.deepcopy`` do not handle).
 
@@ -16,8 +18,7 @@ Vocabulary:
 
 * **packed weight**: the ``[out, in]`` weight reordered by
   ``torch.ops.mkldnn._reorder_linear_weight`` into oneDNN's blocked layout.
-* **probe**: packed vs ``F.linear`` on random inputs with the layer's own
-  weight; the largest difference is divided by the largest reference output
+* **probe**: packed vs the original layer's own forward on random inputs; the largest difference is divided by the largest reference output
   (``PROBE_TOLERANCE`` per dtype). A layer whose probe fails stays on the default
   path, with a warning.
 * **tied weight**: a weight that another module of the model also holds (e.g.
@@ -31,8 +32,8 @@ import warnings
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
+from transformers.pytorch_utils import Conv1D
 
 LINEAR_BACKENDS = ("auto", "default", "onednn")
 ONEDNN_DTYPES = (torch.float32, torch.bfloat16)
@@ -88,14 +89,14 @@ class OneDNNLinear(nn.Module):
     backward.
     """
 
-    def __init__(self, linear: nn.Linear) -> None:
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+        # weight: [out, in] (any strides); bias: [out] or None, kept as given
         super().__init__()
-        self.in_features = linear.in_features
-        self.out_features = linear.out_features
+        self.out_features, self.in_features = weight.shape
         # Opaque oneDNN tensor, logically [out, in]; a plain attribute, not a
         # buffer, so that state_dict() and .to() never see it.
-        self.packed_weight = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach())
-        self.bias = linear.bias  # [out] or None; shared with the original layer
+        self.packed_weight = torch.ops.mkldnn._reorder_linear_weight(weight.detach())
+        self.bias = bias
 
     @property
     def weight(self) -> torch.Tensor:
@@ -126,14 +127,29 @@ def onednn_unavailable_reason(weight: torch.Tensor) -> str | None:
     return None
 
 
-def probe_error(linear: nn.Linear, packed: OneDNNLinear) -> float:
-    """Largest ``|packed - F.linear| / max|F.linear|`` over the probe inputs."""
+def dense_weight(layer: nn.Module) -> torch.Tensor | None:
+    """The ``[out, in]`` weight (a view) of a layer this module packs, else ``None``.
+
+    Only exact ``nn.Linear`` and ``Conv1D`` (weight stored ``[in, out]``) qualify:
+    subclasses may override ``forward`` (quantized or adapter layers) or read
+    ``.weight`` directly (``nn.MultiheadAttention``'s ``out_proj``).
+    """
+    if type(layer) is nn.Linear:
+        return layer.weight
+    if type(layer) is Conv1D:
+        return layer.weight.t()
+    return None
+
+
+def probe_error(layer: nn.Module, packed: OneDNNLinear) -> float:
+    """Largest ``|packed - layer| / max|layer|`` over the probe inputs."""
     gen = torch.Generator().manual_seed(0)
     worst = 0.0
     with torch.no_grad():
         for lead in PROBE_SHAPES:
-            x = torch.randn(*lead, linear.in_features, generator=gen).to(linear.weight.dtype)
-            ref = F.linear(x, linear.weight, linear.bias).float()  # [*lead, out]
+            x = torch.randn(*lead, packed.in_features, generator=gen)
+            x = x.to(packed.packed_weight.dtype)  # [*lead, in]
+            ref = layer(x).float()  # [*lead, out]
             got = packed(x).float()
             if got.shape != ref.shape:
                 return float("inf")
@@ -142,17 +158,13 @@ def probe_error(linear: nn.Linear, packed: OneDNNLinear) -> float:
     return worst
 
 
-def _linear_slots(model: nn.Module) -> list[tuple[str, nn.Module, str, nn.Linear]]:
-    """Every (qualified name, parent, attribute, layer) holding an exact ``nn.Linear``.
-
-    Subclasses of ``nn.Linear`` are left alone: they may override ``forward``
-    (quantized or adapter layers) or read ``.weight`` directly (``nn.MultiheadAttention``).
-    A layer reachable from several parents appears once per parent.
-    """
+def _linear_slots(model: nn.Module) -> list[tuple[str, nn.Module, str, nn.Module]]:
+    """Every (qualified name, parent, attribute, layer) holding a layer that
+    ``dense_weight`` accepts; a layer held by several parents appears once per parent."""
     slots = []
     for parent_name, parent in model.named_modules(remove_duplicate=False):
         for attr, child in parent.named_children():
-            if type(child) is nn.Linear:
+            if dense_weight(child) is not None:
                 name = f"{parent_name}.{attr}" if parent_name else attr
                 slots.append((name, parent, attr, child))
     return slots
@@ -176,7 +188,7 @@ def _check_backend(backend: str, slots: list) -> None:
     if backend != "onednn":
         return
     for name, _, _, layer in slots:
-        reason = onednn_unavailable_reason(layer.weight)
+        reason = onednn_unavailable_reason(dense_weight(layer))
         if reason is not None:
             raise LinearBackendError(
                 f"model.linear_backend = 'onednn' cannot run layer '{name}': {reason}. "
@@ -185,22 +197,23 @@ def _check_backend(backend: str, slots: list) -> None:
                 "CPU with model.dtype = 'float32' or 'bfloat16'.")
 
 
-def _try_pack(layer: nn.Linear) -> tuple[OneDNNLinear | None, float, str]:
+def _try_pack(layer: nn.Module) -> tuple[OneDNNLinear | None, float, str]:
     """Pack and probe one layer: (packed or None, probe error, why not packed)."""
-    reason = onednn_unavailable_reason(layer.weight)
+    weight = dense_weight(layer)  # [out, in]
+    reason = onednn_unavailable_reason(weight)
     if reason is not None:
         return None, 0.0, reason
-    packed = OneDNNLinear(layer)
+    packed = OneDNNLinear(weight, layer.bias)
     error = probe_error(layer, packed)
-    tolerance = PROBE_TOLERANCE[layer.weight.dtype]
-    if error > tolerance:
+    tolerance = PROBE_TOLERANCE[weight.dtype]
+    if not error <= tolerance:  # also catches NaN
         return None, error, (f"packed output differs by {error:.2e} of the output scale "
                              f"(probe tolerance {tolerance:.1e})")
     return packed, error, ""
 
 
 def pack_linear_layers(model: nn.Module, backend: str = "auto") -> LinearPackReport:
-    """Replace every plain ``nn.Linear`` of ``model`` by a packed ``OneDNNLinear``.
+    """Replace every plain ``nn.Linear`` and ``Conv1D`` of ``model`` by a ``OneDNNLinear``.
 
     ``backend``: ``"default"`` packs nothing; ``"onednn"`` packs every layer or
     raises ``LinearBackendError`` naming the option, the value, the reason and the

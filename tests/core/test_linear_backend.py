@@ -12,7 +12,8 @@ from __future__ import annotations
 import pytest
 import torch
 from torch import nn
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+from transformers.pytorch_utils import Conv1D
 
 from speculant.core.linear_backend import (
     LinearBackendError,
@@ -71,6 +72,22 @@ def test_llama_logits_match_unpacked(tie: bool, dtype: torch.dtype) -> None:
 
 
 @requires_onednn
+def test_gpt2_conv1d_layers_are_packed_and_exact() -> None:
+    torch.manual_seed(0)
+    config = GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=256, n_positions=64,
+                        bos_token_id=0, eos_token_id=0)
+    model = GPT2LMHeadModel(config).eval()
+    ids = torch.randint(0, 256, (1, 9), generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        ref = model(ids).logits  # [1, 9, 256]
+        report = pack_linear_layers(model, "onednn")
+        got = model(ids).logits
+    assert report.num_packed == 2 * 4 + 1  # c_attn, attn c_proj, c_fc, mlp c_proj; lm_head
+    assert not any(isinstance(m, Conv1D) for m in model.modules())
+    assert_close_to_scale(got, ref, torch.float32)
+
+
+@requires_onednn
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("lead", [(1,), (7,), (33,), (1, 1), (1, 7), (2, 5)])
 def test_bias_and_no_bias_layers_any_leading_dims(lead: tuple[int, ...], dtype) -> None:
@@ -93,7 +110,7 @@ def test_bias_and_no_bias_layers_any_leading_dims(lead: tuple[int, ...], dtype) 
 def test_dense_weight_view_is_exact() -> None:
     layer = nn.Linear(40, 24)
     weight = layer.weight.detach().clone()
-    packed = OneDNNLinear(layer)
+    packed = OneDNNLinear(layer.weight, layer.bias)
     assert torch.equal(packed.weight, weight)
 
 

@@ -1,0 +1,89 @@
+"""``speculant generate``: run prompts through the engine and print a summary."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from speculant.core.config import ConfigError
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("generate", help="generate text from prompts",
+                       description="Generate completions. Select the model with --config FILE "
+                                   "(TOML/YAML) or --model DIR.")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--config", help="engine config file (.toml, .yaml)")
+    src.add_argument("--model", help="local Hugging Face model directory")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE",
+                   help="override a config value, e.g. --set speculative.num_speculative_tokens=3")
+    p.add_argument("prompts", nargs="+", metavar="PROMPT")
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--ignore-eos", action="store_true")
+    p.add_argument("--compare", action="store_true",
+                   help="also run without speculation and report the speedup")
+    p.add_argument("--json", action="store_true", help="print results as JSON")
+    p.set_defaults(func=run)
+
+
+def _build(args, overrides: list[str]):
+    from speculant.core.config import apply_overrides, build_config, load_config
+    from speculant.llm import LLM
+
+    if args.config:
+        return LLM(config=load_config(args.config, overrides))
+    data = apply_overrides({"model": {"path": args.model}}, overrides)
+    return LLM(config=build_config(data, "--model/--set"))
+
+
+def _run_once(llm, args, params):
+    outputs = llm.generate(args.prompts, params, use_tqdm=False)
+    num_tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
+    seconds = llm.last_run_seconds
+    return outputs, num_tokens, seconds
+
+
+def run(args: argparse.Namespace) -> int:
+    from speculant.core.sampling_params import SamplingParams
+
+    try:
+        params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
+                                top_k=args.top_k, seed=args.seed, ignore_eos=args.ignore_eos)
+        llm = _build(args, args.overrides)
+        outputs, num_tokens, seconds = _run_once(llm, args, params)
+    except (ConfigError, ValueError, FileNotFoundError, TypeError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    metrics = llm.get_metrics()
+    summary = {"num_requests": len(outputs), "num_tokens": num_tokens, "seconds": round(seconds, 3),
+               "tokens_per_s": round(num_tokens / seconds, 1) if seconds else None,
+               "speculative": llm.config.speculative.proposer}
+    if llm.config.speculative.enabled:
+        summary.update(acceptance_rate=round(metrics["acceptance_rate"], 3),
+                       mean_accepted_length=round(metrics["mean_accepted_length"], 3),
+                       propose_s=round(metrics["propose_s"], 3), score_s=round(metrics["score_s"], 3))
+    if args.compare and llm.config.speculative.enabled:
+        from speculant.core.config import SpeculativeConfig
+        from speculant.llm import LLM
+
+        base = LLM(config=llm.config.model_copy(update={"speculative": SpeculativeConfig()}))
+        base_out, base_tokens, base_seconds = _run_once(base, args, params)
+        summary["baseline_tokens_per_s"] = round(base_tokens / base_seconds, 1)
+        summary["speedup"] = round((num_tokens / seconds) / (base_tokens / base_seconds), 2)
+        summary["same_text_as_baseline"] = all(
+            a.outputs[0].token_ids == b.outputs[0].token_ids for a, b in zip(outputs, base_out))
+    if args.json:
+        print(json.dumps({"outputs": [{"prompt": o.prompt, "text": o.outputs[0].text,
+                                       "finish_reason": o.outputs[0].finish_reason} for o in outputs],
+                          "summary": summary}, indent=2))
+        return 0
+    for o in outputs:
+        print(f"{o.prompt}{o.outputs[0].text}")
+        print("-" * 60)
+    print(" | ".join(f"{k}: {v}" for k, v in summary.items()))
+    return 0
