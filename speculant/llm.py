@@ -62,6 +62,7 @@ class LLM:
             raise TypeError("pass either config= or model=/overrides to LLM(), not both")
         self.config = config
         self.engine = LLMEngine(config)
+        self.engine.stream_text = False  # generate() returns finished outputs only
         self.tokenizer = self.engine.tokenizer
 
     @classmethod

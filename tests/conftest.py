@@ -68,3 +68,27 @@ def eos_case(tmp_path_factory, llama_dir, hf_reference):
     model_dir = set_eos_token(copy_model(llama_dir, tmp_path_factory.mktemp("llama_eos")), tokens[index])
     return SimpleNamespace(model_dir=model_dir, prompt=prompt, eos_token_id=tokens[index], eos_index=index,
                            tokens=tokens)
+
+
+# --- speculative-decoding fixtures (tests/spec, appended) --------------------
+
+@pytest.fixture(scope="session")
+def spec_noisy_draft_dir(tmp_path_factory, llama_dir) -> Path:
+    """A draft that agrees with the llama target only partly: the target's own
+    weights plus Gaussian noise of 3% of each tensor's std (greedy acceptance
+    about 0.4 at k=3), same tokenizer and vocabulary."""
+    import shutil
+
+    from transformers import AutoModelForCausalLM
+
+    out = tmp_path_factory.mktemp("llama_noisy_draft")
+    model = AutoModelForCausalLM.from_pretrained(llama_dir, dtype=torch.float32)
+    gen = torch.Generator().manual_seed(1234)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(torch.randn(param.shape, generator=gen) * 0.03 * param.std())
+    model.save_pretrained(out)
+    for f in Path(llama_dir).iterdir():
+        if f.name.startswith(("tokenizer", "special_tokens")):
+            shutil.copy(f, out)
+    return out

@@ -11,6 +11,7 @@ import torch
 
 from speculant.core.acceptance import AcceptanceMethod, AcceptedTokens
 from speculant.core.capabilities import AcceptanceCapabilities
+from speculant.core.sampler import draw_uniforms, sample_from_probs
 from speculant.proposers.base import PLACEHOLDER_TOKEN_ID
 
 
@@ -145,34 +146,6 @@ def accepted_prefix_len(
 ) -> torch.Tensor:  # [n] long: leading accepted proposals, at most lens[i]
     in_lens = torch.arange(accept.shape[1], device=accept.device).unsqueeze(0) < lens.unsqueeze(1)
     return (accept & in_lens).long().cumprod(dim=1).sum(dim=1)
-
-
-def draw_uniforms(
-    generators: list[torch.Generator],  # [n]
-    counts: list[int],  # [n] uniforms to draw from each generator
-    width: int,  # columns of the result, >= max(counts)
-    device: torch.device,
-) -> torch.Tensor:  # [n, width] float64; columns past counts[i] are 1.0 (never used)
-    """Draw ``counts[i]`` uniforms in [0, 1) from ``generators[i]`` and nothing else,
-    so a row's draws do not depend on which rows share its batch."""
-    out = torch.ones(len(counts), width, dtype=torch.float64)
-    for i, (gen, count) in enumerate(zip(generators, counts)):
-        if count:
-            out[i, :count] = torch.rand(count, generator=gen, dtype=torch.float64, device=gen.device).cpu()
-    return out.to(device)
-
-
-def sample_from_probs(
-    probs: torch.Tensor,  # [m, V] non-negative, unnormalized, positive mass per row
-    uniforms: torch.Tensor,  # [m] float64 in [0, 1)
-) -> torch.Tensor:  # [m] long
-    """Inverse-CDF sampling: the first token whose cumulative mass exceeds u * total.
-    Zero-mass tokens are never returned."""
-    cdf = probs.double().cumsum(dim=1)  # [m, V]
-    total = cdf[:, -1:].contiguous()  # [m, 1]
-    idx = torch.searchsorted(cdf, uniforms.unsqueeze(1) * total, right=True)  # [m, 1]
-    last_with_mass = torch.searchsorted(cdf, total, right=False)  # [m, 1]; guards u * total rounding to total
-    return torch.minimum(idx, last_with_mass).squeeze(1)
 
 
 def assemble_accepted(

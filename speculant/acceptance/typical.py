@@ -12,11 +12,10 @@ from speculant.acceptance.rejection import (
     accepted_prefix_len,
     assemble_accepted,
     check_accept_inputs,
-    draw_uniforms,
     target_argmax,
-    sample_from_probs,
 )
 from speculant.core.acceptance import AcceptanceMethod, AcceptedTokens
+from speculant.core.sampler import draw_uniforms, sample_from_probs
 from speculant.core.capabilities import AcceptanceCapabilities
 
 

@@ -36,6 +36,7 @@ class LLMEngine:
         self.times = StepTimes()
         self.spec_stats = SpecStats()
         self.num_steps = 0
+        self.stream_text = True  # detokenize unfinished requests every step; LLM.generate turns it off
 
     @classmethod
     def from_config_file(cls, path: str, overrides: list[str] | None = None) -> "LLMEngine":
@@ -156,7 +157,8 @@ class LLMEngine:
         return self.tokenizer.decode(token_ids, skip_special_tokens=True)
 
     def _output(self, req: Request) -> RequestOutput:
-        if not req.params.stop or req.finish_reason != "stop" or not isinstance(req.stop_reason, str):
+        stopped_by_string = req.finish_reason == "stop" and isinstance(req.stop_reason, str)
+        if (req.finished or self.stream_text) and not stopped_by_string:
             req.output_text = self._detokenize(req.output_token_ids)
         return RequestOutput.from_request(req)
 

@@ -86,13 +86,21 @@ class ModelRunner:
         return sum(2 * h * d * elem for h, d in self.kv_shapes)
 
     def _num_blocks(self, cache_cfg: CacheConfig) -> int:
+        needed = -(-self.max_model_len // self.block_size)  # one full-length sequence
         if cache_cfg.num_blocks is not None:
+            if cache_cfg.num_blocks < needed:
+                raise ValueError(
+                    f"cache.num_blocks = {cache_cfg.num_blocks} holds {cache_cfg.num_blocks * self.block_size} "
+                    f"tokens, less than one sequence of model.max_model_len = {self.max_model_len}; raise "
+                    f"cache.num_blocks to at least {needed} or lower model.max_model_len")
             return cache_cfg.num_blocks
         per_block = self.kv_bytes_per_token * self.block_size
         num = int(cache_cfg.memory_gb * (1 << 30) // per_block)
-        if num < 1:
-            raise ValueError(f"cache.memory_gb = {cache_cfg.memory_gb} holds no KV block of "
-                             f"{per_block} bytes; raise cache.memory_gb or lower cache.block_size")
+        if num < needed:
+            raise ValueError(
+                f"cache.memory_gb = {cache_cfg.memory_gb} holds {num} KV blocks of {per_block} bytes, fewer "
+                f"than the {needed} one sequence of model.max_model_len = {self.max_model_len} needs; raise "
+                "cache.memory_gb or lower model.max_model_len")
         # never more than enough for max_model_len tokens of many sequences
         return min(num, 1 + 256 * -(-self.max_model_len // self.block_size))
 

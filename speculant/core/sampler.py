@@ -17,6 +17,8 @@ from speculant.core.logits_processing import filtered_logprobs, sampling_tensors
 from speculant.core.request import Request
 
 _MIX = 0x9E3779B97F4A7C15  # odd 64-bit constant (golden ratio) for seed mixing
+ACCEPT_STREAM = 1  # the target-side draw of a step (sampling or acceptance)
+DRAFT_STREAM = 2  # draft-side draws: DRAFT_STREAM + proposal index
 
 
 def request_generator(request: Request, stream: int = 0) -> torch.Generator:
@@ -26,11 +28,33 @@ def request_generator(request: Request, stream: int = 0) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 
 
-def sample_from_probs(probs: torch.Tensor,  # [V] probabilities of one row
-                      generator: torch.Generator) -> int:
-    """Exponential-race sampling: argmax(p / E) with E ~ Exp(1) is a draw from p."""
-    noise = torch.empty(probs.shape[-1], dtype=torch.float32).exponential_(generator=generator)
-    return int(torch.argmax(probs.float().cpu() / noise))
+def draw_uniforms(
+    generators: list[torch.Generator],  # [n]
+    counts: list[int],  # [n] uniforms to draw from each generator
+    width: int,  # columns of the result, >= max(counts)
+    device: torch.device,
+) -> torch.Tensor:  # [n, width] float64; columns past counts[i] are 1.0 (never used)
+    """Draw ``counts[i]`` uniforms in [0, 1) from ``generators[i]`` and nothing else,
+    so a row's draws do not depend on which rows share its batch."""
+    out = torch.ones(len(counts), width, dtype=torch.float64)
+    for i, (gen, count) in enumerate(zip(generators, counts)):
+        if count:
+            out[i, :count] = torch.rand(count, generator=gen, dtype=torch.float64, device=gen.device).cpu()
+    return out.to(device)
+
+
+def sample_from_probs(
+    probs: torch.Tensor,  # [m, V] non-negative, unnormalized, positive mass per row
+    uniforms: torch.Tensor,  # [m] float64 in [0, 1)
+) -> torch.Tensor:  # [m] long
+    """Inverse-CDF sampling: the first token whose cumulative mass exceeds u * total.
+    Zero-mass tokens are never returned."""
+    cdf = probs.double().cumsum(dim=1)  # [m, V]
+    total = cdf[:, -1:].contiguous()  # [m, 1]
+    idx = torch.searchsorted(cdf, uniforms.unsqueeze(1) * total, right=True)  # [m, 1]
+    last_with_mass = torch.searchsorted(cdf, total, right=False)  # [m, 1]; guards u * total rounding to total
+    return torch.minimum(idx, last_with_mass).squeeze(1)
+
 
 
 @dataclass(frozen=True)
@@ -48,9 +72,15 @@ def sample(logits: torch.Tensor,  # [R, V] raw target logits, one row per reques
     t = sampling_tensors(params, logits.device)
     logprobs = filtered_logprobs(logits, **t)
     tokens = logprobs.argmax(dim=-1).tolist()
-    for i, req in enumerate(requests):
-        if not req.params.greedy:
-            tokens[i] = sample_from_probs(logprobs[i].exp(), request_generator(req))
+    rows = [i for i, r in enumerate(requests) if not r.params.greedy]
+    if rows:
+        # the same generator stream and draw as an acceptance method's final token,
+        # so a request samples the same token whether or not its batch speculates
+        uniforms = draw_uniforms([request_generator(requests[i], ACCEPT_STREAM) for i in rows],
+                                 [1] * len(rows), 1, logits.device)
+        drawn = sample_from_probs(logprobs[rows].exp(), uniforms[:, 0]).tolist()
+        for i, tok in zip(rows, drawn):
+            tokens[i] = tok
     return SampledTokens(tokens, logprobs)
 
 

@@ -18,7 +18,7 @@ from speculant.core.layout import score_flat
 from speculant.core.logits_processing import filtered_logprobs, sampling_tensors
 from speculant.core.model_runner import ModelRunner
 from speculant.core.request import Request
-from speculant.core.sampler import request_generator, sample, top_logprobs
+from speculant.core.sampler import ACCEPT_STREAM, request_generator, sample, top_logprobs
 from speculant.core.stop_rules import append_tokens
 from speculant.proposers.base import Proposals, Proposer
 from speculant.scorers.base import Scorer, Scores
@@ -96,7 +96,7 @@ def decide(acceptance: AcceptanceMethod | None, batch: StepBatch, proposals: Pro
     draft_probs = proposals.probs
     accepted: AcceptedTokens = acceptance.accept(
         target_lp, proposals.token_ids, draft_probs, proposals.lens,
-        t["temperature"] == 0, [request_generator(r, stream=1) for r in requests])
+        t["temperature"] == 0, [request_generator(r, ACCEPT_STREAM) for r in requests])
     ids = accepted.token_ids.tolist()
     for i, a in enumerate(accepted.num_accepted.tolist()):
         out.decode_tokens.append(ids[i][: a + 1])

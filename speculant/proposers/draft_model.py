@@ -23,7 +23,7 @@ from speculant.core.capabilities import ProposerCapabilities
 from speculant.core.config import CacheConfig, EngineConfig, ModelConfig
 from speculant.core.logits_processing import filtered_logprobs, sampling_tensors
 from speculant.core.model_runner import ModelRunner
-from speculant.core.sampler import request_generator, sample_from_probs
+from speculant.core.sampler import DRAFT_STREAM, draw_uniforms, request_generator, sample_from_probs
 from speculant.proposers.base import PLACEHOLDER_TOKEN_ID, Proposals, Proposer, ProposerContext
 
 
@@ -96,9 +96,12 @@ class DraftModelProposer(Proposer):
         params = [d.request.params for d in rows]
         probs = filtered_logprobs(logits, **sampling_tensors(params, logits.device)).exp()
         tokens = probs.argmax(dim=-1).tolist()
-        for i, d in enumerate(rows):
-            if not d.request.params.greedy:
-                tokens[i] = sample_from_probs(probs[i], request_generator(d.request, stream=2 + step))
+        sampled = [i for i, d in enumerate(rows) if not d.request.params.greedy]
+        if sampled:
+            gens = [request_generator(rows[i].request, DRAFT_STREAM + step) for i in sampled]
+            uniforms = draw_uniforms(gens, [1] * len(sampled), 1, logits.device)
+            for i, tok in zip(sampled, sample_from_probs(probs[sampled], uniforms[:, 0]).tolist()):
+                tokens[i] = tok
         return tokens, probs
 
     # --- Proposer ------------------------------------------------------------

@@ -4,23 +4,18 @@
   the test instead of hanging it) and return outputs in prompt order.
 - ``StepProbe``: records what the scheduler put in each step and how many
   target forwards the step ran.
-- ``HFReference``: transformers ``generate()`` greedy continuations and exact
-  log-softmax of the target, plus the fp32 near-tie-aware comparison from
-  DESIGN.md (at the first differing token the two tokens' logits, computed in
-  float64, must be within a tolerance of the logit scale; comparison stops there).
+- ``check_against``: the engine's greedy outputs against transformers
+  ``generate()`` (near-tie aware, via ``tests/greedy_compare.py``) and against
+  the same engine without speculation.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Sequence
 
-import torch
-from transformers import AutoModelForCausalLM
+from greedy_compare import HFGreedy, check_all_greedy
 
 from speculant import LLM, SamplingParams
-
-NEAR_TIE_REL = 2e-4  # a near-tie: two logits within this fraction of the largest |logit|
 
 
 def run(llm: LLM, prompts: Sequence[list[int]], params: SamplingParams | Sequence[SamplingParams],
@@ -92,55 +87,26 @@ class StepProbe:
         return sum(1 for s in self.steps if any(s["k"]))
 
 
-class HFReference:
-    """transformers' own view of one model directory."""
-
-    def __init__(self, model_dir: Path) -> None:
-        self.model_dir = Path(model_dir)
-        self.model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=torch.float32).eval()
-        self._model64 = None
-        self._cache: dict[tuple, list[int]] = {}
-
-    @property
-    def model64(self):
-        if self._model64 is None:
-            self._model64 = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=torch.float64).eval()
-        return self._model64
-
-    @torch.no_grad()
-    def greedy(self, prompt: list[int], max_new_tokens: int) -> list[int]:
-        """``generate()`` greedy continuation (stops at the model's EOS, which it keeps)."""
-        key = (tuple(prompt), max_new_tokens)
-        if key not in self._cache:
-            gen = self.model.generation_config
-            out = self.model.generate(torch.tensor([prompt]), max_new_tokens=max_new_tokens, do_sample=False,
-                                      pad_token_id=gen.pad_token_id if gen.pad_token_id is not None else 0)
-            self._cache[key] = out[0, len(prompt):].tolist()
-        return self._cache[key]
-
-    @torch.no_grad()
-    def logits(self, tokens: list[int], fp64: bool = False) -> torch.Tensor:  # [len(tokens), V]
-        model = self.model64 if fp64 else self.model
-        return model(torch.tensor([tokens])).logits[0].double()
-
-    def log_softmax(self, tokens: list[int]) -> torch.Tensor:  # [len(tokens), V] float64
-        return self.logits(tokens, fp64=True).log_softmax(-1)
-
-    def assert_greedy_equal(self, prompt: list[int], got: list[int], ref: list[int], label: str = "") -> None:
-        """``got == ref`` token for token, except that at a near-tie (see module
-        docstring) the comparison of that output stops."""
-        for j, (a, b) in enumerate(zip(got, ref)):
-            if a == b:
-                continue
-            logits = self.logits(list(prompt) + list(ref[:j]), fp64=True)[-1]
-            gap = float((logits[a] - logits[b]).abs())
-            scale = float(logits.abs().max())
-            assert gap <= NEAR_TIE_REL * scale, (
-                f"{label}: token {j} differs: got {a}, expected {b}; their logits differ by {gap:.3g} "
-                f"(scale {scale:.3g}), not a near-tie\n got: {got}\nwant: {ref}")
-            return  # a genuine near-tie: the rest of this output may legitimately diverge
-        assert len(got) == len(ref), f"{label}: lengths differ\n got: {got}\nwant: {ref}"
-
-
 def same_tokens(outputs_a, outputs_b) -> bool:
     return [o.outputs[0].token_ids for o in outputs_a] == [o.outputs[0].token_ids for o in outputs_b]
+
+
+def token_ids(outputs) -> list[list[int]]:
+    return [o.outputs[0].token_ids for o in outputs]
+
+
+def check_against(outputs, hf_refs: list[HFGreedy], baseline, what: str) -> None:
+    """Greedy ``outputs`` equal HF ``generate()`` (near-tie aware, see
+    greedy_compare.py) and the non-speculative engine's ``baseline`` outputs:
+    same tokens, text and finish reason; where either side's comparison with
+    HF stopped at a near-tie, tokens only up to there."""
+    matches = check_all_greedy(token_ids(outputs), hf_refs, what)
+    base_matches = check_all_greedy(token_ids(baseline), hf_refs, what + " (no-spec baseline)")
+    for i, (o, b, m, mb) in enumerate(zip(outputs, baseline, matches, base_matches)):
+        o, b = o.outputs[0], b.outputs[0]
+        if m.near_tie_at is None and mb.near_tie_at is None:
+            assert (o.token_ids, o.text, o.finish_reason, o.stop_reason) == (
+                b.token_ids, b.text, b.finish_reason, b.stop_reason), f"{what} prompt {i}: differs from no-spec"
+        else:
+            limit = min(x for x in (m.near_tie_at, mb.near_tie_at) if x is not None)
+            assert o.token_ids[:limit] == b.token_ids[:limit], f"{what} prompt {i}: differs from no-spec"
