@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from speculant.core.attention.base import AttentionBackend, QuerySpan
+from speculant.core.attention.span_tensors import SpanTensors
 from speculant.core.attention.context import ForwardContext, forward_context
 from speculant.core.config import CacheConfig, ModelConfig
 from speculant.core.kv_cache import BlockManager
@@ -113,40 +114,22 @@ class ModelRunner:
         return keys, values
 
     # --- forward ---------------------------------------------------------
-    def slot_mapping(self, spans: list[QuerySpan]) -> list[int]:
-        bs = self.block_size
-        slots = []
-        for span in spans:
-            table = span.block_table
-            for pos in range(span.start, span.end):
-                slots.append(table[pos // bs] * bs + pos % bs)
-        return slots
-
     @torch.inference_mode()
     def forward(self, spans: list[QuerySpan], want_hidden: bool = False) -> ForwardOutput:
         assert spans, "forward needs at least one span"
-        ids, positions, keep = [], [], []
-        offset = 0
+        assert max(s.end for s in spans) <= self.max_model_len, "scheduler let a position reach max_model_len"
+        st = SpanTensors.build(spans, self.block_size, self.device)
+        keep, offset = [], 0
         for span in spans:
-            assert span.end <= self.max_model_len, "scheduler let a position reach max_model_len"
-            ids.extend(span.token_ids)
-            positions.extend(range(span.start, span.end))
             keep.extend(offset + i for i in span.logits_at)
             offset += span.num_tokens
-        dev = self.device
-        slot_mapping = torch.tensor(self.slot_mapping(spans), dtype=torch.long, device=dev)
-        metadata = self.backend.build_metadata(spans, slot_mapping, self.block_size, dev)
-        ctx = ForwardContext(self.backend, metadata, self.key_caches, self.value_caches)
-        keep_t = torch.tensor(keep, dtype=torch.long, device=dev)
+        keep_t = torch.tensor(keep, dtype=torch.long, device=self.device)
+        ctx = ForwardContext(self.backend, self.backend.build_metadata(st), self.key_caches, self.value_caches)
         self._capture = want_hidden
         try:
             with forward_context(ctx):
-                out = self.model(
-                    input_ids=torch.tensor([ids], dtype=torch.long, device=dev),
-                    position_ids=torch.tensor([positions], dtype=torch.long, device=dev),
-                    use_cache=False,
-                    logits_to_keep=keep_t,
-                )
+                out = self.model(input_ids=st.token_ids.unsqueeze(0), position_ids=st.positions.unsqueeze(0),
+                                 use_cache=False, logits_to_keep=keep_t)
             hidden = self._captured_hidden[0, keep_t] if want_hidden else None
         finally:
             self._capture = False

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from pydantic import BaseModel
 
 from speculant.core.capabilities import AttentionBackendCapabilities
 from speculant.proposers.base import NoOptions
+
+if TYPE_CHECKING:
+    from speculant.core.attention.span_tensors import SpanTensors
 
 
 @dataclass(slots=True)
@@ -51,14 +54,8 @@ class AttentionBackend(ABC):
     Options: ClassVar[type[BaseModel]] = NoOptions
 
     @abstractmethod
-    def build_metadata(
-        self,
-        spans: list[QuerySpan],
-        slot_mapping: torch.Tensor,  # [T] long: cache slot of each query token
-        block_size: int,
-        device: torch.device,
-    ) -> Any:
-        """Precompute whatever ``forward`` needs for this batch."""
+    def build_metadata(self, spans: "SpanTensors") -> Any:
+        """Precompute whatever ``forward`` needs for this batch (once per forward)."""
 
     @abstractmethod
     def forward(

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from speculant.core.attention.base import AttentionBackend, QuerySpan
+from speculant.core.attention.base import AttentionBackend
+from speculant.core.attention.span_tensors import SpanTensors
 from speculant.core.capabilities import AttentionBackendCapabilities
 
 
@@ -24,35 +25,31 @@ class TorchAttentionMetadata:
     mask: torch.Tensor  # [B, 1, Q_max, L_max] bool: True where a query may attend
     num_seqs: int
     max_query_len: int
+    dense: bool  # one span covering all tokens: no scatter/gather of queries needed
 
 
 class TorchAttentionBackend(AttentionBackend):
     name = "torch"
     capabilities = AttentionBackendCapabilities(multi_token_queries=True, devices=("cpu", "cuda"))
 
-    def build_metadata(self, spans: list[QuerySpan], slot_mapping: torch.Tensor, block_size: int,
-                       device: torch.device) -> TorchAttentionMetadata:
-        num_seqs = len(spans)
-        max_q = max(s.num_tokens for s in spans)
-        max_l = max(s.end for s in spans)
-        q_index, kv_rows = [], []
-        mask = torch.zeros(num_seqs, 1, max_q, max_l, dtype=torch.bool)
-        for b, span in enumerate(spans):
-            q_index.extend(range(b * max_q, b * max_q + span.num_tokens))
-            table = torch.tensor(span.block_table, dtype=torch.long)
-            pos = torch.arange(span.end, dtype=torch.long)
-            slots = table[pos // block_size] * block_size + pos % block_size
-            kv_rows.append(F.pad(slots, (0, max_l - span.end)))
-            q_pos = torch.arange(span.start, span.end).unsqueeze(1)  # [q, 1]
-            mask[b, 0, : span.num_tokens, :] = torch.arange(max_l).unsqueeze(0) <= q_pos
-            mask[b, 0, span.num_tokens:, 0] = True  # padded queries see one key: no NaN rows
+    def build_metadata(self, spans: SpanTensors) -> TorchAttentionMetadata:
+        b, q_max, l_max = spans.num_seqs, spans.max_query_len, spans.max_seq_len
+        bs = spans.block_size
+        dev = spans.positions.device
+        offsets = torch.arange(spans.positions.shape[0], device=dev) - spans.cu_query_lens[:-1][spans.seq_index]
+        q_index = spans.seq_index * q_max + offsets
+        key_pos = torch.arange(l_max, device=dev)  # [L]
+        kv_slots = spans.block_tables[:, key_pos // bs] * bs + key_pos % bs  # [B, L]
+        kv_slots = kv_slots.masked_fill(key_pos.unsqueeze(0) >= spans.seq_lens.unsqueeze(1), 0)
+        q_row = torch.arange(q_max, device=dev)  # [Q]
+        q_pos = spans.starts.unsqueeze(1) + q_row.unsqueeze(0)  # [B, Q]
+        mask = key_pos.view(1, 1, -1) <= q_pos.unsqueeze(2)  # [B, Q, L]
+        padded = q_row.unsqueeze(0) >= spans.query_lens.unsqueeze(1)  # [B, Q]
+        # padded query rows see key 0 only, so no row is fully masked (no NaN)
+        mask = torch.where(padded.unsqueeze(2), key_pos.view(1, 1, -1) == 0, mask)
         return TorchAttentionMetadata(
-            slot_mapping=slot_mapping,
-            q_index=torch.tensor(q_index, dtype=torch.long, device=device),
-            kv_slots=torch.stack(kv_rows).to(device),
-            mask=mask.to(device),
-            num_seqs=num_seqs,
-            max_query_len=max_q,
+            slot_mapping=spans.slot_mapping, q_index=q_index, kv_slots=kv_slots, mask=mask.unsqueeze(1),
+            num_seqs=b, max_query_len=q_max, dense=b == 1,
         )
 
     def forward(self, query, key, value, key_cache, value_cache, metadata: TorchAttentionMetadata,
@@ -63,8 +60,8 @@ class TorchAttentionBackend(AttentionBackend):
         flat_k[metadata.slot_mapping] = key.to(flat_k.dtype)
         flat_v[metadata.slot_mapping] = value.to(flat_v.dtype)
         b, q_max = metadata.num_seqs, metadata.max_query_len
-        if b == 1 and num_tokens == q_max:
-            q = query.unsqueeze(0)  # single span: no scatter needed
+        if metadata.dense:
+            q = query.unsqueeze(0)
         else:
             q = query.new_zeros(b * q_max, num_heads, head_dim)
             q[metadata.q_index] = query
@@ -76,4 +73,4 @@ class TorchAttentionBackend(AttentionBackend):
             attn_mask=metadata.mask, scale=scaling, enable_gqa=k.shape[2] != num_heads,
         )  # [B, H, Q_max, D]
         out = out.transpose(1, 2).reshape(b * q_max, num_heads, head_dim)
-        return out if b == 1 and num_tokens == q_max else out[metadata.q_index]
+        return out if metadata.dense else out[metadata.q_index]
