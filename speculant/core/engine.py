@@ -145,7 +145,7 @@ class LLMEngine:
         times.accept_s = timer.lap()
         finished = commit(batch, decisions, self.runner, self._detokenize)
         if self.spec.proposer is not None:
-            self.spec.proposer.commit(batch, decisions.num_accepted)
+            self.spec.proposer.commit(batch, decisions.num_accepted, scores)
         self.times.add(times)
         self.num_steps += 1
         outputs = [self._output(e.request) for e in batch.entries]

@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from speculant.core.batch import StepBatch
     from speculant.core.config import EngineConfig
     from speculant.core.model_runner import ModelRunner
+    from speculant.scorers.base import Scores
 
 PLACEHOLDER_TOKEN_ID = -1
 
@@ -96,8 +97,12 @@ class Proposer(ABC):
         """Return up to ``d.num_spec_tokens`` tokens for each ``d`` in
         ``batch.decodes`` (row order = decode order)."""
 
-    def commit(self, batch: "StepBatch", num_accepted: list[int]) -> None:
-        """Called after acceptance with the number of proposals kept per decode.
+    def commit(self, batch: "StepBatch", num_accepted: list[int], scores: "Scores") -> None:
+        """Called after acceptance with the number of proposals kept per decode
+        (row order = ``batch.decodes``) and the step's target ``Scores`` (with
+        hidden states when the proposer declares ``needs_target_hidden_states``:
+        ``scores.decode_hidden[i, num_accepted[i]]`` produced decode i's newest
+        token, ``scores.prefill_hidden`` the first token of terminal chunks).
         Stateless proposers keep nothing, so the base does nothing."""
 
     def free(self, request_id: str) -> None:

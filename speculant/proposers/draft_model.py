@@ -25,6 +25,7 @@ from speculant.core.logits_processing import filtered_logprobs, sampling_tensors
 from speculant.core.model_runner import ModelRunner
 from speculant.core.sampler import DRAFT_STREAM, draw_uniforms, request_generator, sample_from_probs
 from speculant.proposers.base import PLACEHOLDER_TOKEN_ID, Proposals, Proposer, ProposerContext
+from speculant.scorers.base import Scores
 
 
 class DraftModelOptions(BaseModel):
@@ -150,7 +151,7 @@ class DraftModelProposer(Proposer):
             self._pending[d.request.request_id] = (d.request.num_tokens, d.num_spec_tokens)
         return Proposals(ids, lens, probs)
 
-    def commit(self, batch: StepBatch, num_accepted: list[int]) -> None:
+    def commit(self, batch: StepBatch, num_accepted: list[int], scores: Scores) -> None:
         for d, a in zip(batch.decodes, num_accepted):
             pending = self._pending.pop(d.request.request_id, None)
             if pending is None:
