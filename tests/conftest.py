@@ -92,3 +92,16 @@ def spec_noisy_draft_dir(tmp_path_factory, llama_dir) -> Path:
         if f.name.startswith(("tokenizer", "special_tokens")):
             shutil.copy(f, out)
     return out
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Run a module's tiny-model tests on one torch thread: hidden-64 models gain
+    nothing from a second thread, and on a shared 2-core machine thread
+    contention made steps ~5x slower. Restores the previous setting."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)

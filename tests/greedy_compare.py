@@ -104,7 +104,7 @@ def check_greedy(ours: list[int], ref: HFGreedy, what: str = "output") -> Match:
 
 def check_all_greedy(outputs: list[list[int]], refs: list[HFGreedy], what: str = "") -> list[Match]:
     """``check_greedy`` for each output; also refuse a pass that compared little:
-    near-ties are rare (measured: none in this suite's default runs), so more than
+    near-ties are rare (measured: none in the 418 outputs test_greedy_vs_hf checks), so more than
     a quarter of the outputs stopping early on one means something else is off."""
     matches = [check_greedy(o, r, f"{what} prompt {i}") for i, (o, r) in enumerate(zip(outputs, refs))]
     assert len(outputs) == len(refs)

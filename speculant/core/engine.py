@@ -158,9 +158,19 @@ class LLMEngine:
 
     def _output(self, req: Request) -> RequestOutput:
         stopped_by_string = req.finish_reason == "stop" and isinstance(req.stop_reason, str)
-        if (req.finished or self.stream_text) and not stopped_by_string:
+        if req.finished and not stopped_by_string:
             req.output_text = self._detokenize(req.output_token_ids)
+        elif not req.finished and self.stream_text:
+            req.output_text = self._stable_text(req)
         return RequestOutput.from_request(req)
+
+    def _stable_text(self, req: Request) -> str:
+        """Text of an unfinished request that later steps will only extend:
+        a trailing partial character (U+FFFD) and any tail that could still
+        become the start of a stop string are held back."""
+        text = self._detokenize(req.output_token_ids).rstrip("\ufffd")
+        hold = max((len(s) for s in req.params.stop), default=1) - 1
+        return text[: len(text) - hold] if hold > 0 else text
 
     def get_metrics(self) -> dict:
         stats = SpecStats()

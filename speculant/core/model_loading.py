@@ -44,10 +44,11 @@ def unsupported_features(config: PretrainedConfig, max_model_len: int) -> list[s
         problems.append("sliding-window attention layers (layer_types); use a model without them")
     softcap = getattr(cfg, "attn_logit_softcapping", None)
     if softcap:
-        problems.append(f"attention logit soft-capping (attn_logit_softcapping={softcap})")
+        problems.append(f"attention logit soft-capping (attn_logit_softcapping={softcap}); "
+                        "use a model without it")
     if getattr(cfg, "alibi", False) or getattr(cfg, "position_embedding_type", None) == "alibi" \
             or cfg.model_type in ("bloom", "mpt"):
-        problems.append("ALiBi position biases")
+        problems.append("ALiBi position biases; use a model with rotary or learned positions")
     return problems
 
 

@@ -21,9 +21,8 @@ from speculant.core.attention.base import QuerySpan
 from speculant.core.batch import StepBatch
 from speculant.core.capabilities import ProposerCapabilities
 from speculant.core.config import CacheConfig, EngineConfig, ModelConfig
-from speculant.core.logits_processing import filtered_logprobs, sampling_tensors
 from speculant.core.model_runner import ModelRunner
-from speculant.core.sampler import DRAFT_STREAM, draw_uniforms, request_generator, sample_from_probs
+from speculant.proposers.drafting import draw_proposals
 from speculant.proposers.base import PLACEHOLDER_TOKEN_ID, Proposals, Proposer, ProposerContext
 from speculant.scorers.base import Scores
 
@@ -92,19 +91,6 @@ class DraftModelProposer(Proposer):
         table = self.runner.block_manager.allocate(request_id, start + len(token_ids))
         return QuerySpan(table, start, token_ids, logits_at)
 
-    def _draw(self, logits: torch.Tensor,  # [R, V] draft logits for R speculating rows
-              rows: list, step: int) -> tuple[list[int], torch.Tensor]:  # tokens, probs [R, V]
-        params = [d.request.params for d in rows]
-        probs = filtered_logprobs(logits, **sampling_tensors(params, logits.device)).exp()
-        tokens = probs.argmax(dim=-1).tolist()
-        sampled = [i for i, d in enumerate(rows) if not d.request.params.greedy]
-        if sampled:
-            gens = [request_generator(rows[i].request, DRAFT_STREAM + step) for i in sampled]
-            uniforms = draw_uniforms(gens, [1] * len(sampled), 1, logits.device)
-            for i, tok in zip(sampled, sample_from_probs(probs[sampled], uniforms[:, 0]).tolist()):
-                tokens[i] = tok
-        return tokens, probs
-
     # --- Proposer ------------------------------------------------------------
     def propose(self, batch: StepBatch) -> Proposals:
         spans: list[QuerySpan] = []
@@ -133,7 +119,7 @@ class DraftModelProposer(Proposer):
         rows = active
         for step in range(k_max):
             decs = [batch.decodes[i] for i in rows]
-            tokens, step_probs = self._draw(logits, decs, step)
+            tokens, step_probs = draw_proposals(logits, [d.request for d in decs], step)
             for j, i in enumerate(rows):
                 ids[i, step] = tokens[j]
                 probs[i, step] = step_probs[j]

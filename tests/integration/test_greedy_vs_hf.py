@@ -15,6 +15,8 @@ from greedy_compare import check_all_greedy
 from speculant import LLM, SamplingParams
 from tiny_models import random_prompts
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 ARCHS = ("llama", "qwen2", "mistral")
 MAX_TOKENS = 20
 PROMPT_LENGTHS = [1, 3, 4, 5, 15, 16, 17, 33, 50]
@@ -46,8 +48,19 @@ def _prompt_ids(llm: LLM, prompts: list) -> list[list[int]]:
             for p in prompts]
 
 
-def _run_and_check(arch, model_dirs, hf_reference, prompts, params, what, **overrides):
+def _run_and_check(arch, model_dirs, hf_reference, prompts, params, what, running=None, **overrides):
+    """Generate with the engine, compare every output with HF greedy; if
+    ``running`` is a list, append the number of running requests at each step."""
     llm = LLM(str(model_dirs[arch]), **overrides)
+    if running is not None:
+        engine, step = llm.engine, llm.engine.step
+
+        def observed_step():
+            outs = step()
+            running.append(len(engine.scheduler.running))
+            return outs
+
+        engine.step = observed_step
     outs = llm.generate(prompts, params, use_tqdm=False)
     params = params if isinstance(params, list) else [params] * len(prompts)
     ref = hf_reference(arch)
@@ -74,16 +87,19 @@ def test_greedy_matches_hf_with_many_concurrent_requests(arch, model_dirs, hf_re
     prompts = random_prompts(lengths, seed=2)
     params = [SamplingParams(temperature=0.0, max_tokens=8 + (i * 5) % 17, ignore_eos=True)
               for i in range(len(prompts))]
-    outs = _run_and_check(arch, model_dirs, hf_reference, prompts, params, f"{arch}/concurrent",
+    running: list[int] = []
+    outs = _run_and_check(arch, model_dirs, hf_reference, prompts, params, f"{arch}/concurrent", running,
                           block_size=8, max_num_batched_tokens=32, max_num_seqs=12)
+    assert max(running) >= 10, f"expected many requests in flight at once, saw at most {max(running)}"
     assert [len(o.outputs[0].token_ids) for o in outs] == [p.max_tokens for p in params]
 
 
 @pytest.mark.parametrize("chunked", [True, False], ids=["chunked", "chunking-off"])
 @pytest.mark.parametrize("arch", ARCHS)
 def test_greedy_matches_hf_under_preemption(arch, chunked, model_dirs, hf_reference):
-    """A 24-block pool (96 token slots) serving 8 requests that need up to 59
-    slots each forces preemption by recompute; outputs must not change. With
+    """A 24-block pool (96 token slots; max_model_len 64 so one full sequence
+    fits) serving 8 requests that need up to 59 slots each forces preemption by
+    recompute; outputs must not change. With
     chunking off, a recomputed prompt + output (up to 59 tokens) exceeds the
     40-token budget and must run alone."""
     prompts = random_prompts([9, 14, 21, 26, 30, 35, 12, 18], seed=3)
@@ -91,7 +107,7 @@ def test_greedy_matches_hf_under_preemption(arch, chunked, model_dirs, hf_refere
     budget = dict(max_num_batched_tokens=16, enable_chunked_prefill=True) if chunked else \
         dict(max_num_batched_tokens=40, enable_chunked_prefill=False)
     outs = _run_and_check(arch, model_dirs, hf_reference, prompts, params, f"{arch}/preemption",
-                          block_size=4, num_blocks=24, max_num_seqs=8, **budget)
+                          block_size=4, num_blocks=24, max_model_len=64, max_num_seqs=8, **budget)
     preemptions = [o.metrics["num_preemptions"] for o in outs]
     assert sum(preemptions) > 0, f"the pool was meant to force preemption; got {preemptions}"
     assert all(len(o.outputs[0].token_ids) == 24 for o in outs)
@@ -118,3 +134,36 @@ def test_eos_stops_like_hf(eos_case, hf_reference):
             assert o.finish_reason == "stop"
         else:
             assert o.finish_reason == "length" and len(o.token_ids) == MAX_TOKENS
+
+
+# --- the comparison helper itself -------------------------------------------
+
+def _fake_reference(tokens, top_logit, runner_up_logit):
+    """HF picked ``tokens``; at output 1 the runner-up token 7 scores ``runner_up_logit``."""
+    import torch
+
+    from greedy_compare import HFGreedy
+
+    logits = torch.zeros(len(tokens), 10)
+    for j, t in enumerate(tokens):
+        logits[j, t] = top_logit
+    logits[1, 7] = runner_up_logit
+    return HFGreedy(tokens, logits)
+
+
+def test_compare_tolerates_a_near_tie_and_stops_there():
+    from greedy_compare import check_greedy
+
+    ref = _fake_reference([1, 2, 3, 4], top_logit=10.0, runner_up_logit=10.0 - 5e-4)
+    match = check_greedy([1, 7, 9, 9], ref)  # diverges at a near-tie, then anything goes
+    assert match.near_tie_at == 1 and match.num_compared == 1
+
+
+def test_compare_fails_on_a_real_gap():
+    from greedy_compare import check_greedy
+
+    ref = _fake_reference([1, 2, 3, 4], top_logit=10.0, runner_up_logit=9.9)
+    with pytest.raises(AssertionError, match="real divergence"):
+        check_greedy([1, 7, 3, 4], ref)
+    with pytest.raises(AssertionError, match="engine produced 3 and HF 4"):
+        check_greedy([1, 2, 3], ref)

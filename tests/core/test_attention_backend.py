@@ -1,0 +1,124 @@
+"""The torch reference attention backend against dense causal SDPA.
+
+Random q/k/v for several sequences, each with its own non-contiguous,
+out-of-order block table in a pool full of garbage; one forward carries a
+prefill chunk over a cached prefix, a fresh prefill, a plain decode, a
+multi-token (MQA-style) decode and batch-expansion siblings (single-token
+spans sharing one block table, deliberately out of order). The reference runs
+``scaled_dot_product_attention(is_causal=True)`` over each whole sequence with
+the K/V heads repeated (GQA) and keeps the rows the spans query.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from speculant.core.attention.base import QuerySpan
+from speculant.core.attention.span_tensors import SpanTensors
+from speculant.core.attention.torch_ref import TorchAttentionBackend
+
+BLOCK_SIZE = 4
+NUM_BLOCKS = 16
+NUM_HEADS = 4
+HEAD_DIM = 8
+
+# name -> (block table, sequence length); tables are non-contiguous and unordered
+SEQUENCES = {
+    "chunk": ([9, 3, 12], 11),
+    "fresh": ([7], 3),
+    "decode": ([1, 14, 6], 10),
+    "mqa": ([13, 2], 8),
+    "siblings": ([4, 0, 11], 10),
+}
+# (sequence, start, end): the query tokens of one span
+LAYOUTS = {
+    "mixed": [("chunk", 5, 11), ("fresh", 0, 3), ("decode", 9, 10), ("mqa", 5, 8),
+              ("siblings", 8, 9), ("siblings", 7, 8), ("siblings", 9, 10)],
+    "one-chunk-over-prefix": [("chunk", 5, 11)],
+    "one-fresh-prefill": [("chunk", 0, 11)],
+    "decodes-only": [("decode", 9, 10), ("mqa", 7, 8), ("chunk", 10, 11)],
+    "siblings-only": [("siblings", 9, 10), ("siblings", 7, 8), ("siblings", 8, 9)],
+}
+pytestmark = pytest.mark.usefixtures("one_thread")
+TOLERANCE = {torch.float32: 2e-6, torch.float64: 1e-12}
+
+
+def slot(table: list[int], pos: int) -> int:
+    return table[pos // BLOCK_SIZE] * BLOCK_SIZE + pos % BLOCK_SIZE
+
+
+def reference(q, k, v, scaling):  # q [L, H, D], k/v [L, H_kv, D] -> [L, H, D]
+    rep = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+    out = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
+                                         is_causal=True, scale=scaling)
+    return out.transpose(0, 1)
+
+
+@pytest.mark.parametrize("scaling, dtype", [(None, torch.float32), (1.0, torch.float64)],
+                         ids=["fp32-scale-default", "fp64-scale-1"])
+@pytest.mark.parametrize("num_kv_heads", [4, 2, 1], ids=["mha", "gqa2", "mqa1"])
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_reference_backend_matches_dense_causal_sdpa(layout, num_kv_heads, scaling, dtype):
+    gen = torch.Generator().manual_seed(0)
+    scale = HEAD_DIM ** -0.5 if scaling is None else scaling
+    full = {name: tuple(torch.randn(length, h, HEAD_DIM, generator=gen, dtype=dtype)
+                        for h in (NUM_HEADS, num_kv_heads, num_kv_heads))
+            for name, (_, length) in SEQUENCES.items()}
+    # a pool of garbage; then the cached prefix of every span (positions < its lowest start)
+    key_cache = 100 * torch.randn(NUM_BLOCKS, BLOCK_SIZE, num_kv_heads, HEAD_DIM, generator=gen, dtype=dtype)
+    value_cache = 100 * torch.randn(NUM_BLOCKS, BLOCK_SIZE, num_kv_heads, HEAD_DIM, generator=gen, dtype=dtype)
+    flat_k, flat_v = key_cache.view(-1, num_kv_heads, HEAD_DIM), value_cache.view(-1, num_kv_heads, HEAD_DIM)
+    spans_def = LAYOUTS[layout]
+    touched = set()
+    for name in {s for s, _, _ in spans_def}:
+        table = SEQUENCES[name][0]
+        first_new = min(start for s, start, _ in spans_def if s == name)
+        for pos in range(first_new):
+            flat_k[slot(table, pos)], flat_v[slot(table, pos)] = full[name][1][pos], full[name][2][pos]
+        touched |= {slot(table, p) for p in range(max(end for s, _, end in spans_def if s == name))}
+    untouched = sorted(set(range(NUM_BLOCKS * BLOCK_SIZE)) - touched)
+    garbage_k, garbage_v = flat_k[untouched].clone(), flat_v[untouched].clone()
+
+    spans, qs, ks, vs = [], [], [], []
+    for name, start, end in spans_def:
+        q, k, v = full[name]
+        spans.append(QuerySpan(list(SEQUENCES[name][0]), start, [0] * (end - start), []))
+        qs.append(q[start:end]), ks.append(k[start:end]), vs.append(v[start:end])
+    backend = TorchAttentionBackend()
+    metadata = backend.build_metadata(SpanTensors.build(spans, BLOCK_SIZE, torch.device("cpu")))
+    out = backend.forward(torch.cat(qs), torch.cat(ks), torch.cat(vs), key_cache, value_cache, metadata, scale)
+    assert out.shape == (sum(q.shape[0] for q in qs), NUM_HEADS, HEAD_DIM) and out.dtype == dtype
+
+    row = 0
+    for name, start, end in spans_def:
+        want = reference(*full[name], scale)[start:end]
+        got = out[row: row + end - start]
+        err = (got - want).abs().max().item()
+        assert err <= TOLERANCE[dtype], f"span {name}[{start}:{end}]: max error {err:.3e}"
+        row += end - start
+    # every span's K/V landed in its own slots; nothing else was written
+    for name, _, end in spans_def:
+        slots = [slot(SEQUENCES[name][0], pos) for pos in range(end)]
+        assert torch.equal(flat_k[slots], full[name][1][:end]) and torch.equal(flat_v[slots], full[name][2][:end])
+    assert torch.equal(flat_k[untouched], garbage_k) and torch.equal(flat_v[untouched], garbage_v)
+
+
+def test_span_tensors_positions_and_slots():
+    """The flattened layout the runner feeds the model: positions and the cache
+    slot each token's K/V is written to, through non-contiguous tables."""
+    spans = [QuerySpan([9, 3, 12], 3, [5, 6, 7], [2]), QuerySpan([1], 2, [8], [0]),
+             QuerySpan([4, 0], 4, [9], [0])]
+    st = SpanTensors.build(spans, BLOCK_SIZE, torch.device("cpu"))
+    assert st.token_ids.tolist() == [5, 6, 7, 8, 9]
+    assert st.positions.tolist() == [3, 4, 5, 2, 4]
+    assert st.slot_mapping.tolist() == [9 * 4 + 3, 3 * 4 + 0, 3 * 4 + 1, 1 * 4 + 2, 0 * 4 + 0]
+    assert st.query_lens.tolist() == [3, 1, 1] and st.seq_lens.tolist() == [6, 3, 5]
+    assert st.max_query_len == 3 and st.max_seq_len == 6
+
+
+def test_capabilities():
+    caps = TorchAttentionBackend.capabilities
+    assert caps.multi_token_queries and "cpu" in caps.devices
