@@ -17,24 +17,24 @@ class ScheduledRequest:
     """One request's share of a step.
 
     ``num_new_tokens`` tokens of the request's own sequence are fed, starting
-    at ``request.num_computed_tokens``. Decodes feed one token (the last
-    sampled one) plus ``num_spec_tokens`` proposals budgeted for them.
+    at ``start`` (the request's ``num_computed_tokens`` when scheduled).
+    Decodes feed one token (the last sampled one) plus ``num_spec_tokens``
+    proposals budgeted for them. ``start`` and ``samples`` are fixed at
+    scheduling time, so they stay true while the step commits.
     """
 
     request: Request
     num_new_tokens: int
     num_spec_tokens: int = 0
+    start: int = field(init=False)
+    """Position of the first token fed this step."""
+    samples: bool = field(init=False)
+    """True when this step reaches the end of the sequence (terminal chunk or
+    decode), so a token is sampled; False for a non-terminal chunk."""
 
-    @property
-    def start(self) -> int:
-        """Position of the first token fed this step."""
-        return self.request.num_computed_tokens
-
-    @property
-    def samples(self) -> bool:
-        """True when this step reaches the end of the sequence (terminal chunk
-        or decode), so a token is sampled; False for a non-terminal chunk."""
-        return self.start + self.num_new_tokens == self.request.num_tokens
+    def __post_init__(self) -> None:
+        self.start = self.request.num_computed_tokens
+        self.samples = self.start + self.num_new_tokens == self.request.num_tokens
 
     @property
     def new_token_ids(self) -> list[int]:

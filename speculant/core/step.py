@@ -110,9 +110,8 @@ def commit(batch: StepBatch, decisions: Decisions, runner: ModelRunner, detokeni
     finished = []
     sampling = iter(zip(decisions.prefill_tokens, decisions.prefill_logprobs))
     for p in batch.prefills:
-        samples = p.samples  # read before num_computed_tokens moves
         p.request.num_computed_tokens += p.num_new_tokens
-        if samples:
+        if p.samples:
             tokens, lps = next(sampling)
             if _append(p.request, tokens, lps, runner, detokenize):
                 finished.append(p.request)

@@ -14,6 +14,8 @@ from speculant.acceptance.typical import TypicalAcceptance
 from speculant.core.attention.torch_ref import TorchAttentionBackend
 from speculant.plugins.hookspecs import RegisterCallback, hookimpl
 from speculant.proposers.draft_model import DraftModelProposer
+from speculant.proposers.heads.medusa import MedusaProposer
+from speculant.proposers.heads.mlp_speculator import MLPSpeculatorProposer
 from speculant.proposers.ngram import NgramProposer
 from speculant.scorers.batch_expansion import BatchExpansionScorer
 from speculant.scorers.mqa import MQAScorer
@@ -23,6 +25,8 @@ from speculant.scorers.mqa import MQAScorer
 def register_proposers(register: RegisterCallback) -> None:
     register(NgramProposer)
     register(DraftModelProposer)
+    register(MedusaProposer)
+    register(MLPSpeculatorProposer)
 
 
 @hookimpl

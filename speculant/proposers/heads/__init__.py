@@ -1,0 +1,1 @@
+"""Proposers that read the target's final hidden states (Medusa, MLP speculator)."""
