@@ -70,7 +70,7 @@ class SpecStats:
         }
 
 
-@dataclass
+@dataclass(eq=False)  # identity: the scheduler looks requests up in its queues
 class Request:
     """One prompt, its sampling settings and everything generated so far.
 

@@ -90,6 +90,7 @@ def top_logprobs(logprobs: torch.Tensor,  # [V] log-probs of one position
     out = {}
     if num > 0:
         values, ids = logprobs.topk(min(num, logprobs.shape[-1]))
-        out = {int(i): float(v) for i, v in zip(ids, values)}
+        # tokens the filters removed (-inf) are not among the top alternatives
+        out = {int(i): float(v) for i, v in zip(ids, values) if v > float("-inf")}
     out[int(token_id)] = float(logprobs[token_id])
     return out

@@ -56,12 +56,17 @@ class Scheduler:
         return max(0, min(k, budget - 1, room_len, room_out))
 
     def _schedule_decodes(self, batch: StepBatch, budget: int, k: int) -> int:
+        """Every running decode first gets its one token; proposals only take
+        what is left, so speculation never starves a running decode."""
+        pending = sum(1 for r in self.running if r.is_decoding)
         for req in list(self.running):
             if budget < 1:
                 break
             if req not in self.running or not req.is_decoding:
                 continue
-            k_i = self._spec_len(req, k, budget)
+            pending -= 1
+            spare = budget - 1 - min(pending, budget - 1)  # one token kept for each later decode
+            k_i = self._spec_len(req, k, spare + 1)
             if not self._reserve(req, req.num_computed_tokens + 1 + k_i, batch):
                 continue  # req itself was preempted
             batch.decodes.append(ScheduledRequest(req, 1, k_i))

@@ -58,13 +58,21 @@ class DraftModelProposer(Proposer):
         target = Path(config.model.path)
         if not (target / "config.json").is_file():
             return []  # the target's own check reports this
-        d_vocab = _text_config(options.model).get("vocab_size")
-        t_vocab = _text_config(config.model.path).get("vocab_size")
-        if d_vocab != t_vocab:
-            return [f"{key} = {options.model!r} has vocab_size {d_vocab} but the target has {t_vocab}: "
-                    "draft and target must share one tokenizer and vocabulary; pick a draft trained "
-                    "with the target's tokenizer"]
-        return []
+        draft_cfg, target_cfg = _text_config(options.model), _text_config(config.model.path)
+        problems = []
+        if draft_cfg.get("vocab_size") != target_cfg.get("vocab_size"):
+            problems.append(
+                f"{key} = {options.model!r} has vocab_size {draft_cfg.get('vocab_size')} but the target has "
+                f"{target_cfg.get('vocab_size')}: draft and target must share one tokenizer and vocabulary; "
+                "pick a draft trained with the target's tokenizer")
+        need = config.model.max_model_len or target_cfg.get("max_position_embeddings")
+        have = draft_cfg.get("max_position_embeddings")
+        if isinstance(need, int) and isinstance(have, int) and have < need:
+            problems.append(
+                f"{key} = {options.model!r} handles {have} positions but model.max_model_len is {need}: "
+                f"the draft must cover every target position; set model.max_model_len <= {have} or use "
+                "a draft with more positions")
+        return problems
 
     def __init__(self, options: DraftModelOptions, context: ProposerContext) -> None:
         super().__init__(options, context)

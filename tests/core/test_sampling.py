@@ -166,11 +166,13 @@ def _check_logprobs(out, prompt, params, hf, num: int):
         assert math.isfinite(entry[tok]), f"{where} was sampled from outside the filtered support"
         assert abs(entry[tok] - float(ref[tok])) <= LOGPROB_ATOL, \
             f"{where}: chosen log-prob {entry[tok]} vs HF {float(ref[tok])}"
-        assert len(entry) in (num, num + 1), f"{where}: {len(entry)} entries for logprobs={num}"
-        outside_top = len(entry) == num + 1  # the chosen token is added when not among the top-N
+        # top-N over the tokens the filters kept (filtered tokens are no alternatives)
+        num_kept = min(num, int(torch.isfinite(ref).sum()))
+        assert len(entry) in (num_kept, num_kept + 1), f"{where}: {len(entry)} entries for logprobs={num}"
+        outside_top = len(entry) == num_kept + 1  # the chosen token is added when not among the top-N
         top = sorted((v for k, v in entry.items() if not (outside_top and k == tok)), reverse=True)
-        ref_top = ref.topk(num).values.tolist()
-        assert len(top) == num
+        ref_top = ref.topk(num_kept).values.tolist()
+        assert len(top) == num_kept
         for got, want in zip(top, ref_top):
             assert got == want or abs(got - want) <= LOGPROB_ATOL, f"{where}: top-{num} {top} vs HF {ref_top}"
         for k, v in entry.items():

@@ -49,13 +49,16 @@ class StepProbe:
 
         def probed_schedule(*args, **kwargs):
             running = len(eng.scheduler.running)
+            decoding = sum(r.is_decoding for r in eng.scheduler.running)
             batch = schedule(*args, **kwargs)
             self.steps.append(dict(
                 running=running,
+                decoding=decoding,
                 prefill=[p.num_new_tokens for p in batch.prefills],
                 k=[d.num_spec_tokens for d in batch.decodes],
                 preempted=len(batch.preempted),
                 forwards=0,
+                draft_forwards=0,
             ))
             return batch
 
@@ -65,17 +68,37 @@ class StepProbe:
 
         eng.scheduler.schedule = probed_schedule
         eng.runner.forward = probed_forward
+        draft_runner = getattr(eng.spec.proposer, "runner", None)  # the draft model's own runner
+        self.has_draft = draft_runner is not None
+        if draft_runner is not None:
+            draft_forward = draft_runner.forward
+
+            def probed_draft_forward(*args, **kwargs):
+                self.steps[-1]["draft_forwards"] += 1
+                return draft_forward(*args, **kwargs)
+
+            draft_runner.forward = probed_draft_forward
 
     @property
     def nonempty(self) -> list[dict]:
         return [s for s in self.steps if s["prefill"] or s["k"]]
 
-    def check_invariants(self, k: int) -> None:
+    def check_invariants(self, k: int, chunked: bool = True) -> None:
+        """Budget respected, 0 <= k_i <= k, one target forward per step. With
+        chunking off, a preempted request recomputing prompt + output may exceed
+        the budget, alone in its step (the scheduler's documented exception)."""
         for s in self.nonempty:
             cost = sum(s["prefill"]) + sum(1 + x for x in s["k"])
-            assert cost <= self.budget, f"step spent {cost} tokens, budget {self.budget}: {s}"
+            lone_recompute = not chunked and len(s["prefill"]) == 1 and not s["k"]
+            assert cost <= self.budget or lone_recompute, f"step spent {cost} tokens, budget {self.budget}: {s}"
             assert all(0 <= x <= k for x in s["k"]), s
             assert s["forwards"] == 1, f"a step must run the target exactly once: {s}"
+            # a draft model runs once for the prefill chunks and the first proposal of every
+            # speculating decode together, then once per further proposal, batched over decodes
+            assert s["draft_forwards"] <= max(1, max(s["k"], default=0)), f"draft forwards not batched: {s}"
+            if self.has_draft and (s["prefill"] or any(s["k"])):
+                # the draft's cache follows this step's chunks in this step, not in a later pass
+                assert s["draft_forwards"] >= 1, s
 
     @property
     def mixed_steps(self) -> int:
@@ -85,10 +108,6 @@ class StepProbe:
     @property
     def spec_steps(self) -> int:
         return sum(1 for s in self.steps if any(s["k"]))
-
-
-def same_tokens(outputs_a, outputs_b) -> bool:
-    return [o.outputs[0].token_ids for o in outputs_a] == [o.outputs[0].token_ids for o in outputs_b]
 
 
 def token_ids(outputs) -> list[list[int]]:
