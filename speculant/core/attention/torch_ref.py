@@ -1,8 +1,13 @@
-"""Pure-torch reference backend: one SDPA call per layer for a mixed batch.
+"""Pure-torch reference backend for paged, mixed prefill/decode batches.
 
-Each span's query run is scattered into a padded [B, Q_max] grid and its
-visible K/V are gathered from the paged cache into [B, L_max]; a boolean mask
-encodes "cached prefix + causal inside the span" and hides padding.
+One call per layer covers the whole batch: every token's K/V is written into
+the paged cache first (so batch-expansion siblings see each other), then each
+span attends over exactly its own visible blocks. Decodes (one query token)
+need no mask; a multi-token span over a cached prefix gets a bottom-right
+aligned causal mask. Attending span by span avoids padding every sequence to
+the longest one, which dominated batched decode time; grouped-query heads are
+handled by einsum over [H_kv, group] without repeating K/V (faster on CPU
+than SDPA's GQA path for short query runs).
 """
 
 from __future__ import annotations
@@ -10,7 +15,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from speculant.core.attention.base import AttentionBackend
 from speculant.core.attention.span_tensors import SpanTensors
@@ -18,14 +22,17 @@ from speculant.core.capabilities import AttentionBackendCapabilities
 
 
 @dataclass(slots=True)
+class SpanView:
+    rows: slice  # this span's query rows in the flattened batch
+    blocks: torch.Tensor  # [num_blocks] long: the blocks holding positions < seq_len
+    seq_len: int  # visible keys: positions 0 .. seq_len - 1
+    mask: torch.Tensor | None  # [q, seq_len] bool, None for a single query token
+
+
+@dataclass(slots=True)
 class TorchAttentionMetadata:
     slot_mapping: torch.Tensor  # [T] long
-    q_index: torch.Tensor  # [T] long: flat index of each query token in the [B * Q_max] grid
-    kv_slots: torch.Tensor  # [B, L_max] long: cache slot of each visible key (0 for padding)
-    mask: torch.Tensor  # [B, 1, Q_max, L_max] bool: True where a query may attend
-    num_seqs: int
-    max_query_len: int
-    dense: bool  # one span covering all tokens: no scatter/gather of queries needed
+    spans: list[SpanView]
 
 
 class TorchAttentionBackend(AttentionBackend):
@@ -33,44 +40,37 @@ class TorchAttentionBackend(AttentionBackend):
     capabilities = AttentionBackendCapabilities(multi_token_queries=True, devices=("cpu", "cuda"))
 
     def build_metadata(self, spans: SpanTensors) -> TorchAttentionMetadata:
-        b, q_max, l_max = spans.num_seqs, spans.max_query_len, spans.max_seq_len
         bs = spans.block_size
-        dev = spans.positions.device
-        offsets = torch.arange(spans.positions.shape[0], device=dev) - spans.cu_query_lens[:-1][spans.seq_index]
-        q_index = spans.seq_index * q_max + offsets
-        key_pos = torch.arange(l_max, device=dev)  # [L]
-        kv_slots = spans.block_tables[:, key_pos // bs] * bs + key_pos % bs  # [B, L]
-        kv_slots = kv_slots.masked_fill(key_pos.unsqueeze(0) >= spans.seq_lens.unsqueeze(1), 0)
-        q_row = torch.arange(q_max, device=dev)  # [Q]
-        q_pos = spans.starts.unsqueeze(1) + q_row.unsqueeze(0)  # [B, Q]
-        mask = key_pos.view(1, 1, -1) <= q_pos.unsqueeze(2)  # [B, Q, L]
-        padded = q_row.unsqueeze(0) >= spans.query_lens.unsqueeze(1)  # [B, Q]
-        # padded query rows see key 0 only, so no row is fully masked (no NaN)
-        mask = torch.where(padded.unsqueeze(2), key_pos.view(1, 1, -1) == 0, mask)
-        return TorchAttentionMetadata(
-            slot_mapping=spans.slot_mapping, q_index=q_index, kv_slots=kv_slots, mask=mask.unsqueeze(1),
-            num_seqs=b, max_query_len=q_max, dense=b == 1,
-        )
+        cu = spans.cu_query_lens.tolist()
+        starts, seq_lens = spans.starts.tolist(), spans.seq_lens.tolist()
+        views = []
+        for b, (start, seq_len) in enumerate(zip(starts, seq_lens)):
+            q = cu[b + 1] - cu[b]
+            mask = None
+            if q > 1:
+                key_pos = torch.arange(seq_len, device=spans.positions.device)
+                q_pos = torch.arange(start, seq_len, device=spans.positions.device)
+                mask = key_pos.unsqueeze(0) <= q_pos.unsqueeze(1)  # [q, seq_len]
+            views.append(SpanView(slice(cu[b], cu[b + 1]), spans.block_tables[b, : -(-seq_len // bs)],
+                                  seq_len, mask))
+        return TorchAttentionMetadata(slot_mapping=spans.slot_mapping, spans=views)
 
     def forward(self, query, key, value, key_cache, value_cache, metadata: TorchAttentionMetadata,
                 scaling: float) -> torch.Tensor:
         num_tokens, num_heads, head_dim = query.shape
-        flat_k = key_cache.view(-1, *key_cache.shape[2:])  # [num_slots, H_kv, D]
-        flat_v = value_cache.view(-1, *value_cache.shape[2:])
-        flat_k[metadata.slot_mapping] = key.to(flat_k.dtype)
-        flat_v[metadata.slot_mapping] = value.to(flat_v.dtype)
-        b, q_max = metadata.num_seqs, metadata.max_query_len
-        if metadata.dense:
-            q = query.unsqueeze(0)
-        else:
-            q = query.new_zeros(b * q_max, num_heads, head_dim)
-            q[metadata.q_index] = query
-            q = q.view(b, q_max, num_heads, head_dim)
-        k = flat_k[metadata.kv_slots].to(query.dtype)  # [B, L_max, H_kv, D]
-        v = flat_v[metadata.kv_slots].to(query.dtype)
-        out = F.scaled_dot_product_attention(
-            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-            attn_mask=metadata.mask, scale=scaling, enable_gqa=k.shape[2] != num_heads,
-        )  # [B, H, Q_max, D]
-        out = out.transpose(1, 2).reshape(b * q_max, num_heads, head_dim)
-        return out if metadata.dense else out[metadata.q_index]
+        num_kv_heads = key_cache.shape[2]
+        key_cache.view(-1, num_kv_heads, head_dim)[metadata.slot_mapping] = key.to(key_cache.dtype)
+        value_cache.view(-1, num_kv_heads, head_dim)[metadata.slot_mapping] = value.to(value_cache.dtype)
+        out = torch.empty_like(query)
+        group = num_heads // num_kv_heads
+        for span in metadata.spans:
+            k = key_cache[span.blocks].flatten(0, 1)[: span.seq_len].to(query.dtype)  # [L, H_kv, D]
+            v = value_cache[span.blocks].flatten(0, 1)[: span.seq_len].to(query.dtype)
+            q = query[span.rows].view(-1, num_kv_heads, group, head_dim)  # [q, H_kv, G, D]
+            scores = torch.einsum("qkgd,lkd->kgql", q, k) * scaling  # [H_kv, G, q, L]
+            if span.mask is not None:
+                scores = scores.masked_fill(~span.mask, float("-inf"))
+            wide = scores.dtype in (torch.float32, torch.float64)
+            probs = scores.softmax(dim=-1) if wide else scores.float().softmax(dim=-1).to(v.dtype)
+            out[span.rows] = torch.einsum("kgql,lkd->qkgd", probs, v).reshape(-1, num_heads, head_dim)
+        return out
