@@ -28,9 +28,12 @@ Weights are read from DRAM, not cache: each route cycles through enough copies
 of the weight that the copies of all routes together exceed ``--pool-mb``
 (default 1024 MiB, above this machine's L3). ``--pool-mb 0`` measures hot
 (cache-resident) weights instead. Routes are interleaved call by call so that
-load from other processes hits them alike; each figure is a median, and the
-JSON keeps the spread (max - min). On a shared machine, OpenMP threads that
-wait for a busy core inflate every figure; ``--threads 1`` is steadier there.
+load from other processes hits them alike. Each figure is the median over
+``--repeat`` passes of the median of ``--reps`` calls (the JSON keeps every
+pass's figure; load comes in bursts that can spoil one pass of a cell), and the
+bound uses the best of the passes' bandwidth measurements. On a shared machine,
+OpenMP threads waiting for a busy core inflate every figure; ``--threads 1`` is
+steadier there.
 
 Usage::
 
@@ -55,7 +58,8 @@ import torch.nn.functional as F
 import torch.utils.mkldnn
 
 DEFAULT_SHAPES = "768x32000,768x3072,3072x768,2048x2048,2048x5632,4096x4096"
-DEFAULT_ROUTES = "default,onednn_packed,onednn_dense,mkldnn_utils,transposed,weight_left,mkl_packed"
+DEFAULT_ROUTES = ("default,onednn_packed,onednn_dense,mkldnn_utils,transposed,weight_left,"
+                  "mkl_packed")
 RESULTS = Path(__file__).parent / "results" / "linear_backends.json"
 
 Call = Callable[[torch.Tensor], torch.Tensor]
@@ -128,7 +132,7 @@ def time_shape(in_f: int, out_f: int, rows_list: list[int], routes: list[str], r
                for _ in range(copies)]
     bias = (torch.randn(out_f, generator=gen) * 0.02).to(dtype)
     result: dict = {"copies_per_route": copies, "compile_s": {}}
-    for key in ("ms", "spread_ms", "max_rel_error"):  # error vs a float64 reference
+    for key in ("ms", "max_rel_error"):  # error vs a float64 reference
         result[key] = {r: {} for r in routes}
     static = {r: [build_route(r, w, bias, 1) for w in weights] for r in routes
               if r not in ("mkl_packed", "compile_freezing")}
@@ -154,7 +158,6 @@ def time_shape(in_f: int, out_f: int, rows_list: list[int], routes: list[str], r
         ref = F.linear(x.double(), weights[0].double(), bias.double())  # [rows, out]
         for r in routes:
             result["ms"][r][rows] = round(statistics.median(samples[r]) * 1e3, 3)
-            result["spread_ms"][r][rows] = round((max(samples[r]) - min(samples[r])) * 1e3, 3)
             error = (fns[r][0](x).double() - ref).abs().max() / ref.abs().max()
             result["max_rel_error"][r][rows] = float(f"{error.item():.2e}")
     return result
@@ -171,12 +174,25 @@ def markdown_table(results: dict, rows_list: list[int], routes: list[str]) -> st
     return "\n".join(lines)
 
 
+def merge_repeats(runs: list[dict], routes: list[str], rows_list: list[int]) -> dict:
+    """Per cell, the median over repeats of each repeat's median (load comes in bursts
+    that can spoil a whole repeat of a cell; the median across repeats discards them)."""
+    merged = {"copies_per_route": runs[0]["copies_per_route"], "compile_s": runs[0]["compile_s"],
+              "ms": {}, "ms_per_repeat": {}, "max_rel_error": runs[0]["max_rel_error"]}
+    for r in routes:
+        per_repeat = {n: [run["ms"][r][n] for run in runs] for n in rows_list}
+        merged["ms_per_repeat"][r] = per_repeat
+        merged["ms"][r] = {n: round(statistics.median(v), 3) for n, v in per_repeat.items()}
+    return merged
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--shapes", default=DEFAULT_SHAPES, help="comma list of INxOUT")
     parser.add_argument("--rows", default="1,2,5,8,16", help="comma list of row counts")
     parser.add_argument("--routes", default=DEFAULT_ROUTES, help="comma list of routes")
-    parser.add_argument("--reps", type=int, default=15, help="timed calls per cell")
+    parser.add_argument("--reps", type=int, default=11, help="timed calls per cell and repeat")
+    parser.add_argument("--repeat", type=int, default=3, help="passes over all shapes")
     parser.add_argument("--pool-mb", type=int, default=1024,
                         help="MiB of weight copies cycled through (0 = cache-hot)")
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
@@ -188,24 +204,35 @@ def main() -> None:
     rows_list = [int(n) for n in args.rows.split(",")]
     dtype = getattr(torch, args.dtype)
     routes = args.routes.split(",")
+    shapes = args.shapes.split(",")
     started = time.perf_counter()
     if os.getloadavg()[0] > 0.5:
         print(f"warning: load average {os.getloadavg()[0]:.1f} before starting; other "
               "processes will inflate the figures (try --threads 1, or rerun when idle)")
-    bandwidth = measure_read_bandwidth()
     results: dict = {
         "torch": torch.__version__, "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "machine": platform.processor() or platform.machine(), "threads": torch.get_num_threads(),
-        "load_avg_at_start": os.getloadavg(), "read_bandwidth_gb_s": round(bandwidth / 1e9, 2),
-        "dtype": args.dtype, "pool_mb": args.pool_mb, "reps": args.reps, "rows": rows_list, "shapes": {},
+        "load_avg_at_start": os.getloadavg(), "dtype": args.dtype, "pool_mb": args.pool_mb,
+        "reps": args.reps, "repeat": args.repeat, "rows": rows_list, "shapes": {},
     }
+    bandwidths, runs = [], {shape: [] for shape in shapes}
     with torch.inference_mode():
-        for shape in args.shapes.split(","):
-            in_f, out_f = (int(v) for v in shape.split("x"))
-            res = time_shape(in_f, out_f, rows_list, routes, args.reps, args.pool_mb << 20, dtype)
-            res["bound_ms"] = round(in_f * out_f * dtype.itemsize / bandwidth * 1e3, 3)
-            results["shapes"][shape] = res
-            print(f"{shape}: done ({time.perf_counter() - started:.0f}s)", flush=True)
+        for repeat in range(args.repeat):
+            bandwidths.append(measure_read_bandwidth())
+            for shape in shapes:
+                in_f, out_f = (int(v) for v in shape.split("x"))
+                runs[shape].append(time_shape(in_f, out_f, rows_list, routes, args.reps,
+                                              args.pool_mb << 20, dtype))
+            print(f"pass {repeat + 1}/{args.repeat} done ({time.perf_counter() - started:.0f}s)",
+                  flush=True)
+    bandwidth = max(bandwidths)  # the least disturbed measurement
+    results["read_bandwidth_gb_s_per_repeat"] = [round(b / 1e9, 2) for b in bandwidths]
+    results["read_bandwidth_gb_s"] = round(bandwidth / 1e9, 2)
+    for shape in shapes:
+        in_f, out_f = (int(v) for v in shape.split("x"))
+        results["shapes"][shape] = merge_repeats(runs[shape], routes, rows_list)
+        results["shapes"][shape]["bound_ms"] = round(
+            in_f * out_f * dtype.itemsize / bandwidth * 1e3, 3)
     results["load_avg_at_end"] = os.getloadavg()
     results["seconds"] = round(time.perf_counter() - started, 1)
     args.out.parent.mkdir(parents=True, exist_ok=True)

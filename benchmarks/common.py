@@ -212,6 +212,24 @@ def mixed_workload(num_requests: int, prompt_range: tuple[int, int], output_rang
 
 
 # --- timing --------------------------------------------------------------------
+CLOCKS = ("wall", "cpu")
+"""Every timing is taken on two clocks. ``wall``: elapsed time, what a user
+waits. ``cpu``: CPU time of the whole process (all its threads). With one
+torch thread on a machine shared with other jobs, ``cpu`` leaves out the time
+the process sat descheduled, so it is the steadier figure there; with several
+threads it also counts OpenMP threads spinning at barriers."""
+
+
+def stamp() -> tuple[float, float]:
+    return time.perf_counter(), time.process_time()
+
+
+def since(t0: tuple[float, float]) -> tuple[float, float]:
+    """(wall, cpu) seconds since ``t0 = stamp()``."""
+    w, c = stamp()
+    return w - t0[0], c - t0[1]
+
+
 def time_calls(fn: Callable[[], Any], repeat: int, warmup: int = 1) -> list[float]:
     """Seconds per call for ``repeat`` calls after ``warmup`` untimed ones."""
     for _ in range(warmup):
@@ -229,14 +247,23 @@ def summary(samples: list[float]) -> dict[str, Any]:
             "n": len(samples), "samples": [round(s, 6) for s in samples]}
 
 
-def measure_read_bandwidth(num_bytes: int = 1 << 30, repeat: int = 7) -> float:
-    """Read bandwidth in bytes/s: median time of ``sum()`` over a tensor much
-    larger than the caches, with torch's current thread count."""
+def measure_read_bandwidth(num_bytes: int = 1 << 30, repeat: int = 7) -> dict[str, float]:
+    """Read bandwidth in GB/s of ``sum()`` over a tensor much larger than the
+    caches, with one thread and with every core (the bound is about the
+    hardware, not the thread count a benchmark picked; under load from other
+    jobs one thread can beat all cores). ``best_gb_s`` (the fastest repeat) is
+    what the memory system can do; ``median_gb_s`` shows how much load took."""
+    threads = torch.get_num_threads()
     x = torch.ones(num_bytes // 4, dtype=torch.float32)
-    x.sum()  # fault the pages in
-    times = time_calls(lambda: x.sum(), repeat, warmup=1)
-    del x
-    return num_bytes / statistics.median(times)
+    times = []
+    try:
+        for n in sorted({1, os.cpu_count() or 1}):
+            torch.set_num_threads(n)
+            times += time_calls(lambda: x.sum(), repeat, warmup=1)
+    finally:
+        torch.set_num_threads(threads)
+        del x
+    return {"best_gb_s": num_bytes / min(times) / 1e9, "median_gb_s": num_bytes / statistics.median(times) / 1e9}
 
 
 # --- environment and results ---------------------------------------------------

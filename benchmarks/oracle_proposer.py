@@ -119,6 +119,15 @@ class OracleProposer(Proposer):
         self.num_proposed += len(row)
         return row
 
+    def reset(self, alpha: float | None = None, seed: int | None = None) -> None:
+        """Start afresh (benchmark helper): new alpha and/or seed, no RNG
+        streams, counters or divergence marks carried over."""
+        update = {k: v for k, v in (("alpha", alpha), ("seed", seed)) if v is not None}
+        self.options = OracleOptions.model_validate({**self.options.model_dump(), **update})
+        self._rngs.clear()
+        self.diverged.clear()
+        self.num_proposed = self.num_true = 0
+
     def propose(self, batch) -> Proposals:
         return Proposals.from_lists([self._row(d) for d in batch.decodes])
 

@@ -1,0 +1,195 @@
+"""Where does Speculant's generation time go? A sampling profile, by stage.
+
+Runs one workload on the benchmark model (``benchmarks/common.py``) under
+``py-spy`` (wall-clock sampling, idle included, so time spent waiting for a busy
+core counts where it is spent) and folds the samples into engine stages:
+
+* ``linear``       linear layers (oneDNN packed or ``nn.Linear``), LM head included
+* ``attention``    the attention seam: K/V cache writes, gathers, masks, SDPA
+* ``metadata``     per-forward span tensors and attention metadata
+* ``model other``  the rest of the HF forward: embeddings, norms, rotary, MLP
+                   activation, residual adds, HF's Python
+* ``runner other`` ``ModelRunner.forward`` outside the model call (logits gather,
+                   hidden-state capture)
+* ``layout``       laying a step out as spans and splitting the logits back
+* ``sampling``     sampling / acceptance (``step.decide``)
+* ``commit``       appending tokens and stop rules (``step.commit``)
+* ``outputs``      building ``RequestOutput``s, detokenization
+* ``schedule``     the scheduler
+* ``loop other``   everything else under ``LLM.generate``
+
+Workloads: ``decode`` (batch 1, 128 new tokens after a 64-token prompt),
+``throughput`` (the 32 mixed requests of ``bench_engine.py``) and ``hf-decode``
+(transformers ``generate()`` on the same decode, split into linear / attention /
+other for comparison).
+
+Usage::
+
+    python benchmarks/profile_engine.py --workload decode
+    python benchmarks/profile_engine.py --workload throughput --threads 1
+    python benchmarks/profile_engine.py --workload decode --quick
+    python benchmarks/profile_engine.py --workload throughput --out benchmarks/results/profile_throughput.json
+
+Needs ``py-spy`` on PATH (``pip install py-spy``); ``--cprofile`` uses the
+standard library profiler instead (deterministic, but it inflates Python-heavy
+stages).
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common  # noqa: E402
+
+# (stage, frame markers): a sample goes to the first stage one of whose markers
+# appears in any frame of its stack; order matters (innermost ideas first).
+STAGES = [
+    ("linear", ["OneDNNLinear.forward", "Linear.forward (torch/nn/modules/linear.py", "forward (torch/nn/modules/linear.py",
+                "forward (speculant/core/linear_backend.py"]),
+    ("attention", ["speculant_attention (", "sdpa_attention_forward (", "paged_attention_forward", "eager_attention_forward"]),
+    ("metadata", ["build (speculant/core/attention/span_tensors.py", "build_metadata (",
+                  "slot_mapping (speculant/core/model_runner.py"]),
+    ("model other", ["forward (transformers/models/"]),
+    ("runner other", ["forward (speculant/core/model_runner.py"]),
+    ("layout", ["(speculant/core/layout.py", "(speculant/scorers/"]),
+    ("sampling", ["decide (speculant/core/step.py", "(speculant/core/sampler.py",
+                  "(speculant/core/logits_processing.py", "(speculant/core/acceptance.py"]),
+    ("commit", ["commit (speculant/core/step.py", "(speculant/core/stop_rules.py"]),
+    ("outputs", ["_output (speculant/core/engine.py", "_detokenize (speculant/core/engine.py"]),
+    ("schedule", ["(speculant/core/scheduler.py"]),
+    ("hf generate other", ["generate (transformers/generation/utils.py"]),
+    ("loop other", ["generate (speculant/llm.py"]),
+]
+ROOT_MARKERS = {"speculant": "generate (speculant/llm.py", "hf": "generate (transformers/generation/utils.py"}
+
+
+def normalise(frame: str) -> str:
+    """'func (/abs/path/site-packages/pkg/mod.py:12)' -> 'func (pkg/mod.py:12)'."""
+    for anchor in ("site-packages/", "/work/main/", str(common.REPO_ROOT) + "/"):
+        if anchor in frame:
+            head, _, tail = frame.partition("(")
+            return head + "(" + tail[tail.find(anchor) + len(anchor):] if anchor in tail else frame
+    return frame
+
+
+def fold(raw_path: Path, root: str) -> tuple[collections.Counter, int, collections.Counter]:
+    stages: collections.Counter = collections.Counter()
+    leaves: collections.Counter = collections.Counter()
+    total = 0
+    for line in raw_path.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        frames = [normalise(f) for f in stack.split(";")]
+        if not any(root in f for f in frames):
+            continue  # model loading, warm-up setup, imports
+        n = int(count)
+        total += n
+        stage = next((name for name, marks in STAGES if any(m in f for f in frames for m in marks)), "unattributed")
+        stages[stage] += n
+        leaves[frames[-1]] += n
+    return stages, total, leaves
+
+
+def run_workload(args) -> None:
+    import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    cfg = dict(model="quick", prompt=16, tokens=16, requests=8, prange=(8, 48), orange=(4, 16)) if args.quick \
+        else dict(model="bench", prompt=64, tokens=128, requests=32, prange=(16, 256), orange=(16, 128))
+    model_dir = common.ensure_model(cfg["model"], args.cache_dir)
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    if args.workload == "hf-decode":
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+        model.generation_config.eos_token_id = None
+        x = torch.tensor(common.token_prompts(tok, [cfg["prompt"]], seed=7))
+        with torch.inference_mode():
+            model.generate(x, do_sample=False, max_new_tokens=4)
+            t0 = time.perf_counter()
+            model.generate(x, do_sample=False, max_new_tokens=cfg["tokens"])
+        print(f"hf generate: {time.perf_counter() - t0:.2f}s for {cfg['tokens']} tokens", file=sys.stderr)
+        return
+    from speculant import LLM, SamplingParams
+
+    llm = LLM(model=str(model_dir), **({"linear_backend": args.linear_backend} if args.linear_backend else {}))
+    if args.workload == "decode":
+        prompts = common.token_prompts(tok, [cfg["prompt"]], seed=7)
+        params = [SamplingParams(temperature=0.0, max_tokens=cfg["tokens"], ignore_eos=True)]
+    else:
+        pairs = common.mixed_workload(cfg["requests"], cfg["prange"], cfg["orange"])
+        prompts = common.token_prompts(tok, [p for p, _ in pairs], seed=11)
+        params = [SamplingParams(temperature=0.0, max_tokens=o, ignore_eos=True) for _, o in pairs]
+    llm.generate(prompts[:1], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True), use_tqdm=False)
+    t0 = time.perf_counter()
+    llm.generate(prompts, params, use_tqdm=False)
+    dt = time.perf_counter() - t0
+    metrics = llm.get_metrics()
+    steps = metrics.get("num_engine_steps", metrics.get("num_steps", 0))
+    print(f"speculant {args.workload}: {dt:.2f}s, {sum(p.max_tokens for p in params)} output tokens, "
+          f"{steps} engine steps in total", file=sys.stderr)
+
+
+def main() -> None:
+    ap = common.base_arg_parser(__doc__.split("\n\n")[0])
+    ap.add_argument("--workload", choices=("decode", "throughput", "hf-decode"), default="decode")
+    ap.add_argument("--linear-backend", choices=("auto", "default", "onednn"), default=None)
+    ap.add_argument("--rate", type=int, default=250, help="py-spy samples per second")
+    ap.add_argument("--cprofile", action="store_true", help="use cProfile instead of py-spy")
+    ap.add_argument("--top", type=int, default=12, help="hottest leaf frames to list")
+    ap.add_argument("--_child", action="store_true", help=argparse_hidden())
+    args = ap.parse_args()
+    if args._child:
+        run_workload(args)
+        return
+    child = [sys.executable, __file__, "--_child", "--workload", args.workload, "--cache-dir", str(args.cache_dir)]
+    child += ["--quick"] * args.quick + (["--threads", str(args.threads)] if args.threads else [])
+    child += ["--linear-backend", args.linear_backend] if args.linear_backend else []
+    load = [round(x, 2) for x in os.getloadavg()]
+    if args.cprofile:
+        subprocess.run([sys.executable, "-m", "cProfile", "-s", "cumulative", *child[1:]], check=True)
+        return
+    if shutil.which("py-spy") is None:
+        sys.exit("py-spy not found on PATH: pip install py-spy, or pass --cprofile")
+    with tempfile.TemporaryDirectory() as tmp:
+        raw = Path(tmp) / "stacks.txt"
+        subprocess.run(["py-spy", "record", "--idle", "-r", str(args.rate), "--format", "raw", "-o", str(raw),
+                        "--", *child], check=True, stdout=subprocess.DEVNULL)
+        root = ROOT_MARKERS["hf" if args.workload == "hf-decode" else "speculant"]
+        stages, total, leaves = fold(raw, root)
+    if not total:
+        sys.exit("no samples under the generate call; is py-spy allowed to trace (ptrace)?")
+    if args.out:
+        common.write_json(args.out, {
+            "workload": args.workload, "quick": args.quick, "threads": args.threads, "load_avg_start": load,
+            "rate_hz": args.rate, "samples": total, "stages": dict(stages.most_common()),
+            "top_frames": dict(leaves.most_common(args.top)), "env": common.environment()})
+    print(f"\n{args.workload}: {total} samples at {args.rate}/s (~{total / args.rate:.1f}s), "
+          f"load average {load} at start\n")
+    rows = [[name, n, f"{100 * n / total:.1f}%"] for name, n in stages.most_common()]
+    print(common.markdown_table(["stage", "samples", "share"], rows))
+    print(f"\nhottest leaf frames (Python level; native work shows as its caller):\n")
+    rows = [[f"`{frame[:110]}`", f"{100 * n / total:.1f}%"] for frame, n in leaves.most_common(args.top)]
+    print(common.markdown_table(["frame", "share"], rows))
+
+
+def argparse_hidden() -> str:
+    import argparse
+
+    return argparse.SUPPRESS
+
+
+if __name__ == "__main__":
+    main()
