@@ -5,7 +5,9 @@ decode. On CPU the default ``F.linear`` (MKL) is up to 2-3x off the
 memory-bandwidth bound from about 4 rows on, while oneDNN with its weight
 reordered once into its blocked layout stays within ~1.1-1.3x of the bound for
 1-16 rows and is as fast for prefill-sized row counts. At exactly one row MKL is
-~5-25% faster (``benchmarks/bench_linear.py`` measures all of this).
+~10-40% faster, and at 2-3 rows ~5-20%; ``dense_max_rows=3`` keeps those cases
+on MKL for the memory of a second weight copy (``benchmarks/bench_linear.py``
+measures all of this).
 
 ``pack_linear_layers(model, backend)`` is a one-time load step: every plain
 ``torch.nn.Linear`` (and transformers' ``Conv1D``, GPT-2's transposed linear)
@@ -18,9 +20,10 @@ Vocabulary:
 
 * **packed weight**: the ``[out, in]`` weight reordered by
   ``torch.ops.mkldnn._reorder_linear_weight`` into oneDNN's blocked layout.
-* **probe**: packed vs the original layer's own forward on random inputs; the largest difference is divided by the largest reference output
-  (``PROBE_TOLERANCE`` per dtype). A layer whose probe fails stays on the default
-  path, with a warning.
+* **probe**: the packed path vs the original layer's own forward on random
+  inputs of 1 and 7 rows; the largest difference is divided by the largest
+  reference output (``PROBE_TOLERANCE`` per dtype). A layer whose probe fails
+  stays on the default path, with a warning.
 * **tied weight**: a weight that another module of the model also holds (e.g.
   ``lm_head`` tied to ``embed_tokens``). The other module keeps it; the packed
   copy is extra memory. An untied dense weight is released once packed.
@@ -32,6 +35,7 @@ import warnings
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from transformers.pytorch_utils import Conv1D
 
@@ -86,31 +90,50 @@ class OneDNNLinear(nn.Module):
     Accepts inputs with any leading dims, ``[..., in_features]`` (the engine
     passes ``[1, T, in]`` or ``[T, in]``), and returns ``[..., out_features]``.
     Works under ``torch.no_grad()`` and ``torch.inference_mode()``; it has no
-    backward.
+    backward. With ``dense_max_rows > 0``, inputs of at most that many rows
+    (e.g. batch-1 decode without speculation) run ``F.linear`` on the dense
+    weight, bit-identical to the unpacked layer, where MKL beats oneDNN on this
+    CPU up to 3 rows; that keeps the dense weight alive. float32 only: for
+    bfloat16 the packed path was faster at every row count, so it always runs.
     """
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
-        # weight: [out, in] (any strides); bias: [out] or None, kept as given
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None,
+                 dense_max_rows: int = 0) -> None:
+        # weight: [out, in] (any strides); bias: [out] or None
         super().__init__()
         self.out_features, self.in_features = weight.shape
-        # Opaque oneDNN tensor, logically [out, in]; a plain attribute, not a
-        # buffer, so that state_dict() and .to() never see it.
+        # Opaque oneDNN tensor, logically [out, in]; plain attributes, not buffers,
+        # so that state_dict() and .to() never see them.
         self.packed_weight = torch.ops.mkldnn._reorder_linear_weight(weight.detach())
-        self.bias = bias
+        keep_dense = dense_max_rows > 0 and weight.dtype == torch.float32
+        self.dense_weight = weight.detach() if keep_dense else None  # [out, in]
+        self.dense_max_numel = dense_max_rows * self.in_features if keep_dense else 0
+        # Same storage, but never requiring grad: with a grad-requiring bias the op
+        # takes another route whose results differ in the last bit.
+        self.bias = None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)
 
     @property
     def weight(self) -> torch.Tensor:
-        """A dense ``[out, in]`` copy of the weight, made on every access: for
-        inspection and code that reads ``.weight`` rarely, never for hot paths."""
+        """The dense ``[out, in]`` weight; without ``dense_max_rows`` a copy is made
+        on every access: for inspection and rare reads, never for hot paths."""
+        if self.dense_weight is not None:
+            return self.dense_weight
         return self.packed_weight.to_dense()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: [..., in_features] -> [..., out_features]
+        if self.dense_weight is not None and x.numel() <= self.dense_max_numel:
+            return F.linear(x, self.dense_weight, self.bias)
+        return self.packed_forward(x)
+
+    def packed_forward(self, x: torch.Tensor) -> torch.Tensor:
+        # x: [..., in_features] -> [..., out_features], always on the packed weight
         return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
-                f"bias={self.bias is not None}, dtype={self.packed_weight.dtype}")
+                f"bias={self.bias is not None}, dtype={self.packed_weight.dtype}, "
+                f"dense_max_rows={self.dense_max_numel // self.in_features}")
 
 
 def onednn_unavailable_reason(weight: torch.Tensor) -> str | None:
@@ -127,7 +150,7 @@ def onednn_unavailable_reason(weight: torch.Tensor) -> str | None:
     return None
 
 
-def dense_weight(layer: nn.Module) -> torch.Tensor | None:
+def linear_weight_of(layer: nn.Module) -> torch.Tensor | None:
     """The ``[out, in]`` weight (a view) of a layer this module packs, else ``None``.
 
     Only exact ``nn.Linear`` and ``Conv1D`` (weight stored ``[in, out]``) qualify:
@@ -150,7 +173,7 @@ def probe_error(layer: nn.Module, packed: OneDNNLinear) -> float:
             x = torch.randn(*lead, packed.in_features, generator=gen)
             x = x.to(packed.packed_weight.dtype)  # [*lead, in]
             ref = layer(x).float()  # [*lead, out]
-            got = packed(x).float()
+            got = packed.packed_forward(x).float()
             if got.shape != ref.shape:
                 return float("inf")
             scale = ref.abs().max().clamp_min(torch.finfo(torch.float32).tiny)
@@ -160,11 +183,11 @@ def probe_error(layer: nn.Module, packed: OneDNNLinear) -> float:
 
 def _linear_slots(model: nn.Module) -> list[tuple[str, nn.Module, str, nn.Module]]:
     """Every (qualified name, parent, attribute, layer) holding a layer that
-    ``dense_weight`` accepts; a layer held by several parents appears once per parent."""
+    ``linear_weight_of`` accepts; a layer held by several parents appears once per parent."""
     slots = []
     for parent_name, parent in model.named_modules(remove_duplicate=False):
         for attr, child in parent.named_children():
-            if dense_weight(child) is not None:
+            if linear_weight_of(child) is not None:
                 name = f"{parent_name}.{attr}" if parent_name else attr
                 slots.append((name, parent, attr, child))
     return slots
@@ -188,7 +211,7 @@ def _check_backend(backend: str, slots: list) -> None:
     if backend != "onednn":
         return
     for name, _, _, layer in slots:
-        reason = onednn_unavailable_reason(dense_weight(layer))
+        reason = onednn_unavailable_reason(linear_weight_of(layer))
         if reason is not None:
             raise LinearBackendError(
                 f"model.linear_backend = 'onednn' cannot run layer '{name}': {reason}. "
@@ -197,13 +220,13 @@ def _check_backend(backend: str, slots: list) -> None:
                 "CPU with model.dtype = 'float32' or 'bfloat16'.")
 
 
-def _try_pack(layer: nn.Module) -> tuple[OneDNNLinear | None, float, str]:
+def _try_pack(layer: nn.Module, dense_max_rows: int) -> tuple[OneDNNLinear | None, float, str]:
     """Pack and probe one layer: (packed or None, probe error, why not packed)."""
-    weight = dense_weight(layer)  # [out, in]
+    weight = linear_weight_of(layer)  # [out, in]
     reason = onednn_unavailable_reason(weight)
     if reason is not None:
         return None, 0.0, reason
-    packed = OneDNNLinear(weight, layer.bias)
+    packed = OneDNNLinear(weight, layer.bias, dense_max_rows)
     error = probe_error(layer, packed)
     tolerance = PROBE_TOLERANCE[weight.dtype]
     if not error <= tolerance:  # also catches NaN
@@ -212,7 +235,9 @@ def _try_pack(layer: nn.Module) -> tuple[OneDNNLinear | None, float, str]:
     return packed, error, ""
 
 
-def pack_linear_layers(model: nn.Module, backend: str = "auto") -> LinearPackReport:
+def pack_linear_layers(
+    model: nn.Module, backend: str = "auto", *, dense_max_rows: int = 0
+) -> LinearPackReport:
     """Replace every plain ``nn.Linear`` and ``Conv1D`` of ``model`` by a ``OneDNNLinear``.
 
     ``backend``: ``"default"`` packs nothing; ``"onednn"`` packs every layer or
@@ -221,13 +246,21 @@ def pack_linear_layers(model: nn.Module, backend: str = "auto") -> LinearPackRep
     leaves the rest on ``F.linear``. A layer failing the exactness probe stays on
     the default path, with one ``RuntimeWarning`` for all such layers. Calling this
     again packs nothing new. Call once after loading, before serving.
+
+    ``dense_max_rows=N`` keeps each dense weight and runs inputs of at most N
+    rows on it (see ``OneDNNLinear``; 3 suits this CPU): faster decode without
+    speculation, for the memory of a second copy of every packed weight
+    (``extra_bytes`` says how much). 0, the default, releases the dense weights.
     """
+    if dense_max_rows < 0:
+        raise ValueError(f"dense_max_rows must be >= 0, got {dense_max_rows}")
     slots = _linear_slots(model)
     _check_backend(backend, slots)
     num_already = len({id(m) for m in model.modules() if isinstance(m, OneDNNLinear)})
     shared = _shared_weight_ids(model)
     outcome: dict[int, OneDNNLinear | None] = {}  # id(layer) -> packed, None = default
     reasons: dict[str, str] = {}  # layer name -> why it stays on the default path
+    failed_probe: list[str] = []
     packed_bytes = freed_bytes = 0
     worst = 0.0
     with torch.no_grad():
@@ -236,23 +269,29 @@ def pack_linear_layers(model: nn.Module, backend: str = "auto") -> LinearPackRep
                 if backend == "default":
                     packed, error, reason = None, 0.0, "model.linear_backend = 'default'"
                 else:
-                    packed, error, reason = _try_pack(layer)
+                    packed, error, reason = _try_pack(layer, dense_max_rows)
                 outcome[id(layer)] = packed
                 if packed is None:
                     reasons[name] = reason
+                    if error != 0.0:  # ran the probe and failed it (NaN included)
+                        failed_probe.append(name)
                 else:
                     worst = max(worst, error)
                     nbytes = layer.weight.numel() * layer.weight.element_size()
                     packed_bytes += nbytes
-                    freed_bytes += 0 if id(layer.weight) in shared else nbytes
+                    tied = id(layer.weight) in shared
+                    kept = packed.dense_weight is not None
+                    freed_bytes += 0 if tied or kept else nbytes
             if outcome[id(layer)] is not None:
                 setattr(parent, attr, outcome[id(layer)])
+    if failed_probe:
+        warnings.warn(f"{len(failed_probe)} linear layer(s) stay on the default path, e.g. "
+                      f"'{failed_probe[0]}': {reasons[failed_probe[0]]}", RuntimeWarning,
+                      stacklevel=2)
     summary = ""
     if reasons:
         name, reason = next(iter(reasons.items()))
         summary = f"{len(reasons)} linear layer(s) on the default path, e.g. '{name}': {reason}"
-        if any("probe" in r for r in reasons.values()):
-            warnings.warn(summary, RuntimeWarning, stacklevel=2)
     num_packed = len(outcome) - len(reasons)
     return LinearPackReport(
         requested=backend,

@@ -107,6 +107,35 @@ def test_bias_and_no_bias_layers_any_leading_dims(lead: tuple[int, ...], dtype) 
 
 
 @requires_onednn
+def test_dense_max_rows_runs_few_rows_on_the_dense_weight() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(300, 520), nn.Linear(520, 300, bias=False))
+    few, many = torch.randn(1, 3, 300), torch.randn(1, 4, 300)  # [1, T, in]
+    with torch.no_grad():
+        ref_few, ref_many = model(few), model(many)
+        report = pack_linear_layers(model, "onednn", dense_max_rows=3)
+        got_few, got_many = model(few), model(many)
+        packed_few = model[1].packed_forward(model[0].packed_forward(few))
+        packed_many = model[1].packed_forward(model[0].packed_forward(many))
+    # Up to 3 rows: the very F.linear calls the unpacked model made, so bit-identical.
+    assert torch.equal(got_few, ref_few)
+    assert torch.equal(got_many, packed_many)
+    assert_close_to_scale(got_many, ref_many, torch.float32)
+    assert_close_to_scale(packed_few, ref_few, torch.float32)
+    assert report.freed_bytes == 0 and report.extra_bytes == (300 * 520 * 2) * 4
+    with pytest.raises(ValueError, match="dense_max_rows must be >= 0"):
+        pack_linear_layers(model, "onednn", dense_max_rows=-1)
+
+
+@requires_onednn
+def test_dense_max_rows_is_ignored_for_bfloat16() -> None:
+    model = nn.Sequential(nn.Linear(64, 64)).to(torch.bfloat16)
+    report = pack_linear_layers(model, "onednn", dense_max_rows=3)
+    assert model[0].dense_weight is None
+    assert report.extra_bytes == 0
+
+
+@requires_onednn
 def test_dense_weight_view_is_exact() -> None:
     layer = nn.Linear(40, 24)
     weight = layer.weight.detach().clone()
@@ -149,6 +178,7 @@ def test_unknown_backend_lists_the_choices() -> None:
 
 
 @requires_onednn
+@pytest.mark.filterwarnings("ignore:TF32 acceleration")  # torch's own note from flags()
 def test_onednn_disabled_is_a_clear_error() -> None:
     model = nn.Sequential(nn.Linear(8, 8))
     with torch.backends.mkldnn.flags(enabled=False):
@@ -221,10 +251,10 @@ def test_layer_held_by_two_parents_is_packed_once() -> None:
 
 @requires_onednn
 def test_failed_probe_keeps_the_default_path(monkeypatch: pytest.MonkeyPatch) -> None:
-    exact_forward = OneDNNLinear.forward
-    monkeypatch.setattr(OneDNNLinear, "forward", lambda self, x: exact_forward(self, x) * 1.01)
+    exact_forward = OneDNNLinear.packed_forward
+    monkeypatch.setattr(OneDNNLinear, "packed_forward", lambda m, x: exact_forward(m, x) * 1.01)
     model = nn.Sequential(nn.Linear(32, 32), nn.Linear(32, 32))
-    with pytest.warns(RuntimeWarning, match="2 linear layer.s. on the default path"):
+    with pytest.warns(RuntimeWarning, match="2 linear layer.s. stay on the default path"):
         report = pack_linear_layers(model, "auto")
     assert report.backend == "default" and report.num_default == 2
     assert "tolerance" in report.reason
