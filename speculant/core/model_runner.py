@@ -18,9 +18,13 @@ from speculant.core.attention.span_tensors import SpanTensors
 from speculant.core.attention.context import ForwardContext, forward_context
 from speculant.core.config import CacheConfig, ModelConfig
 from speculant.core.kv_cache import BlockManager
+from speculant.core.linear_backend import pack_linear_layers
 from speculant.core.model_loading import eos_token_ids, load_hf_model, load_tokenizer, resolve_device
 
 logger = logging.getLogger(__name__)
+
+AUTO_DENSE_MAX_ROWS = 3  # rows below the MKL cliff measured in benchmarks/results/linear_backends.json
+AUTO_DENSE_MAX_BYTES = 2 << 30  # keep a dense weight copy only for models up to 2 GiB
 
 
 @dataclass(frozen=True)
@@ -41,7 +45,7 @@ class ModelRunner:
         self.tokenizer = load_tokenizer(model_cfg.tokenizer or model_cfg.path, option=f"{option_prefix}.tokenizer")
         self.eos_token_ids = eos_token_ids(self.model, self.tokenizer)
         self.vocab_size = self.model.get_output_embeddings().weight.shape[0]
-        self.linear_report = self._pack_linears(model_cfg.linear_backend)
+        self.linear_report = self._pack_linears(model_cfg.linear_backend, model_cfg.linear_dense_max_rows)
         self._captured_hidden: torch.Tensor | None = None
         self._capture = False
         self.model.base_model.register_forward_hook(self._hidden_hook)
@@ -51,14 +55,12 @@ class ModelRunner:
         self.block_manager = BlockManager(self.num_blocks, self.block_size)
 
     # --- setup -----------------------------------------------------------
-    def _pack_linears(self, backend: str):
-        try:  # TEMPORARY until linear_backend lands
-            from speculant.core.linear_backend import pack_linear_layers
-        except ImportError:
-            return None
-
+    def _pack_linears(self, backend: str, dense_max_rows: int | None):
+        if dense_max_rows is None:
+            weight_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
+            dense_max_rows = AUTO_DENSE_MAX_ROWS if weight_bytes <= AUTO_DENSE_MAX_BYTES else 0
         with torch.inference_mode():
-            return pack_linear_layers(self.model, backend)
+            return pack_linear_layers(self.model, backend, dense_max_rows=dense_max_rows)
 
     def _hidden_hook(self, module, args, output) -> None:
         if self._capture:

@@ -81,6 +81,7 @@ class DraftModelProposer(Proposer):
         model_cfg = ModelConfig(
             path=options.model, dtype=options.dtype or cfg.model.dtype, device=cfg.model.device,
             max_model_len=target.max_model_len, linear_backend=options.linear_backend,
+            linear_dense_max_rows=cfg.model.linear_dense_max_rows,
             attention_backend=cfg.model.attention_backend)
         # never more blocks than the target: the draft's cache covers at most the target's positions
         cache_cfg = CacheConfig(block_size=target.block_size, num_blocks=target.num_blocks)
