@@ -25,6 +25,7 @@ from speculant.core.capabilities import AttentionBackendCapabilities
 class SpanView:
     rows: slice  # this span's query rows in the flattened batch
     blocks: torch.Tensor  # [num_blocks] long: the blocks holding positions < seq_len
+    first_block: int | None  # set when those blocks are consecutive: read them as a view, no copy
     seq_len: int  # visible keys: positions 0 .. seq_len - 1
     mask: torch.Tensor | None  # [q, seq_len] bool, None for a single query token
 
@@ -51,8 +52,10 @@ class TorchAttentionBackend(AttentionBackend):
                 key_pos = torch.arange(seq_len, device=spans.positions.device)
                 q_pos = torch.arange(start, seq_len, device=spans.positions.device)
                 mask = key_pos.unsqueeze(0) <= q_pos.unsqueeze(1)  # [q, seq_len]
-            views.append(SpanView(slice(cu[b], cu[b + 1]), spans.block_tables[b, : -(-seq_len // bs)],
-                                  seq_len, mask))
+            blocks = spans.block_tables[b, : -(-seq_len // bs)]
+            ids = blocks.tolist()
+            consecutive = ids == list(range(ids[0], ids[0] + len(ids)))
+            views.append(SpanView(slice(cu[b], cu[b + 1]), blocks, ids[0] if consecutive else None, seq_len, mask))
         return TorchAttentionMetadata(slot_mapping=spans.slot_mapping, spans=views)
 
     def forward(self, query, key, value, key_cache, value_cache, metadata: TorchAttentionMetadata,
@@ -64,8 +67,7 @@ class TorchAttentionBackend(AttentionBackend):
         out = torch.empty_like(query)
         group = num_heads // num_kv_heads
         for span in metadata.spans:
-            k = key_cache[span.blocks].flatten(0, 1)[: span.seq_len].to(query.dtype)  # [L, H_kv, D]
-            v = value_cache[span.blocks].flatten(0, 1)[: span.seq_len].to(query.dtype)
+            k, v = (self._span_keys(cache, span).to(query.dtype) for cache in (key_cache, value_cache))
             q = query[span.rows].view(-1, num_kv_heads, group, head_dim)  # [q, H_kv, G, D]
             scores = torch.einsum("qkgd,lkd->kgql", q, k) * scaling  # [H_kv, G, q, L]
             if span.mask is not None:
@@ -74,3 +76,12 @@ class TorchAttentionBackend(AttentionBackend):
             probs = scores.softmax(dim=-1) if wide else scores.float().softmax(dim=-1).to(v.dtype)
             out[span.rows] = torch.einsum("kgql,lkd->qkgd", probs, v).reshape(-1, num_heads, head_dim)
         return out
+
+    @staticmethod
+    def _span_keys(cache: torch.Tensor,  # [num_blocks, block_size, H_kv, D]
+                   span: SpanView) -> torch.Tensor:  # [seq_len, H_kv, D]
+        if span.first_block is not None:
+            blocks = cache.narrow(0, span.first_block, span.blocks.shape[0])
+        else:
+            blocks = cache.index_select(0, span.blocks)
+        return blocks.flatten(0, 1)[: span.seq_len]
