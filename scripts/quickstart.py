@@ -48,8 +48,8 @@ def build_pair(out: Path, seed: int = 0) -> tuple[Path, Path]:
     target = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
     with torch.no_grad():
         for layer in target.model.layers[1:]:
-            layer.self_attn.o_proj.weight.mul_(0.15)
-            layer.mlp.down_proj.weight.mul_(0.15)
+            layer.self_attn.o_proj.weight.mul_(0.05)
+            layer.mlp.down_proj.weight.mul_(0.05)
     target.save_pretrained(target_dir)
     draft_cfg = LlamaConfig(**{**cfg.to_dict(), "num_hidden_layers": 1})
     draft = AutoModelForCausalLM.from_config(draft_cfg, dtype=torch.float32)

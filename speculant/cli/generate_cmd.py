@@ -41,7 +41,17 @@ def _build(args, overrides: list[str]):
     return LLM(config=build_config(data, "--model/--set"))
 
 
+def _warm_up(llm, args) -> None:
+    """One short untimed run, so one-time kernel setup is not counted as speed."""
+    from speculant.core.sampling_params import SamplingParams
+
+    llm.generate(args.prompts[:1], SamplingParams(max_tokens=8, temperature=0, ignore_eos=True), use_tqdm=False)
+    llm.engine.reset_metrics()
+
+
 def _run_once(llm, args, params):
+    if args.compare:
+        _warm_up(llm, args)
     outputs = llm.generate(args.prompts, params, use_tqdm=False)
     num_tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
     seconds = llm.last_run_seconds

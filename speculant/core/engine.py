@@ -172,6 +172,12 @@ class LLMEngine:
         hold = max((len(s) for s in req.params.stop), default=1) - 1
         return text[: len(text) - hold] if hold > 0 else text
 
+    def reset_metrics(self) -> None:
+        """Forget the counters of finished requests and step timings."""
+        self.times = StepTimes()
+        self.spec_stats = SpecStats()
+        self.num_steps = 0
+
     def get_metrics(self) -> dict:
         stats = SpecStats()
         stats.merge(self.spec_stats)
