@@ -60,7 +60,7 @@ def sample_from_probs(
 @dataclass(frozen=True)
 class SampledTokens:
     token_ids: list[int]
-    logprobs: torch.Tensor  # [R, V] log-probabilities of the distribution each row used
+    logprobs: torch.Tensor | None  # [R, V] log-probs each row sampled from; None when no row needs them
 
 
 def sample(logits: torch.Tensor,  # [R, V] raw target logits, one row per request
@@ -69,6 +69,8 @@ def sample(logits: torch.Tensor,  # [R, V] raw target logits, one row per reques
     if not requests:
         return SampledTokens([], logits.float())
     params = [r.params for r in requests]
+    if all(p.greedy and p.logprobs is None for p in params):
+        return SampledTokens(logits.argmax(dim=-1).tolist(), None)  # no distribution needed
     t = sampling_tensors(params, logits.device)
     logprobs = filtered_logprobs(logits, **t)
     tokens = logprobs.argmax(dim=-1).tolist()

@@ -41,9 +41,9 @@ class Decisions:
     """What each sampling entry emits this step (before stop rules)."""
 
     prefill_tokens: list[list[int]] = field(default_factory=list)  # per sampling prefill: [token]
-    prefill_logprobs: list[list[torch.Tensor]] = field(default_factory=list)  # per token: [V]
+    prefill_logprobs: list[list[torch.Tensor | None]] = field(default_factory=list)  # per token: [V]
     decode_tokens: list[list[int]] = field(default_factory=list)  # per decode: accepted + bonus
-    decode_logprobs: list[list[torch.Tensor]] = field(default_factory=list)
+    decode_logprobs: list[list[torch.Tensor | None]] = field(default_factory=list)  # None: not asked for
     num_accepted: list[int] = field(default_factory=list)
     num_drafted: list[int] = field(default_factory=list)  # per decode: proposals verified
 
@@ -77,7 +77,7 @@ def decide(acceptance: AcceptanceMethod | None, batch: StepBatch, proposals: Pro
     sampled = sample(scores.prefill_logits, sampling_prefills)
     for i, tok in enumerate(sampled.token_ids):
         out.prefill_tokens.append([tok])
-        out.prefill_logprobs.append([sampled.logprobs[i]])
+        out.prefill_logprobs.append([sampled.logprobs[i] if sampled.logprobs is not None else None])
     requests = [d.request for d in batch.decodes]
     if not requests:
         return out
@@ -86,7 +86,7 @@ def decide(acceptance: AcceptanceMethod | None, batch: StepBatch, proposals: Pro
         sampled = sample(scores.decode_logits[:, 0], requests)
         for i, tok in enumerate(sampled.token_ids):
             out.decode_tokens.append([tok])
-            out.decode_logprobs.append([sampled.logprobs[i]])
+            out.decode_logprobs.append([sampled.logprobs[i] if sampled.logprobs is not None else None])
             out.num_accepted.append(0)
         return out
     n, kp1, vocab = scores.decode_logits.shape
