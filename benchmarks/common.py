@@ -138,9 +138,16 @@ def build_model(spec: ModelSpec, out_dir: Path) -> None:
     model.save_pretrained(out_dir)
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+
+
 def ensure_model(spec_name: str, cache_dir: Path = DEFAULT_CACHE_DIR) -> Path:
     """Build the benchmark model once; later calls return the cached directory."""
-    spec = MODEL_SPECS[spec_name]
+    return build_cached(MODEL_SPECS[spec_name], cache_dir)
+
+
+def build_cached(spec: ModelSpec, cache_dir: Path, tokenizer_from: Path | None = None) -> Path:
+    """Build ``spec`` into ``cache_dir`` once (a draft may copy its target's tokenizer)."""
     out = Path(cache_dir) / spec.key()
     if (out / "config.json").is_file() and (out / "tokenizer.json").is_file():
         return out
@@ -149,6 +156,10 @@ def ensure_model(spec_name: str, cache_dir: Path = DEFAULT_CACHE_DIR) -> Path:
     shutil.rmtree(tmp, ignore_errors=True)
     t0 = time.perf_counter()
     build_model(spec, tmp)
+    if tokenizer_from is not None:  # the draft must tokenize exactly like the target
+        for name in TOKENIZER_FILES:
+            if (Path(tokenizer_from) / name).is_file():
+                shutil.copy2(Path(tokenizer_from) / name, tmp / name)
     shutil.rmtree(out, ignore_errors=True)
     tmp.rename(out)  # atomic: a half-built model is never seen as cached
     print(f"built benchmark model {spec.key()} in {time.perf_counter() - t0:.1f}s -> {out}", file=sys.stderr)

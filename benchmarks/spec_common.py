@@ -10,15 +10,12 @@ byte, and a quiet machine. Model building itself is ``common.build_model``.
 from __future__ import annotations
 
 import os
-import shutil
 import statistics
 import sys
 import time
 from pathlib import Path
 
-from common import DEFAULT_CACHE_DIR, ModelSpec, build_model
-
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+from common import DEFAULT_CACHE_DIR, ModelSpec, build_cached
 
 # ~134M (untied 32000-vocab embeddings and head, like the "134M target")
 # and ~9.8M (tied embeddings: the 32000 x 256 table is most of it).
@@ -34,29 +31,10 @@ SPEC_MODELS = {
 }
 
 
-def _build_cached(spec: ModelSpec, cache_dir: Path, tokenizer_from: Path | None = None) -> Path:
-    out = Path(cache_dir) / spec.key()
-    if (out / "config.json").is_file() and (out / "tokenizer.json").is_file():
-        return out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    t0 = time.perf_counter()
-    build_model(spec, tmp)
-    if tokenizer_from is not None:  # the draft must tokenize exactly like the target
-        for name in TOKENIZER_FILES:
-            if (tokenizer_from / name).is_file():
-                shutil.copy2(tokenizer_from / name, tmp / name)
-    shutil.rmtree(out, ignore_errors=True)
-    tmp.rename(out)
-    print(f"built {spec.key()} in {time.perf_counter() - t0:.1f}s -> {out}", file=sys.stderr)
-    return out
-
-
 def ensure_target_and_draft(quick: bool, cache_dir: Path = DEFAULT_CACHE_DIR) -> tuple[Path, Path]:
     prefix = "quick-" if quick else ""
-    target = _build_cached(SPEC_MODELS[prefix + "target"], cache_dir)
-    draft = _build_cached(SPEC_MODELS[prefix + "draft"], cache_dir, tokenizer_from=target)
+    target = build_cached(SPEC_MODELS[prefix + "target"], cache_dir)
+    draft = build_cached(SPEC_MODELS[prefix + "draft"], cache_dir, tokenizer_from=target)
     return target, draft
 
 

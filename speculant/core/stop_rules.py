@@ -20,7 +20,6 @@ def append_tokens(
     logprobs: list[dict[int, float]] | None = None,
 ) -> int:
     """Append ``token_ids`` until a stop rule fires; return how many were kept."""
-    params = request.params
     kept = 0
     for j, tok in enumerate(token_ids):
         request.token_ids.append(tok)
