@@ -9,8 +9,6 @@ may lay decodes out differently; they all reuse ``prefill_spans`` and
 
 from __future__ import annotations
 
-import torch
-
 from speculant.core.attention.base import QuerySpan
 from speculant.core.batch import ScheduledRequest, StepBatch
 from speculant.core.model_runner import ForwardOutput, ModelRunner
@@ -72,6 +70,3 @@ def score_flat(runner: ModelRunner, batch: StepBatch, proposals: Proposals, want
     spans = prefill_spans(runner, batch) + flat_decode_spans(runner, batch, proposals)
     return gather_scores(runner.forward(spans, want_hidden), batch, proposals)
 
-
-def empty_logits(vocab: int) -> torch.Tensor:  # [0, V]
-    return torch.zeros(0, vocab)
