@@ -1,0 +1,84 @@
+"""``speculant bench``: Speculant vs transformers on one local model pair.
+
+Same prompts (tokenized once with the target's tokenizer, so both sides see
+identical token ids), greedy, EOS ignored. Each row reports median tokens/s
+over repeats, acceptance rate and mean accepted length (Speculant rows with
+speculation), p50/p99 inter-token latency (concurrency 1 only) and whether
+its greedy tokens equal the Speculant no-speculation run at the same
+concurrency.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+DEFAULT_PROMPTS = (
+    "def fibonacci(n):\n    ",
+    "class Stack:\n    def __init__(self):\n        self.items = []\n\n    def push(self, item):\n",
+    "import os\n\n\ndef list_files(path):\n    \"\"\"Return every file under path.\"\"\"\n",
+    "for i in range(10):\n    if i % 2 == 0:\n        print(i)\n    else:\n",
+    "def parse_args(argv):\n    parser = argparse.ArgumentParser()\n    parser.add_argument(",
+    "with open(filename) as f:\n    for line in f:\n        line = line.strip()\n",
+    "try:\n    value = int(text)\nexcept ValueError:\n",
+    "def merge(a, b):\n    result = []\n    i = j = 0\n    while i < len(a) and j < len(b):\n",
+)
+
+QUICK = {"max_tokens": 8, "num_prompts": 2, "repeats": 1, "concurrency": [1], "hf_batched": False}
+
+ITL_NOTE = ("ITL: per generated token after the first, at concurrency 1; a step (or generate() "
+            "callback) that emits n tokens counts as n gaps of step_time / n. Null at concurrency > 1.")
+
+
+def load_prompts(path: str | None) -> list[str]:
+    if path is None:
+        return list(DEFAULT_PROMPTS)
+    prompts = [line.rstrip("\n").replace("\\n", "\n") for line in Path(path).read_text().splitlines()]
+    prompts = [p for p in prompts if p.strip()]
+    if not prompts:
+        raise ValueError(f"{path}: no prompts (one per line)")
+    return prompts
+
+
+def _mark_matches(rows: list[dict[str, Any]]) -> None:
+    """``matches_no_spec``: greedy tokens equal the Speculant no-spec row's."""
+    truth = {r["concurrency"]: r["token_ids"] for r in rows
+             if r["engine"] == "speculant" and r["method"] == "no_spec" and r.get("status") == "ok"}
+    for r in rows:
+        ref = truth.get(r["concurrency"])
+        r["matches_no_spec"] = (r["token_ids"] == ref) if ref is not None and "token_ids" in r else None
+
+
+def run_bench(target: str, draft: str | None = None, *, prompts: list[str] | None = None, max_tokens: int = 64,
+              k: int = 4, repeats: int = 3, concurrency: list[int] | None = None, hf: bool = True,
+              hf_batched: bool = True, log=print) -> dict[str, Any]:
+    from transformers import AutoTokenizer
+
+    from speculant.bench.hf_runs import run_hf
+    from speculant.bench.report import environment
+    from speculant.bench.speculant_runs import run_speculant
+
+    concurrency = concurrency or [1, 32]
+    tok = AutoTokenizer.from_pretrained(str(target))
+    texts = list(prompts or DEFAULT_PROMPTS)
+    ids = [tok(p, add_special_tokens=True)["input_ids"] for p in texts]
+    env = environment()
+    rows = run_speculant(str(target), draft, ids, max_tokens=max_tokens, k=k, repeats=repeats,
+                         concurrency=concurrency, log=log)
+    if hf:
+        pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+        rows += run_hf(str(target), draft, ids, max_tokens=max_tokens, k=k, repeats=repeats,
+                       concurrency=concurrency, batched=hf_batched, pad_id=pad, log=log)
+    _mark_matches(rows)
+    for r in rows:
+        r.pop("token_ids", None)
+    env["load_avg_end"] = environment()["load_avg"]
+    return {
+        "env": env,
+        "settings": {"target": str(target), "draft": str(draft) if draft else None, "max_tokens": max_tokens,
+                     "k": k, "repeats": repeats, "concurrency": concurrency, "num_prompts": len(texts),
+                     "greedy": True, "ignore_eos": True, "hf_batched": hf_batched},
+        "notes": [ITL_NOTE, "tokens/s: generated tokens / wall time (prefill included), median over repeats."],
+        "prompts": texts,
+        "rows": rows,
+    }

@@ -1,0 +1,162 @@
+"""transformers side of ``speculant bench``: plain ``generate()``, assisted
+generation (``assistant_model=``) and prompt lookup (``prompt_lookup_num_tokens=``),
+greedy with EOS ignored (``min_new_tokens = max_new_tokens``).
+
+At concurrency 1 each prompt runs alone and a streamer times every token the
+model emits (ITL as on the Speculant side: a burst of n tokens counts as n
+gaps of ``dt / n``; the first token is excluded). Batched rows (concurrency
+> 1) are measured only for plain ``generate()`` (left-padded batch) and only
+when not ``--quick``; what transformers cannot do is recorded as
+``status: "unsupported: <reason>"``.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from speculant.bench.report import median, percentile
+
+
+class _TimingStreamer:
+    """Records when generated tokens arrive (``generate`` calls ``put`` with the
+    prompt first, then with each new token or burst of accepted tokens)."""
+
+    def __init__(self) -> None:
+        self.prompt_seen = False
+        self.gaps: list[float] = []
+        self.count = 0
+        self.last = time.perf_counter()
+
+    def put(self, value) -> None:
+        now = time.perf_counter()
+        if not self.prompt_seen:
+            self.prompt_seen = True
+            self.last = now
+            return
+        n = int(value.numel())
+        if n <= 0:
+            return
+        if self.count > 0:
+            self.gaps.extend([(now - self.last) / n] * n)
+        else:
+            self.gaps.extend([(now - self.last) / n] * (n - 1))
+        self.count += n
+        self.last = now
+
+    def end(self) -> None:
+        pass
+
+
+def _gen_kwargs(max_tokens: int, pad_id: int | None) -> dict[str, Any]:
+    return {"max_new_tokens": max_tokens, "min_new_tokens": max_tokens, "do_sample": False,
+            "pad_token_id": pad_id}
+
+
+def hf_methods(k: int, draft: str | None) -> list[tuple[str, dict | None, str | None]]:
+    """(method, extra generate kwargs or None, skip reason)."""
+    rows: list[tuple[str, dict | None, str | None]] = [("generate", {}, None)]
+    if draft is None:
+        rows.append(("assisted", None, "skipped: no --draft given"))
+    else:
+        rows.append(("assisted", {"assistant": True, "num_assistant_tokens": k,
+                                  "num_assistant_tokens_schedule": "constant"}, None))
+    rows.append(("prompt_lookup", {"prompt_lookup_num_tokens": k}, None))
+    return rows
+
+
+def _load(path: str):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    model.eval()
+    return model
+
+
+def _run_bs1(model, prompts, max_tokens, repeats, pad_id, extra) -> dict[str, Any]:
+    import torch
+
+    rates, gaps, token_ids, num_tokens = [], [], [], 0
+    for rep in range(repeats + 1):  # the first pass is an untimed warm-up
+        total_t, total_n, token_ids = 0.0, 0, []
+        for p in (prompts[:1] if rep == 0 else prompts):
+            ids = torch.tensor([p])
+            streamer = _TimingStreamer()
+            t0 = time.perf_counter()
+            with torch.no_grad():
+                out = model.generate(ids, attention_mask=torch.ones_like(ids), streamer=streamer,
+                                     **_gen_kwargs(max_tokens, pad_id), **extra)
+            total_t += time.perf_counter() - t0
+            toks = out[0, ids.shape[1]:].tolist()
+            token_ids.append(toks)
+            total_n += len(toks)
+            if rep > 0:
+                gaps.extend(streamer.gaps)
+        if rep > 0:
+            rates.append(total_n / total_t if total_t > 0 else 0.0)
+            num_tokens = total_n
+    return {"num_requests": len(prompts), "num_tokens": num_tokens, "tokens_per_s": median(rates),
+            "tokens_per_s_samples": [round(r, 2) for r in rates],
+            "itl_p50_ms": 1e3 * percentile(gaps, 50) if gaps else None,
+            "itl_p99_ms": 1e3 * percentile(gaps, 99) if gaps else None, "token_ids": token_ids}
+
+
+def _run_batched(model, requests, max_tokens, repeats, pad_id) -> dict[str, Any]:
+    """Plain ``generate()`` over one left-padded batch."""
+    import torch
+
+    width = max(len(p) for p in requests)
+    pad = pad_id if pad_id is not None else 0
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in requests])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in requests])
+    rates, token_ids = [], []
+    for rep in range(repeats + 1):
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            out = model.generate(ids, attention_mask=mask, **_gen_kwargs(max_tokens, pad_id))
+        secs = time.perf_counter() - t0
+        token_ids = out[:, width:].tolist()
+        if rep > 0:
+            rates.append(sum(len(t) for t in token_ids) / secs)
+    return {"num_requests": len(requests), "num_tokens": sum(len(t) for t in token_ids),
+            "tokens_per_s": median(rates), "tokens_per_s_samples": [round(r, 2) for r in rates],
+            "itl_p50_ms": None, "itl_p99_ms": None, "token_ids": token_ids,
+            "note": "static left-padded batch (generate())"}
+
+
+def run_hf(target: str, draft: str | None, prompts: list[list[int]], *, max_tokens: int, k: int, repeats: int,
+           concurrency: list[int], batched: bool, pad_id: int | None, log=print) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    base = {"engine": "transformers", "acceptance_rate": None, "mean_accepted_length": None}
+    model = _load(target)
+    assistant = _load(draft) if draft is not None else None
+    for method, extra, skip in hf_methods(k, draft):
+        for c in concurrency:
+            row = {**base, "method": method, "concurrency": c}
+            if skip:
+                rows.append({**row, "status": skip})
+                continue
+            if c > 1 and method != "generate":
+                why = ("assisted generation runs at batch size 1 only, and continuous batching "
+                       "(generate_batch) refuses an assistant model") if method == "assisted" else \
+                    "prompt lookup decoding runs at batch size 1 only"
+                rows.append({**row, "status": f"unsupported: {why}"})
+                continue
+            if c > 1 and not batched:
+                rows.append({**row, "status": "skipped: batched transformers rows are off in --quick"})
+                continue
+            log(f"transformers {method} concurrency={c} ...")
+            try:
+                if c <= 1:
+                    kw = dict(extra)
+                    if kw.pop("assistant", False):
+                        kw["assistant_model"] = assistant
+                    res = _run_bs1(model, prompts, max_tokens, repeats, pad_id, kw)
+                else:
+                    requests = [prompts[i % len(prompts)] for i in range(c)]
+                    res = _run_batched(model, requests, max_tokens, repeats, pad_id)
+                rows.append({**row, "status": "ok", **res})
+            except Exception as exc:  # noqa: BLE001 - record, do not crash the bench
+                rows.append({**row, "status": f"unsupported: {type(exc).__name__}: {exc}"})
+    return rows

@@ -1,0 +1,103 @@
+"""Statistics, environment facts and output (JSON, Markdown table, PNG chart)
+for ``speculant bench``."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import math
+import os
+import platform
+import statistics
+from pathlib import Path
+from typing import Any
+
+
+def median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Linear-interpolated percentile ``q`` (0-100) of ``values``."""
+    data = sorted(values)
+    if not data:
+        return math.nan
+    pos = (len(data) - 1) * q / 100.0
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return data[lo] + (data[hi] - data[lo]) * (pos - lo)
+
+
+def environment() -> dict[str, Any]:
+    import torch
+    import transformers
+
+    try:
+        load = [round(x, 2) for x in os.getloadavg()]
+    except OSError:  # not available on this platform
+        load = None
+    return {
+        "date_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "os_cpu_count": os.cpu_count(),
+        "load_avg": load,
+    }
+
+
+def _fmt(value: Any, digits: int = 2) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+COLUMNS = (("engine", "engine"), ("method", "method"), ("concurrency", "bs"), ("tokens_per_s", "tok/s"),
+           ("acceptance_rate", "accept"), ("mean_accepted_length", "mean acc. len"),
+           ("itl_p50_ms", "ITL p50 ms"), ("itl_p99_ms", "ITL p99 ms"), ("matches_no_spec", "same tokens"),
+           ("status", "status"))
+
+
+def markdown_table(rows: list[dict[str, Any]]) -> str:
+    lines = ["| " + " | ".join(h for _, h in COLUMNS) + " |",
+             "|" + "|".join("---" for _ in COLUMNS) + "|"]
+    for r in rows:
+        lines.append("| " + " | ".join(_fmt(r.get(key)) for key, _ in COLUMNS) + " |")
+    return "\n".join(lines)
+
+
+def write_json(path: Path, data: dict[str, Any]) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=1, default=str) + "\n")
+
+
+def write_chart(path: Path, rows: list[dict[str, Any]]) -> str | None:
+    """Bar chart of tokens/s per measured row; returns a note when skipped."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "chart skipped: matplotlib is not installed (pip install matplotlib)"
+    ok = [r for r in rows if r.get("status") == "ok" and r.get("tokens_per_s")]
+    if not ok:
+        return "chart skipped: no measured rows"
+    labels = [f"{r['engine'][:4]} {r['method']}\nbs={r['concurrency']}" for r in ok]
+    colors = ["tab:blue" if r["engine"] == "speculant" else "tab:orange" for r in ok]
+    fig, ax = plt.subplots(figsize=(max(6, 0.9 * len(ok)), 4))
+    ax.bar(range(len(ok)), [r["tokens_per_s"] for r in ok], color=colors)
+    ax.set_xticks(range(len(ok)), labels, rotation=45, ha="right", fontsize=7)
+    ax.set_ylabel("tokens/s (median)")
+    ax.set_title("speculant bench: greedy tokens/s (blue: Speculant, orange: transformers)")
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return None

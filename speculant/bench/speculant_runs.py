@@ -1,0 +1,142 @@
+"""Speculant side of ``speculant bench``: one engine per method, timed runs.
+
+At concurrency 1 each prompt runs alone through ``LLMEngine.add_request`` /
+``step`` so every step is timed. Inter-token latency (ITL) is per generated
+token after the first: a step that emits n tokens (speculation emits bursts)
+counts as n gaps of ``step_time / n``. The first token (time to first token,
+prefill) is excluded. At higher concurrency requests go through
+``LLM.generate`` at once and only throughput is reported (ITL is null).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from speculant.bench.report import median, percentile
+from speculant.core.sampling_params import SamplingParams
+
+
+def greedy(max_tokens: int) -> SamplingParams:
+    return SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+
+
+def speculant_methods(k: int, draft: str | None) -> list[tuple[str, dict | None, str | None]]:
+    """(method name, speculative config or None, skip reason or None)."""
+    methods: list[tuple[str, dict | None, str | None]] = [
+        ("no_spec", None, None),
+        ("ngram", {"proposer": "ngram", "num_speculative_tokens": k}, None),
+    ]
+    for scorer in ("mqa", "batch_expansion"):
+        name = f"draft_{scorer}"
+        if draft is None:
+            methods.append((name, None, "skipped: no --draft given"))
+        else:
+            methods.append((name, {"proposer": "draft_model", "num_speculative_tokens": k, "scorer": scorer,
+                                   "proposer_options": {"model": str(draft)}}, None))
+    return methods
+
+
+def build_llm(target: str, speculative: dict | None, max_seqs: int):
+    from speculant.llm import LLM
+
+    kw: dict[str, Any] = {"max_num_seqs": max(1, max_seqs), "seed": 0}
+    if speculative:
+        kw["speculative"] = speculative
+    return LLM(model=str(target), **kw)
+
+
+def _stream_one(engine, prompt: list[int], max_tokens: int) -> tuple[list[int], float, list[float]]:
+    """Run one prompt alone, step by step: (tokens, seconds, per-token gaps)."""
+    rid = engine.add_request(None, prompt, greedy(max_tokens))
+    gaps: list[float] = []
+    seen = 0
+    tokens: list[int] = []
+    start = last = time.perf_counter()
+    while engine.has_unfinished_requests():
+        outs = engine.step()
+        now = time.perf_counter()
+        for o in outs:
+            if o.request_id != rid:
+                continue
+            tokens = o.outputs[0].token_ids
+            n = len(tokens) - seen
+            if n > 0:
+                if seen > 0:  # gaps after the first token only
+                    gaps.extend([(now - last) / n] * n)
+                else:
+                    gaps.extend([(now - last) / n] * (n - 1))  # a burst along with the first token
+                seen = len(tokens)
+                last = now
+    return list(tokens), time.perf_counter() - start, gaps
+
+
+def _warm_up(llm, prompts: list[list[int]]) -> None:
+    """One short untimed run so one-time setup is not counted as speed."""
+    llm.generate(prompts[:1], greedy(4), use_tqdm=False)
+    llm.engine.reset_metrics()
+
+
+def run_method(llm, prompts: list[list[int]], max_tokens: int, concurrency: int,
+               repeats: int) -> dict[str, Any]:
+    """Time ``repeats`` runs of the prompts at one concurrency; returns row fields
+    and ``token_ids`` (one list per request, in order)."""
+    _warm_up(llm, prompts)
+    rates: list[float] = []
+    gaps: list[float] = []
+    token_ids: list[list[int]] = []
+    num_tokens = 0
+    if concurrency <= 1:
+        for _ in range(repeats):
+            total_t, total_n, token_ids = 0.0, 0, []
+            for p in prompts:
+                toks, secs, g = _stream_one(llm.engine, p, max_tokens)
+                token_ids.append(toks)
+                total_t += secs
+                total_n += len(toks)
+                gaps.extend(g)
+            rates.append(total_n / total_t if total_t > 0 else 0.0)
+            num_tokens = total_n
+        requests = prompts
+    else:
+        requests = [prompts[i % len(prompts)] for i in range(concurrency)]
+        for _ in range(repeats):
+            outs = llm.generate(requests, greedy(max_tokens), use_tqdm=False)
+            token_ids = [list(o.outputs[0].token_ids) for o in outs]
+            num_tokens = sum(len(t) for t in token_ids)
+            secs = llm.last_run_seconds
+            rates.append(num_tokens / secs if secs > 0 else 0.0)
+    metrics = llm.get_metrics()
+    spec = llm.config.speculative.enabled
+    return {
+        "num_requests": len(requests),
+        "num_tokens": num_tokens,
+        "tokens_per_s": median(rates),
+        "tokens_per_s_samples": [round(r, 2) for r in rates],
+        "acceptance_rate": metrics.get("acceptance_rate") if spec else None,
+        "mean_accepted_length": metrics.get("mean_accepted_length") if spec else None,
+        "itl_p50_ms": 1e3 * percentile(gaps, 50) if gaps else None,
+        "itl_p99_ms": 1e3 * percentile(gaps, 99) if gaps else None,
+        "token_ids": token_ids,
+    }
+
+
+def run_speculant(target: str, draft: str | None, prompts: list[list[int]], *, max_tokens: int, k: int,
+                  repeats: int, concurrency: list[int], log=print) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    for method, spec, skip in speculant_methods(k, draft):
+        if skip:
+            for c in concurrency:
+                rows.append({"engine": "speculant", "method": method, "concurrency": c, "status": skip})
+            continue
+        llm = build_llm(target, spec, max(concurrency))
+        for c in concurrency:
+            log(f"speculant {method} concurrency={c} ...")
+            try:
+                res = run_method(llm, prompts, max_tokens, c, repeats)
+                rows.append({"engine": "speculant", "method": method, "concurrency": c, "status": "ok", **res})
+            except Exception as exc:  # noqa: BLE001 - a failing method is a row, not a crash
+                rows.append({"engine": "speculant", "method": method, "concurrency": c,
+                             "status": f"error: {type(exc).__name__}: {exc}"})
+        del llm
+    return rows

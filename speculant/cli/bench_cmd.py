@@ -1,0 +1,91 @@
+"""``speculant bench``: Speculant vs transformers, side by side on one model pair."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def _concurrency(text: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError(f"concurrency levels must be >= 1, got {text!r}")
+    return values
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("bench", help="benchmark Speculant against transformers",
+                       description="Greedy throughput, acceptance and inter-token latency of Speculant "
+                                   "(no speculation, ngram, draft model with MQA and batch-expansion "
+                                   "scoring) next to transformers (generate, assisted generation, prompt "
+                                   "lookup) on the same prompts. Writes JSON, a PNG chart (if matplotlib "
+                                   "is installed) and prints a Markdown table.")
+    p.add_argument("--target", required=True, help="local Hugging Face target model directory")
+    p.add_argument("--draft", default=None, help="local draft model directory (same tokenizer); "
+                                                  "draft rows are skipped without it")
+    p.add_argument("--prompts", default=None, metavar="FILE",
+                   help="one prompt per line (a literal \\n in a line becomes a newline); "
+                        "default: built-in code prompts")
+    p.add_argument("--max-tokens", type=int, default=None, help="tokens generated per prompt (default 64)")
+    p.add_argument("--k", type=int, default=4, help="speculative tokens per step (default 4)")
+    p.add_argument("--repeats", type=int, default=None, help="timed runs per row; median reported (default 3)")
+    p.add_argument("--concurrency", type=_concurrency, default=None, metavar="1,32",
+                   help="concurrency levels (default 1,32)")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    p.add_argument("--no-hf", action="store_true", help="skip the transformers rows")
+    p.add_argument("--out", type=Path, default=Path("bench_results.json"), help="JSON result path")
+    p.add_argument("--chart", type=Path, default=None, help="PNG chart path (default: --out with .png)")
+    p.add_argument("--quick", action="store_true",
+                   help="smoke test: 8 tokens, 2 prompts, 1 repeat, concurrency 1, no batched HF rows")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from speculant.bench import QUICK, load_prompts, run_bench
+    from speculant.bench.report import markdown_table, write_chart, write_json
+    from speculant.core.config import ConfigError
+
+    for name, path in (("--target", args.target), ("--draft", args.draft)):
+        if path is not None and not (Path(path) / "config.json").is_file():
+            print(f"error: {name} {path}: no Hugging Face model directory (config.json) there", file=sys.stderr)
+            return 2
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    try:
+        prompts = load_prompts(args.prompts)
+    except (OSError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    quick = QUICK if args.quick else {}
+    if args.quick:
+        prompts = prompts[:QUICK["num_prompts"]]
+    max_tokens = args.max_tokens or quick.get("max_tokens", 64)
+    repeats = args.repeats or quick.get("repeats", 3)
+    concurrency = args.concurrency or quick.get("concurrency", [1, 32])
+    log = lambda msg: print(msg, file=sys.stderr)  # noqa: E731 - progress to stderr, table to stdout
+    try:
+        result = run_bench(args.target, args.draft, prompts=prompts, max_tokens=max_tokens, k=args.k,
+                           repeats=repeats, concurrency=concurrency, hf=not args.no_hf,
+                           hf_batched=not args.quick, log=log)
+    except (ConfigError, ValueError, FileNotFoundError, TypeError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    result["settings"]["quick"] = bool(args.quick)
+    chart = args.chart or args.out.with_suffix(".png")
+    note = write_chart(chart, result["rows"])
+    result["chart"] = None if note else str(chart)
+    if note:
+        result["notes"].append(note)
+    write_json(args.out, result)
+    print(markdown_table(result["rows"]))
+    print()
+    for n in result["notes"]:
+        print(f"- {n}")
+    print(f"results: {args.out}" + (f", chart: {chart}" if not note else ""))
+    return 0

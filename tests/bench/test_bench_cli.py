@@ -1,0 +1,80 @@
+"""``speculant bench --quick`` end to end on tiny random models."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from tiny_models import build_model
+
+from speculant.cli import main
+
+SPECULANT_METHODS = {"no_spec", "ngram", "draft_mqa", "draft_batch_expansion"}
+HF_METHODS = {"generate", "assisted", "prompt_lookup"}
+
+
+@pytest.fixture(scope="module")
+def draft_dir(tmp_path_factory, tokenizer_dir):
+    """A smaller llama sharing the target's tokenizer (vocabulary)."""
+    return build_model("llama", tmp_path_factory.mktemp("bench_draft"), tokenizer_dir, hidden=32, layers=1,
+                       heads=4, seed=1)
+
+
+@pytest.fixture(scope="module")
+def quick_result(tmp_path_factory, llama_dir, draft_dir, one_thread):
+    out = tmp_path_factory.mktemp("bench") / "r.json"
+    code = main(["bench", "--quick", "--target", str(llama_dir), "--draft", str(draft_dir), "--out", str(out)])
+    return code, out
+
+
+def test_quick_bench_exits_zero_and_writes_json(quick_result):
+    code, out = quick_result
+    assert code == 0
+    assert out.is_file()
+    data = json.loads(out.read_text())
+    for key in ("torch", "transformers", "torch_threads", "load_avg"):
+        assert key in data["env"]
+    assert data["settings"]["max_tokens"] == 8 and data["settings"]["concurrency"] == [1]
+    assert data["settings"]["num_prompts"] == 2 and data["settings"]["quick"] is True
+
+
+def test_quick_bench_rows(quick_result):
+    data = json.loads(quick_result[1].read_text())
+    rows = data["rows"]
+    got = {(r["engine"], r["method"]) for r in rows}
+    assert got == {("speculant", m) for m in SPECULANT_METHODS} | {("transformers", m) for m in HF_METHODS}
+    assert all(r["concurrency"] == 1 for r in rows)  # --quick: bs=1 only
+    by = {(r["engine"], r["method"]): r for r in rows}
+    for m in SPECULANT_METHODS:
+        r = by[("speculant", m)]
+        assert r["status"] == "ok", r
+        assert r["matches_no_spec"] is True, r
+        assert r["tokens_per_s"] > 0 and r["num_tokens"] == 2 * 8
+        assert r["itl_p50_ms"] > 0 and r["itl_p99_ms"] >= r["itl_p50_ms"]
+        if m == "no_spec":
+            assert r["acceptance_rate"] is None
+        else:
+            assert 0.0 <= r["acceptance_rate"] <= 1.0 and r["mean_accepted_length"] >= 0.0
+    for m in HF_METHODS:
+        r = by[("transformers", m)]
+        assert r["status"] == "ok" or r["status"].startswith("unsupported:"), r
+        assert r["acceptance_rate"] is None
+        if r["status"] == "ok":
+            assert r["tokens_per_s"] > 0
+    assert by[("transformers", "generate")]["matches_no_spec"] is True
+
+
+def test_bench_without_draft_skips_draft_rows(tmp_path, llama_dir, one_thread, capsys):
+    out = tmp_path / "nodraft.json"
+    code = main(["bench", "--quick", "--no-hf", "--target", str(llama_dir), "--out", str(out)])
+    assert code == 0
+    rows = {r["method"]: r for r in json.loads(out.read_text())["rows"]}
+    assert set(rows) == SPECULANT_METHODS
+    assert rows["draft_mqa"]["status"].startswith("skipped")
+    assert rows["ngram"]["matches_no_spec"] is True
+    assert "| engine |" in capsys.readouterr().out  # Markdown table printed
+
+
+def test_bench_rejects_missing_target(tmp_path, capsys):
+    assert main(["bench", "--quick", "--target", str(tmp_path / "nope"), "--out", str(tmp_path / "x.json")]) == 2
+    assert "config.json" in capsys.readouterr().err
