@@ -1,0 +1,52 @@
+"""`speculant generate`: plain and speculative runs, config files, overrides and errors."""
+
+from __future__ import annotations
+
+import json
+
+from speculant.cli import main
+
+
+def test_generate_with_model_dir_prints_text_and_summary(llama_dir, capsys):
+    assert main(["generate", "--model", str(llama_dir), "--max-tokens", "5", "--ignore-eos",
+                 "def foo(x):"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("def foo(x):")
+    assert "num_tokens: 5" in out and "tokens_per_s:" in out
+
+
+def test_generate_from_config_with_speculation_compare_and_json(tmp_path, llama_dir, capsys):
+    config = tmp_path / "spec.toml"
+    config.write_text(f'''
+[model]
+path = "{llama_dir}"
+
+[speculative]
+proposer = "draft_model"
+proposer_options = {{ model = "{llama_dir}" }}
+num_speculative_tokens = 4
+''')
+    code = main(["generate", "--config", str(config), "--set", "speculative.num_speculative_tokens=2",
+                 "--max-tokens", "9", "--ignore-eos", "--compare", "--json", "import os", "x = 1"])
+    assert code == 0
+    result = json.loads(capsys.readouterr().out)
+    summary = result["summary"]
+    assert summary["num_tokens"] == 18 and summary["speculative"] == "draft_model"
+    assert summary["acceptance_rate"] == 1.0  # the target drafting for itself
+    assert summary["mean_accepted_length"] > 2.0  # k = 2 from --set: at most 3 per step
+    assert summary["same_text_as_baseline"] is True and summary["speedup"] > 0
+    assert [o["finish_reason"] for o in result["outputs"]] == ["length", "length"]
+
+
+def test_generate_reports_config_errors_with_exit_code_2(tmp_path, llama_dir, capsys):
+    config = tmp_path / "bad.toml"
+    config.write_text(f'[model]\npath = "{llama_dir}"\n[scheduler]\nmax_num_seqs = 0\nbogus = 1\n')
+    assert main(["generate", "--config", str(config), "hello"]) == 2
+    err = capsys.readouterr().err
+    assert str(config) in err
+    assert "scheduler.max_num_seqs" in err and "scheduler.bogus: unknown key" in err
+
+
+def test_generate_rejects_bad_sampling_values(llama_dir, capsys):
+    assert main(["generate", "--model", str(llama_dir), "--temperature", "-1", "hello"]) == 2
+    assert "temperature" in capsys.readouterr().err
