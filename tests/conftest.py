@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
@@ -105,3 +104,20 @@ def one_thread():
         yield
     finally:
         torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="session")
+def random_heads_dirs(tmp_path_factory) -> dict[str, Path]:
+    """Random Medusa and MLP-speculator heads (4 each) fitting the tiny llama
+    (hidden 64, vocab 384): they propose poorly, so only exactness is tested."""
+    from speculant.proposers.heads.common import save_heads
+    from speculant.proposers.heads.medusa import MedusaHeads, medusa_config
+    from speculant.proposers.heads.mlp_speculator import MLPSpeculator, mlp_speculator_config
+
+    torch.manual_seed(0)
+    root = tmp_path_factory.mktemp("heads")
+    medusa = medusa_config(64, 384, 4)
+    save_heads(MedusaHeads.from_config(medusa), medusa, root / "medusa")
+    mlp = mlp_speculator_config(64, 384, 4, 32)
+    save_heads(MLPSpeculator.from_config(mlp), mlp, root / "mlp_speculator")
+    return {"medusa": root / "medusa", "mlp_speculator": root / "mlp_speculator"}

@@ -50,17 +50,6 @@ def markov_target(tmp_path_factory, tokenizer_dir) -> Path:
     return out
 
 
-@pytest.fixture(scope="module")
-def random_heads(tmp_path_factory, llama_dir) -> dict[str, Path]:
-    torch.manual_seed(0)
-    root = tmp_path_factory.mktemp("heads")
-    cfg = medusa_config(64, 384, 3)
-    save_heads(MedusaHeads.from_config(cfg), cfg, root / "medusa")
-    cfg = mlp_speculator_config(64, 384, 3, 32)
-    save_heads(MLPSpeculator.from_config(cfg), cfg, root / "mlp_speculator")
-    return {"medusa": root / "medusa", "mlp_speculator": root / "mlp_speculator"}
-
-
 def _spec(proposer: str, path: Path, scorer: str = "mqa", k: int = 3) -> dict:
     return {"proposer": proposer, "proposer_options": {"path": str(path)}, "scorer": scorer,
             "num_speculative_tokens": k}
@@ -73,15 +62,15 @@ def _tokens(llm: LLM) -> list[list[int]]:
 @pytest.mark.parametrize("proposer", ["medusa", "mlp_speculator"])
 @pytest.mark.parametrize("scorer", ["mqa", "batch_expansion"])
 @pytest.mark.parametrize("k", [1, 3])
-def test_greedy_output_equals_target_alone(llama_dir, random_heads, proposer, scorer, k):
+def test_greedy_output_equals_target_alone(llama_dir, random_heads_dirs, proposer, scorer, k):
     reference = _tokens(LLM(model=str(llama_dir), **NO_CHUNK))
-    llm = LLM(model=str(llama_dir), **NO_CHUNK, speculative=_spec(proposer, random_heads[proposer], scorer, k))
+    llm = LLM(model=str(llama_dir), **NO_CHUNK, speculative=_spec(proposer, random_heads_dirs[proposer], scorer, k))
     assert _tokens(llm) == reference
     assert llm.get_metrics()["num_draft_tokens"] > 0
 
 
 @pytest.mark.parametrize("proposer", ["medusa", "mlp_speculator"])
-def test_chunked_prefill_is_refused_before_the_engine_is_built(llama_dir, random_heads, proposer, monkeypatch):
+def test_chunked_prefill_is_refused_before_the_engine_is_built(llama_dir, random_heads_dirs, proposer, monkeypatch):
     import speculant.core.engine as engine_mod
 
     def boom(*args, **kwargs):
@@ -89,7 +78,7 @@ def test_chunked_prefill_is_refused_before_the_engine_is_built(llama_dir, random
 
     monkeypatch.setattr(engine_mod, "ModelRunner", boom)
     with pytest.raises(ConfigError) as err:
-        LLM(model=str(llama_dir), enable_chunked_prefill=True, speculative=_spec(proposer, random_heads[proposer]))
+        LLM(model=str(llama_dir), enable_chunked_prefill=True, speculative=_spec(proposer, random_heads_dirs[proposer]))
     assert (f"proposer '{proposer}' needs the target's hidden state at every prompt position, which chunked "
             "prefill splits across steps: set scheduler.enable_chunked_prefill = false or choose another "
             "proposer") in str(err.value)
@@ -109,11 +98,11 @@ def test_mismatched_head_dimensions_are_refused(tmp_path, llama_dir, proposer):
     assert key in str(err.value) and "speculative.proposer_options.path" in str(err.value)
 
 
-def test_more_tokens_than_heads_and_wrong_kind_are_refused(llama_dir, random_heads):
-    with pytest.raises(ConfigError, match="predict at most 3 tokens; set num_speculative_tokens <= 3"):
-        LLM(model=str(llama_dir), **NO_CHUNK, speculative=_spec("medusa", random_heads["medusa"], k=4))
+def test_more_tokens_than_heads_and_wrong_kind_are_refused(llama_dir, random_heads_dirs):
+    with pytest.raises(ConfigError, match="predict at most 4 tokens; set num_speculative_tokens <= 4"):
+        LLM(model=str(llama_dir), **NO_CHUNK, speculative=_spec("medusa", random_heads_dirs["medusa"], k=5))
     with pytest.raises(ConfigError, match="expected 'speculant_mlp_speculator'"):
-        LLM(model=str(llama_dir), **NO_CHUNK, speculative=_spec("mlp_speculator", random_heads["medusa"]))
+        LLM(model=str(llama_dir), **NO_CHUNK, speculative=_spec("mlp_speculator", random_heads_dirs["medusa"]))
 
 
 @pytest.mark.parametrize("kind", ["medusa", "mlp_speculator"])

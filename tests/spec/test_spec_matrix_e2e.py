@@ -4,18 +4,12 @@ cells raise the checker's reasons before any engine is built."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
-import torch
 
 from speculant import LLM, SamplingParams
 from speculant.core.compat_matrix import builtin_registry, compute_matrix
 from speculant.core.config import ConfigError
 from speculant.plugins.manager import load_plugins, reset_plugins
-from speculant.proposers.heads.common import save_heads
-from speculant.proposers.heads.medusa import MedusaHeads, medusa_config
-from speculant.proposers.heads.mlp_speculator import MLPSpeculator, mlp_speculator_config
 
 PROMPTS = ["def foo(x):\n    return", "import os\nclass A:\n", "for i in range(10):\n    print(i)\n" * 3]
 GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
@@ -30,16 +24,11 @@ def _cells():
 
 
 @pytest.fixture(scope="module")
-def proposer_options(tmp_path_factory, llama_dir) -> dict[str, dict]:
+def proposer_options(llama_dir, random_heads_dirs) -> dict[str, dict]:
     """Options that make each built-in proposer runnable on the tiny llama."""
-    torch.manual_seed(0)
-    root = tmp_path_factory.mktemp("matrix-heads")
-    medusa = medusa_config(64, 384, 4)
-    save_heads(MedusaHeads.from_config(medusa), medusa, root / "medusa")
-    mlp = mlp_speculator_config(64, 384, 4)
-    save_heads(MLPSpeculator.from_config(mlp), mlp, root / "mlp")
     return {"ngram": {}, "draft_model": {"model": str(llama_dir)},
-            "medusa": {"path": str(root / "medusa")}, "mlp_speculator": {"path": str(root / "mlp")}}
+            "medusa": {"path": str(random_heads_dirs["medusa"])},
+            "mlp_speculator": {"path": str(random_heads_dirs["mlp_speculator"])}}
 
 
 @pytest.fixture(scope="module")
