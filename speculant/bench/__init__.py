@@ -6,6 +6,19 @@ over repeats, acceptance rate and mean accepted length (Speculant rows with
 speculation), p50/p99 inter-token latency (concurrency 1 only) and whether
 its greedy tokens equal the Speculant no-speculation run at the same
 concurrency.
+
+Rows (``engine``/``method``):
+
+* speculant: ``no_spec``, ``ngram``, ``draft_mqa``, ``draft_batch_expansion``
+  (with a draft), ``medusa`` / ``mlp_speculator`` (with trained heads for the
+  target; chunked prefill off, ``k`` capped to the heads' count);
+* transformers: ``generate`` (batch 1; at concurrency > 1 a static
+  left-padded batch), ``assisted`` and ``prompt_lookup`` (batch 1 only),
+  ``continuous_batching`` (concurrency > 1 only, ``generate_batch``).
+
+Modules: ``speculant_runs`` and ``heads`` (Speculant rows), ``hf_runs`` and
+``hf_cb`` (transformers rows), ``report`` (statistics, JSON, Markdown) and
+``chart`` (PNG).
 """
 
 from __future__ import annotations
@@ -51,24 +64,30 @@ def _mark_matches(rows: list[dict[str, Any]]) -> None:
 
 def run_bench(target: str, draft: str | None = None, *, prompts: list[str] | None = None, max_tokens: int = 64,
               k: int = 4, repeats: int = 3, concurrency: list[int] | None = None, hf: bool = True,
-              hf_batched: bool = True, log=print) -> dict[str, Any]:
+              hf_batched: bool = True, heads: dict[str, str] | None = None, log=print) -> dict[str, Any]:
+    """Run every row; ``heads`` maps ``medusa`` / ``mlp_speculator`` to trained
+    head directories. Raises ``ValueError`` (naming the option) for bad heads."""
     from transformers import AutoTokenizer
 
+    from speculant.bench.heads import head_methods
     from speculant.bench.hf_runs import run_hf
     from speculant.bench.report import environment
-    from speculant.bench.speculant_runs import run_speculant
+    from speculant.bench.speculant_runs import run_speculant, speculant_methods
+    from speculant.core.config import SchedulerConfig
 
     concurrency = concurrency or [1, 32]
     tok = AutoTokenizer.from_pretrained(str(target))
     texts = list(prompts or DEFAULT_PROMPTS)
     ids = [tok(p, add_special_tokens=True)["input_ids"] for p in texts]
+    methods = speculant_methods(k, draft) + head_methods(heads, str(target), k, max(len(p) for p in ids))
     env = environment()
-    rows = run_speculant(str(target), draft, ids, max_tokens=max_tokens, k=k, repeats=repeats,
+    rows = run_speculant(str(target), methods, ids, max_tokens=max_tokens, repeats=repeats,
                          concurrency=concurrency, log=log)
     if hf:
         pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
         rows += run_hf(str(target), draft, ids, max_tokens=max_tokens, k=k, repeats=repeats,
-                       concurrency=concurrency, batched=hf_batched, pad_id=pad, log=log)
+                       concurrency=concurrency, batched=hf_batched, pad_id=pad,
+                       max_batch_tokens=SchedulerConfig().max_num_batched_tokens, log=log)
     _mark_matches(rows)
     for r in rows:
         r.pop("token_ids", None)
@@ -77,7 +96,8 @@ def run_bench(target: str, draft: str | None = None, *, prompts: list[str] | Non
         "env": env,
         "settings": {"target": str(target), "draft": str(draft) if draft else None, "max_tokens": max_tokens,
                      "k": k, "repeats": repeats, "concurrency": concurrency, "num_prompts": len(texts),
-                     "greedy": True, "ignore_eos": True, "hf_batched": hf_batched},
+                     "greedy": True, "ignore_eos": True, "hf_batched": hf_batched,
+                     "medusa": (heads or {}).get("medusa"), "mlp_speculator": (heads or {}).get("mlp_speculator")},
         "notes": [ITL_NOTE, "tokens/s: generated tokens / wall time (prefill included), median over repeats."],
         "prompts": texts,
         "rows": rows,

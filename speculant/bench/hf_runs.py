@@ -1,13 +1,17 @@
 """transformers side of ``speculant bench``: plain ``generate()``, assisted
-generation (``assistant_model=``) and prompt lookup (``prompt_lookup_num_tokens=``),
-greedy with EOS ignored (``min_new_tokens = max_new_tokens``).
+generation (``assistant_model=``), prompt lookup (``prompt_lookup_num_tokens=``)
+and continuous batching (``generate_batch``), greedy with EOS ignored
+(``min_new_tokens = max_new_tokens``; ``eos_token_id = -1`` for continuous
+batching).
 
 At concurrency 1 each prompt runs alone and a streamer times every token the
 model emits (ITL as on the Speculant side: a burst of n tokens counts as n
-gaps of ``dt / n``; the first token is excluded). Batched rows (concurrency
-> 1) are measured only for plain ``generate()`` (left-padded batch) and only
-when not ``--quick``; what transformers cannot do is recorded as
-``status: "unsupported: <reason>"``.
+gaps of ``dt / n``; the first token is excluded). At concurrency > 1 two
+batched rows are measured (not in ``--quick``): ``generate`` over one static
+left-padded batch, and ``continuous_batching`` (``speculant.bench.hf_cb``; no
+row at concurrency 1, where it would be ``generate`` alone). Assisted
+generation and prompt lookup run at batch size 1 only. What transformers
+cannot do is recorded as ``status: "unsupported: <reason>"``.
 """
 
 from __future__ import annotations
@@ -15,7 +19,10 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from speculant.bench.hf_cb import CBUnsupported, run_continuous_batching
 from speculant.bench.report import median, percentile
+
+BATCHED_ONLY = ("continuous_batching",)  # methods with rows at concurrency > 1 only
 
 
 class _TimingStreamer:
@@ -62,6 +69,7 @@ def hf_methods(k: int, draft: str | None) -> list[tuple[str, dict | None, str | 
         rows.append(("assisted", {"assistant": True, "num_assistant_tokens": k,
                                   "num_assistant_tokens_schedule": "constant"}, None))
     rows.append(("prompt_lookup", {"prompt_lookup_num_tokens": k}, None))
+    rows.append(("continuous_batching", {}, None))
     return rows
 
 
@@ -125,38 +133,50 @@ def _run_batched(model, requests, max_tokens, repeats, pad_id) -> dict[str, Any]
             "note": "static left-padded batch (generate())"}
 
 
+def _unsupported_batched(method: str) -> str:
+    if method == "assisted":
+        return ("unsupported: assisted generation runs at batch size 1 only, and continuous batching "
+                "(generate_batch) refuses an assistant model")
+    return "unsupported: prompt lookup decoding runs at batch size 1 only"
+
+
 def run_hf(target: str, draft: str | None, prompts: list[list[int]], *, max_tokens: int, k: int, repeats: int,
-           concurrency: list[int], batched: bool, pad_id: int | None, log=print) -> list[dict[str, Any]]:
+           concurrency: list[int], batched: bool, pad_id: int | None, max_batch_tokens: int = 512,
+           log=print) -> list[dict[str, Any]]:
+    """transformers rows; ``max_batch_tokens`` is the continuous-batching step budget."""
     rows: list[dict[str, Any]] = []
     base = {"engine": "transformers", "acceptance_rate": None, "mean_accepted_length": None}
     model = _load(target)
     assistant = _load(draft) if draft is not None else None
     for method, extra, skip in hf_methods(k, draft):
         for c in concurrency:
+            if c <= 1 and method in BATCHED_ONLY:
+                continue
             row = {**base, "method": method, "concurrency": c}
             if skip:
                 rows.append({**row, "status": skip})
                 continue
-            if c > 1 and method != "generate":
-                why = ("assisted generation runs at batch size 1 only, and continuous batching "
-                       "(generate_batch) refuses an assistant model") if method == "assisted" else \
-                    "prompt lookup decoding runs at batch size 1 only"
-                rows.append({**row, "status": f"unsupported: {why}"})
+            if c > 1 and method in ("assisted", "prompt_lookup"):
+                rows.append({**row, "status": _unsupported_batched(method)})
                 continue
             if c > 1 and not batched:
                 rows.append({**row, "status": "skipped: batched transformers rows are off in --quick"})
                 continue
             log(f"transformers {method} concurrency={c} ...")
+            requests = [prompts[i % len(prompts)] for i in range(c)]
             try:
                 if c <= 1:
                     kw = dict(extra)
                     if kw.pop("assistant", False):
                         kw["assistant_model"] = assistant
                     res = _run_bs1(model, prompts, max_tokens, repeats, pad_id, kw)
+                elif method == "continuous_batching":
+                    res = run_continuous_batching(model, requests, max_tokens, repeats, max_batch_tokens, pad_id)
                 else:
-                    requests = [prompts[i % len(prompts)] for i in range(c)]
                     res = _run_batched(model, requests, max_tokens, repeats, pad_id)
                 rows.append({**row, "status": "ok", **res})
+            except CBUnsupported as exc:
+                rows.append({**row, "status": f"unsupported: {exc}"})
             except Exception as exc:  # noqa: BLE001 - record, do not crash the bench
                 rows.append({**row, "status": f"unsupported: {type(exc).__name__}: {exc}"})
     return rows

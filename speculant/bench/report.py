@@ -1,5 +1,5 @@
-"""Statistics, environment facts and output (JSON, Markdown table, PNG chart)
-for ``speculant bench``."""
+"""Statistics, environment facts and output (JSON, Markdown table) for
+``speculant bench``; the PNG chart is ``speculant.bench.chart``."""
 
 from __future__ import annotations
 
@@ -54,13 +54,13 @@ def _fmt(value: Any, digits: int = 2) -> str:
         return "yes" if value else "no"
     if isinstance(value, float):
         return f"{value:.{digits}f}"
-    return str(value)
+    return " ".join(str(value).split()).replace("|", "\\|")  # one line, no stray cell breaks
 
 
 COLUMNS = (("engine", "engine"), ("method", "method"), ("concurrency", "bs"), ("tokens_per_s", "tok/s"),
            ("acceptance_rate", "accept"), ("mean_accepted_length", "mean acc. len"),
            ("itl_p50_ms", "ITL p50 ms"), ("itl_p99_ms", "ITL p99 ms"), ("matches_no_spec", "same tokens"),
-           ("status", "status"))
+           ("status", "status"), ("note", "note"))
 
 
 def markdown_table(rows: list[dict[str, Any]]) -> str:
@@ -75,29 +75,3 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=1, default=str) + "\n")
-
-
-def write_chart(path: Path, rows: list[dict[str, Any]]) -> str | None:
-    """Bar chart of tokens/s per measured row; returns a note when skipped."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return "chart skipped: matplotlib is not installed (pip install matplotlib)"
-    ok = [r for r in rows if r.get("status") == "ok" and r.get("tokens_per_s")]
-    if not ok:
-        return "chart skipped: no measured rows"
-    labels = [f"{r['engine'][:4]} {r['method']}\nbs={r['concurrency']}" for r in ok]
-    colors = ["tab:blue" if r["engine"] == "speculant" else "tab:orange" for r in ok]
-    fig, ax = plt.subplots(figsize=(max(6, 0.9 * len(ok)), 4))
-    ax.bar(range(len(ok)), [r["tokens_per_s"] for r in ok], color=colors)
-    ax.set_xticks(range(len(ok)), labels, rotation=45, ha="right", fontsize=7)
-    ax.set_ylabel("tokens/s (median)")
-    ax.set_title("speculant bench: greedy tokens/s (blue: Speculant, orange: transformers)")
-    fig.tight_layout()
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return None

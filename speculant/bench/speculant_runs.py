@@ -6,11 +6,17 @@ token after the first: a step that emits n tokens (speculation emits bursts)
 counts as n gaps of ``step_time / n``. The first token (time to first token,
 prefill) is excluded. At higher concurrency requests go through
 ``LLM.generate`` at once and only throughput is reported (ITL is null).
+
+Methods: ``no_spec``, ``ngram``, ``draft_mqa`` / ``draft_batch_expansion``
+(with ``--draft``) and, with trained head directories, ``medusa`` /
+``mlp_speculator`` (built in ``speculant.bench.heads``: MQA scoring, chunked
+prefill off). Each method is one engine, reused across concurrency levels.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 from speculant.bench.report import median, percentile
@@ -21,28 +27,38 @@ def greedy(max_tokens: int) -> SamplingParams:
     return SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
 
 
-def speculant_methods(k: int, draft: str | None) -> list[tuple[str, dict | None, str | None]]:
-    """(method name, speculative config or None, skip reason or None)."""
-    methods: list[tuple[str, dict | None, str | None]] = [
-        ("no_spec", None, None),
-        ("ngram", {"proposer": "ngram", "num_speculative_tokens": k}, None),
-    ]
+@dataclass
+class Method:
+    """One Speculant row kind: name, speculative config (None: no speculation),
+    skip reason, extra ``LLM(...)`` keywords, a note and extra fields for its rows."""
+
+    name: str
+    speculative: dict | None = None
+    skip: str | None = None
+    engine_kwargs: dict[str, Any] = field(default_factory=dict)
+    note: str | None = None
+    fields: dict[str, Any] = field(default_factory=dict)
+
+
+def speculant_methods(k: int, draft: str | None) -> list[Method]:
+    """No speculation, ngram and the two draft-model scorers (skipped without a draft)."""
+    methods = [Method("no_spec"), Method("ngram", {"proposer": "ngram", "num_speculative_tokens": k})]
     for scorer in ("mqa", "batch_expansion"):
         name = f"draft_{scorer}"
         if draft is None:
-            methods.append((name, None, "skipped: no --draft given"))
+            methods.append(Method(name, skip="skipped: no --draft given"))
         else:
-            methods.append((name, {"proposer": "draft_model", "num_speculative_tokens": k, "scorer": scorer,
-                                   "proposer_options": {"model": str(draft)}}, None))
+            methods.append(Method(name, {"proposer": "draft_model", "num_speculative_tokens": k, "scorer": scorer,
+                                         "proposer_options": {"model": str(draft)}}))
     return methods
 
 
-def build_llm(target: str, speculative: dict | None, max_seqs: int):
+def build_llm(target: str, method: Method, max_seqs: int):
     from speculant.llm import LLM
 
-    kw: dict[str, Any] = {"max_num_seqs": max(1, max_seqs), "seed": 0}
-    if speculative:
-        kw["speculative"] = speculative
+    kw: dict[str, Any] = {"max_num_seqs": max(1, max_seqs), "seed": 0, **method.engine_kwargs}
+    if method.speculative:
+        kw["speculative"] = method.speculative
     return LLM(model=str(target), **kw)
 
 
@@ -121,22 +137,24 @@ def run_method(llm, prompts: list[list[int]], max_tokens: int, concurrency: int,
     }
 
 
-def run_speculant(target: str, draft: str | None, prompts: list[list[int]], *, max_tokens: int, k: int,
+def run_speculant(target: str, methods: list[Method], prompts: list[list[int]], *, max_tokens: int,
                   repeats: int, concurrency: list[int], log=print) -> list[dict[str, Any]]:
+    """One row per method and concurrency level; a method that fails is an ``error:`` row."""
     rows: list[dict[str, Any]] = []
-    for method, spec, skip in speculant_methods(k, draft):
-        if skip:
-            for c in concurrency:
-                rows.append({"engine": "speculant", "method": method, "concurrency": c, "status": skip})
+    for m in methods:
+        base = {"engine": "speculant", "method": m.name, **m.fields}
+        if m.note:
+            base["note"] = m.note
+        if m.skip:
+            rows += [{**base, "concurrency": c, "status": m.skip} for c in concurrency]
             continue
-        llm = build_llm(target, spec, max(concurrency))
+        llm = build_llm(target, m, max(concurrency))
         for c in concurrency:
-            log(f"speculant {method} concurrency={c} ...")
+            log(f"speculant {m.name} concurrency={c} ...")
             try:
                 res = run_method(llm, prompts, max_tokens, c, repeats)
-                rows.append({"engine": "speculant", "method": method, "concurrency": c, "status": "ok", **res})
+                rows.append({**base, "concurrency": c, "status": "ok", **res})
             except Exception as exc:  # noqa: BLE001 - a failing method is a row, not a crash
-                rows.append({"engine": "speculant", "method": method, "concurrency": c,
-                             "status": f"error: {type(exc).__name__}: {exc}"})
+                rows.append({**base, "concurrency": c, "status": f"error: {type(exc).__name__}: {exc}"})
         del llm
     return rows

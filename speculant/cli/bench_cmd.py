@@ -1,4 +1,8 @@
-"""``speculant bench``: Speculant vs transformers, side by side on one model pair."""
+"""``speculant bench``: Speculant vs transformers, side by side on one model pair.
+
+The measuring code lives in ``speculant.bench``; this module only parses the
+options, checks the paths and prints the Markdown table.
+"""
 
 from __future__ import annotations
 
@@ -18,20 +22,33 @@ def _concurrency(text: str) -> list[int]:
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("bench", help="benchmark Speculant against transformers",
-                       description="Greedy throughput, acceptance and inter-token latency of Speculant "
-                                   "(no speculation, ngram, draft model with MQA and batch-expansion "
-                                   "scoring) next to transformers (generate, assisted generation, prompt "
-                                   "lookup) on the same prompts. Writes JSON, a PNG chart (if matplotlib "
-                                   "is installed) and prints a Markdown table.")
+    p = sub.add_parser(
+        "bench", help="benchmark Speculant against transformers",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Greedy tokens/s, acceptance and inter-token latency on the same prompts (EOS ignored).\n\n"
+                    "Speculant rows: no_spec, ngram, draft_mqa and draft_batch_expansion (with --draft),\n"
+                    "  medusa / mlp_speculator (with --medusa / --mlp-speculator: MQA scoring, chunked\n"
+                    "  prefill off, k capped to the number of tokens the heads predict).\n"
+                    "transformers rows: generate (batch 1; at concurrency > 1 one static left-padded batch),\n"
+                    "  assisted and prompt_lookup (batch 1 only), continuous_batching (concurrency > 1 only:\n"
+                    "  transformers 5 generate_batch; 'unsupported: <reason>' where unavailable).\n\n"
+                    "Writes JSON (--out), a PNG chart (--chart; needs matplotlib: pip install "
+                    "'speculant[bench]')\nand prints a Markdown table.")
     p.add_argument("--target", required=True, help="local Hugging Face target model directory")
     p.add_argument("--draft", default=None, help="local draft model directory (same tokenizer); "
                                                   "draft rows are skipped without it")
+    p.add_argument("--medusa", default=None, metavar="DIR",
+                   help="trained Medusa heads for the target (scripts/train_heads.py --kind medusa): adds "
+                        "'medusa' rows")
+    p.add_argument("--mlp-speculator", default=None, metavar="DIR",
+                   help="trained MLP-speculator heads for the target (scripts/train_heads.py --kind "
+                        "mlp_speculator): adds 'mlp_speculator' rows")
     p.add_argument("--prompts", default=None, metavar="FILE",
                    help="one prompt per line (a literal \\n in a line becomes a newline); "
                         "default: built-in code prompts")
     p.add_argument("--max-tokens", type=int, default=None, help="tokens generated per prompt (default 64)")
-    p.add_argument("--k", type=int, default=4, help="speculative tokens per step (default 4)")
+    p.add_argument("--k", type=int, default=4, help="speculative tokens per step (default 4); medusa / "
+                   "mlp_speculator rows use at most as many as their heads predict")
     p.add_argument("--repeats", type=int, default=None, help="timed runs per row; median reported (default 3)")
     p.add_argument("--concurrency", type=_concurrency, default=None, metavar="1,32",
                    help="concurrency levels (default 1,32)")
@@ -40,19 +57,29 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", type=Path, default=Path("bench_results.json"), help="JSON result path")
     p.add_argument("--chart", type=Path, default=None, help="PNG chart path (default: --out with .png)")
     p.add_argument("--quick", action="store_true",
-                   help="smoke test: 8 tokens, 2 prompts, 1 repeat, concurrency 1, no batched HF rows")
+                   help="smoke test: 8 tokens, 2 prompts, 1 repeat, concurrency 1, no batched transformers "
+                        "rows (generate batch, continuous_batching)")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from speculant.bench import QUICK, load_prompts, run_bench
-    from speculant.bench.report import markdown_table, write_chart, write_json
+    from speculant.bench.chart import write_chart
+    from speculant.bench.report import markdown_table, write_json
     from speculant.core.config import ConfigError
 
     for name, path in (("--target", args.target), ("--draft", args.draft)):
         if path is not None and not (Path(path) / "config.json").is_file():
             print(f"error: {name} {path}: no Hugging Face model directory (config.json) there", file=sys.stderr)
             return 2
+    for name, path in (("--medusa", args.medusa), ("--mlp-speculator", args.mlp_speculator)):
+        if path is not None and not Path(path).is_dir():
+            print(f"error: {name} {path}: no such directory; pass the directory of trained heads for the "
+                  f"target (scripts/train_heads.py writes one)", file=sys.stderr)
+            return 2
+    if args.k < 1:
+        print(f"error: --k {args.k}: speculative tokens per step must be >= 1; pass --k 1 or more", file=sys.stderr)
+        return 2
     if args.threads:
         import torch
 
@@ -72,13 +99,14 @@ def run(args: argparse.Namespace) -> int:
     try:
         result = run_bench(args.target, args.draft, prompts=prompts, max_tokens=max_tokens, k=args.k,
                            repeats=repeats, concurrency=concurrency, hf=not args.no_hf,
-                           hf_batched=not args.quick, log=log)
+                           hf_batched=not args.quick, log=log,
+                           heads={"medusa": args.medusa, "mlp_speculator": args.mlp_speculator})
     except (ConfigError, ValueError, FileNotFoundError, TypeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     result["settings"]["quick"] = bool(args.quick)
     chart = args.chart or args.out.with_suffix(".png")
-    note = write_chart(chart, result["rows"])
+    note = write_chart(chart, result)
     result["chart"] = None if note else str(chart)
     if note:
         result["notes"].append(note)

@@ -75,6 +75,19 @@ def test_bench_without_draft_skips_draft_rows(tmp_path, llama_dir, one_thread, c
     assert "| engine |" in capsys.readouterr().out  # Markdown table printed
 
 
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def test_quick_bench_writes_png_chart(quick_result):
+    pytest.importorskip("matplotlib")
+    code, out = quick_result
+    data = json.loads(out.read_text())
+    chart = out.with_suffix(".png")
+    assert data["chart"] == str(chart)
+    assert chart.is_file() and chart.stat().st_size > 1000
+    assert chart.read_bytes()[:8] == PNG_MAGIC
+
+
 def test_bench_rejects_missing_target(tmp_path, capsys):
     assert main(["bench", "--quick", "--target", str(tmp_path / "nope"), "--out", str(tmp_path / "x.json")]) == 2
     assert "config.json" in capsys.readouterr().err
