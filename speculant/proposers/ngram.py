@@ -65,17 +65,19 @@ def propose_continuation(tokens: list[int], num_tokens: int, min_n: int, max_n: 
     """Up to ``num_tokens`` tokens following the best earlier match of the suffix."""
     if num_tokens <= 0:
         return []
-    end = find_match_end(tokens, min_n, max_n)
+    end = find_match_end(tokens, min_n, max_n, num_tokens)
     return [] if end < 0 else tokens[end + 1:end + 1 + num_tokens]
 
 
-def find_match_end(tokens: list[int], min_n: int, max_n: int) -> int:
+def find_match_end(tokens: list[int], min_n: int, max_n: int, want: int = 1) -> int:
     """Index of the last token of the chosen earlier occurrence of the suffix, or -1.
 
     Walks candidate positions from the most recent backwards (``list.index`` on a
     reversed copy, so the scan runs in C) and measures how far each one matches
-    the suffix, up to ``max_n``; the first candidate reaching the longest length
-    wins, which is the most recent occurrence of the longest suffix.
+    the suffix, up to ``max_n``. The best candidate has the longest match, then
+    the most continuation tokens up to ``want``; among equals the most recent
+    wins. (Inside a loop of period p the most recent occurrence is followed by
+    only p tokens, so preferring it outright would cap proposals at p.)
     """
     num = len(tokens)
     if num < 2:
@@ -83,7 +85,7 @@ def find_match_end(tokens: list[int], min_n: int, max_n: int) -> int:
     limit = min(max_n, num - 1)  # the suffix itself cannot be its own earlier occurrence
     before = tokens[-2::-1]  # before[r] is tokens[num - 2 - r]
     last = tokens[-1]
-    best_len, best_end = 0, -1
+    best, best_end = (0, 0), -1
     r = 0
     while True:
         try:
@@ -94,9 +96,10 @@ def find_match_end(tokens: list[int], min_n: int, max_n: int) -> int:
         length = 1
         while length < limit and end - length >= 0 and tokens[end - length] == tokens[num - 1 - length]:
             length += 1
-        if length > best_len:
-            best_len, best_end = length, end
-            if length == limit:
+        quality = (length, min(num - 1 - end, want))
+        if quality > best:
+            best, best_end = quality, end
+            if quality == (limit, want):
                 break
         r += 1
-    return best_end if best_len >= min_n else -1
+    return best_end if best[0] >= min_n else -1

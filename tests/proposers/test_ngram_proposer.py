@@ -32,6 +32,10 @@ CASES = {
     "k budget respected": ([1, 2, 3, 4, 5, 6, 1], 2, 1, 3, [2, 3]),
     "fewer tokens near the end": ([1, 2, 3, 1, 2], 5, 1, 3, [3, 1, 2]),
     "overlapping periodic match": ([4, 4, 4, 4], 3, 1, 3, [4]),
+    "inside a loop an older occurrence gives the full k": ([4, 4, 4, 4, 4, 4, 4], 3, 1, 3, [4, 4, 4]),
+    "period-2 loop: the recent match is short, an older one is full": ([1, 2, 1, 2, 1, 2, 1, 2], 4, 1, 2,
+                                                                       [1, 2, 1, 2]),
+    "a longer match still beats more continuation": ([7, 1, 2, 3, 4, 5, 9, 1, 2, 7, 1, 2], 3, 1, 3, [3, 4, 5]),
     "zero budget": ([1, 2, 1], 0, 1, 3, []),
     "no match": ([1, 2, 3, 4], 3, 1, 3, []),
     "match shorter than min_n": ([1, 2, 3, 4, 5, 3], 3, 2, 3, []),
@@ -47,17 +51,19 @@ def test_proposal(case):
 
 
 def reference(tokens: list[int], k: int, min_n: int, max_n: int) -> list[int]:
-    """The rule as stated: for n from max_n down to min_n, the most recent earlier
-    occurrence of the last n tokens; propose what follows it."""
+    """The rule as stated: for n from max_n down to min_n, among the earlier
+    occurrences of the last n tokens the one followed by the most tokens (up to
+    k), the most recent of those; propose what follows it."""
     if k == 0:
         return []
     for n in range(max_n, min_n - 1, -1):
         suffix = tokens[-n:]
         if n >= len(tokens):
             continue
-        for start in range(len(tokens) - n - 1, -1, -1):
-            if tokens[start:start + n] == suffix:
-                return tokens[start + n:start + n + k]
+        found = [tokens[start + n:start + n + k] for start in range(len(tokens) - n - 1, -1, -1)
+                 if tokens[start:start + n] == suffix]
+        if found:
+            return max(found, key=len)  # max keeps the first (most recent) of equal lengths
     return []
 
 
