@@ -23,8 +23,11 @@ from speculant.core.model_loading import eos_token_ids, load_hf_model, load_toke
 
 logger = logging.getLogger(__name__)
 
-AUTO_DENSE_MAX_ROWS = 3  # rows below the MKL cliff measured in benchmarks/results/linear_backends.json
-AUTO_DENSE_MAX_BYTES = 2 << 30  # keep a dense weight copy only for models up to 2 GiB
+# Auto rows for the kept dense weight copy, by model weight bytes (measured on this
+# project's CPU): a 134M fp32 model meets MKL's small-M cliff at 4 rows
+# (benchmarks/results/linear_backends.json); a 12M one (hidden 384) is faster on
+# MKL than packed up to 8 rows, which covers a k <= 7 verify at batch size 1.
+AUTO_DENSE_MAX_ROWS = ((128 << 20, 8), (2 << 30, 3))  # (up to this many bytes, rows); larger: 0
 
 
 @dataclass(frozen=True)
@@ -58,7 +61,7 @@ class ModelRunner:
     def _pack_linears(self, backend: str, dense_max_rows: int | None):
         if dense_max_rows is None:
             weight_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
-            dense_max_rows = AUTO_DENSE_MAX_ROWS if weight_bytes <= AUTO_DENSE_MAX_BYTES else 0
+            dense_max_rows = next((rows for limit, rows in AUTO_DENSE_MAX_ROWS if weight_bytes <= limit), 0)
         with torch.inference_mode():
             return pack_linear_layers(self.model, backend, dense_max_rows=dense_max_rows)
 
