@@ -111,9 +111,12 @@ def test_self_distilled_heads_are_accepted_by_the_engine(tmp_path, markov_target
     out = tmp_path / kind
     args = script.parse_args(["--target", str(markov_target), "--kind", kind, "--out", str(out), "--k", "2",
                               "--num-sequences", "48", "--gen-len", "24", "--prompt-len", "8",
-                              "--steps", "250", "--batch-size", "128", "--lr", "1e-2"])
+                              "--steps", "250", "--batch-size", "128", "--lr", "1e-2",
+                              "--save-dtype", "float16", "--eval-prompts", "4", "--eval-prompt-len", "8"])
     report = script.train(args)
     assert report["heldout_top1_per_head"][0] > 0.9, report
+    assert report["engine_eval"]["acceptance_rate"] > 0.8, report
+    assert 1.0 < report["engine_eval"]["mean_accepted_length"] <= 3.0, report
     reference = _tokens(LLM(model=str(markov_target), **NO_CHUNK))
     llm = LLM(model=str(markov_target), **NO_CHUNK, speculative=_spec(kind, out, k=2))
     assert _tokens(llm) == reference
