@@ -129,10 +129,10 @@ class DraftModelProposer(Proposer):
         for step in range(k_max):
             decs = [batch.decodes[i] for i in rows]
             tokens, step_probs = draw_proposals(logits, [d.request for d in decs], step)
-            for j, i in enumerate(rows):
-                ids[i, step] = tokens[j]
-                probs[i, step] = step_probs[j]
-                lens[i] = step + 1
+            index = torch.tensor(rows, dtype=torch.long)
+            ids[index, step] = torch.tensor(tokens, dtype=torch.long)
+            probs[index, step] = step_probs.to(probs.device, probs.dtype)
+            lens[index] = step + 1
             # extend only rows that want more proposals: feed proposal `step` at its position
             nxt = [(i, tokens[j]) for j, i in enumerate(rows) if batch.decodes[i].num_spec_tokens > step + 1]
             if not nxt:

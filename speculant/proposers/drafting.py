@@ -20,12 +20,13 @@ def draw_proposals(
     requests: list[Request],
     step: int,  # proposal index (0 = first proposal); selects the random stream
 ) -> tuple[list[int], torch.Tensor]:  # tokens [R], probs [R, V]
+    sampled = [i for i, r in enumerate(requests) if not r.params.greedy]
+    if not sampled:  # all greedy: the argmax, and the unfiltered softmax as the reported probs
+        return logits.argmax(dim=-1).tolist(), logits.float().softmax(dim=-1)
     probs = filtered_logprobs(logits, **sampling_tensors([r.params for r in requests], logits.device)).exp()
     tokens = probs.argmax(dim=-1).tolist()
-    sampled = [i for i, r in enumerate(requests) if not r.params.greedy]
-    if sampled:
-        gens = [request_generator(requests[i], DRAFT_STREAM + step) for i in sampled]
-        uniforms = draw_uniforms(gens, [1] * len(sampled), 1, logits.device)
-        for i, tok in zip(sampled, sample_from_probs(probs[sampled], uniforms[:, 0]).tolist()):
-            tokens[i] = tok
+    gens = [request_generator(requests[i], DRAFT_STREAM + step) for i in sampled]
+    uniforms = draw_uniforms(gens, [1] * len(sampled), 1, logits.device)
+    for i, tok in zip(sampled, sample_from_probs(probs[sampled], uniforms[:, 0]).tolist()):
+        tokens[i] = tok
     return tokens, probs
