@@ -32,9 +32,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _quiet_transformers() -> None:
+    """No per-model "Loading weights" progress bars or advisory warnings in CLI output."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    _quiet_transformers()
     return int(args.func(args) or 0)
 
 
