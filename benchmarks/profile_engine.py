@@ -18,6 +18,11 @@ core counts where it is spent) and folds the samples into engine stages:
 * ``schedule``     the scheduler
 * ``loop other``   everything else under ``LLM.generate``
 
+With ``--target DIR`` (and ``--draft DIR``) any local model (pair) replaces the
+benchmark model; ``spec-decode`` is the ``decode`` workload with draft-model
+speculation (k = ``--k``) and ``hf-assisted`` is transformers' assisted generation
+on the same pair; the ``draft model`` stage collects everything the draft does.
+
 Workloads: ``decode`` (batch 1, 128 new tokens after a 64-token prompt),
 ``throughput`` (the 32 mixed requests of ``bench_engine.py``) and ``hf-decode``
 (transformers ``generate()`` on the same decode, split into linear / attention /
@@ -28,6 +33,8 @@ Usage::
     python benchmarks/profile_engine.py --workload decode
     python benchmarks/profile_engine.py --workload throughput --threads 1
     python benchmarks/profile_engine.py --workload decode --quick
+    python benchmarks/profile_engine.py --workload spec-decode --target models/demo-target \
+        --draft models/demo-draft --threads 1 --out benchmarks/results/profile_demo_spec.json
     python benchmarks/profile_engine.py --workload throughput --out benchmarks/results/profile_throughput.json
 
 Needs ``py-spy`` on PATH (``pip install py-spy``); ``--cprofile`` uses the
@@ -52,6 +59,7 @@ import common  # noqa: E402
 # (stage, frame markers): a sample goes to the first stage one of whose markers
 # appears in any frame of its stack; order matters (innermost ideas first).
 STAGES = [
+    ("draft model", ["(speculant/proposers/draft_model.py", "(transformers/generation/candidate_generator.py"]),
     ("linear", ["OneDNNLinear.forward", "Linear.forward (torch/nn/modules/linear.py", "forward (torch/nn/modules/linear.py",
                 "forward (speculant/core/linear_backend.py"]),
     ("attention", ["speculant_attention (", "sdpa_attention_forward (", "paged_attention_forward", "eager_attention_forward"]),
@@ -106,26 +114,35 @@ def run_workload(args) -> None:
         torch.set_num_threads(args.threads)
     cfg = dict(model="quick", prompt=16, tokens=16, requests=8, prange=(8, 48), orange=(4, 16)) if args.quick \
         else dict(model="bench", prompt=64, tokens=128, requests=32, prange=(16, 256), orange=(16, 128))
-    model_dir = common.ensure_model(cfg["model"], args.cache_dir)
+    model_dir = args.target or common.ensure_model(cfg["model"], args.cache_dir)
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(model_dir)
-    if args.workload == "hf-decode":
+    if args.workload in ("hf-decode", "hf-assisted"):
         from transformers import AutoModelForCausalLM
 
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
         model.generation_config.eos_token_id = None
+        extra = {}
+        if args.workload == "hf-assisted":
+            extra = {"assistant_model": AutoModelForCausalLM.from_pretrained(args.draft, dtype=torch.float32).eval(),
+                     "num_assistant_tokens": args.k, "num_assistant_tokens_schedule": "constant"}
         x = torch.tensor(common.token_prompts(tok, [cfg["prompt"]], seed=7))
         with torch.inference_mode():
-            model.generate(x, do_sample=False, max_new_tokens=4)
+            model.generate(x, do_sample=False, max_new_tokens=4, **extra)
             t0 = time.perf_counter()
-            model.generate(x, do_sample=False, max_new_tokens=cfg["tokens"])
-        print(f"hf generate: {time.perf_counter() - t0:.2f}s for {cfg['tokens']} tokens", file=sys.stderr)
+            for _ in range(args.repeat):
+                model.generate(x, do_sample=False, max_new_tokens=cfg["tokens"], **extra)
+        print(f"hf {args.workload}: {(time.perf_counter() - t0) / args.repeat:.2f}s per run of {cfg['tokens']} tokens", file=sys.stderr)
         return
     from speculant import LLM, SamplingParams
 
-    llm = LLM(model=str(model_dir), **({"linear_backend": args.linear_backend} if args.linear_backend else {}))
-    if args.workload == "decode":
+    kw = {"linear_backend": args.linear_backend} if args.linear_backend else {}
+    if args.workload == "spec-decode":
+        kw["speculative"] = {"proposer": "draft_model", "num_speculative_tokens": args.k,
+                             "proposer_options": {"model": str(args.draft)}}
+    llm = LLM(model=str(model_dir), **kw)
+    if args.workload in ("decode", "spec-decode"):
         prompts = common.token_prompts(tok, [cfg["prompt"]], seed=7)
         params = [SamplingParams(temperature=0.0, max_tokens=cfg["tokens"], ignore_eos=True)]
     else:
@@ -134,8 +151,9 @@ def run_workload(args) -> None:
         params = [SamplingParams(temperature=0.0, max_tokens=o, ignore_eos=True) for _, o in pairs]
     llm.generate(prompts[:1], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True), use_tqdm=False)
     t0 = time.perf_counter()
-    llm.generate(prompts, params, use_tqdm=False)
-    dt = time.perf_counter() - t0
+    for _ in range(args.repeat):
+        llm.generate(prompts, params, use_tqdm=False)
+    dt = (time.perf_counter() - t0) / args.repeat
     metrics = llm.get_metrics()
     steps = metrics.get("num_engine_steps", metrics.get("num_steps", 0))
     print(f"speculant {args.workload}: {dt:.2f}s, {sum(p.max_tokens for p in params)} output tokens, "
@@ -144,19 +162,28 @@ def run_workload(args) -> None:
 
 def main() -> None:
     ap = common.base_arg_parser(__doc__.split("\n\n")[0])
-    ap.add_argument("--workload", choices=("decode", "throughput", "hf-decode"), default="decode")
+    ap.add_argument("--workload", choices=("decode", "spec-decode", "throughput", "hf-decode", "hf-assisted"),
+                    default="decode")
+    ap.add_argument("--target", default=None, help="local model dir instead of the benchmark model")
+    ap.add_argument("--draft", default=None, help="draft model dir (spec-decode, hf-assisted)")
+    ap.add_argument("--k", type=int, default=4, help="speculative tokens per step (spec-decode, hf-assisted)")
+    ap.add_argument("--repeat", type=int, default=1, help="timed generate calls (more samples)")
     ap.add_argument("--linear-backend", choices=("auto", "default", "onednn"), default=None)
     ap.add_argument("--rate", type=int, default=250, help="py-spy samples per second")
     ap.add_argument("--cprofile", action="store_true", help="use cProfile instead of py-spy")
     ap.add_argument("--top", type=int, default=12, help="hottest leaf frames to list")
     ap.add_argument("--_child", action="store_true", help=argparse_hidden())
     args = ap.parse_args()
+    if args.workload in ("spec-decode", "hf-assisted") and not args.draft:
+        ap.error(f"--workload {args.workload} needs --draft DIR (the draft model directory)")
     if args._child:
         run_workload(args)
         return
     child = [sys.executable, __file__, "--_child", "--workload", args.workload, "--cache-dir", str(args.cache_dir)]
     child += ["--quick"] * args.quick + (["--threads", str(args.threads)] if args.threads else [])
     child += ["--linear-backend", args.linear_backend] if args.linear_backend else []
+    child += (["--target", args.target] if args.target else []) + (["--draft", args.draft] if args.draft else [])
+    child += ["--k", str(args.k), "--repeat", str(args.repeat)]
     load = [round(x, 2) for x in os.getloadavg()]
     if args.cprofile:
         subprocess.run([sys.executable, "-m", "cProfile", "-s", "cumulative", *child[1:]], check=True)
@@ -167,13 +194,13 @@ def main() -> None:
         raw = Path(tmp) / "stacks.txt"
         subprocess.run(["py-spy", "record", "--idle", "-r", str(args.rate), "--format", "raw", "-o", str(raw),
                         "--", *child], check=True, stdout=subprocess.DEVNULL)
-        root = ROOT_MARKERS["hf" if args.workload == "hf-decode" else "speculant"]
+        root = ROOT_MARKERS["hf" if args.workload.startswith("hf-") else "speculant"]
         stages, total, leaves = fold(raw, root)
     if not total:
         sys.exit("no samples under the generate call; is py-spy allowed to trace (ptrace)?")
     if args.out:
         common.write_json(args.out, {
-            "workload": args.workload, "quick": args.quick, "threads": args.threads, "load_avg_start": load,
+            "workload": args.workload, "target": args.target, "draft": args.draft, "k": args.k, "repeat": args.repeat, "quick": args.quick, "threads": args.threads, "load_avg_start": load,
             "rate_hz": args.rate, "samples": total, "stages": dict(stages.most_common()),
             "top_frames": dict(leaves.most_common(args.top)), "env": common.environment()})
     print(f"\n{args.workload}: {total} samples at {args.rate}/s (~{total / args.rate:.1f}s), "
