@@ -28,6 +28,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--compare", action="store_true",
                    help="also run without speculation and report the speedup")
     p.add_argument("--json", action="store_true", help="print results as JSON")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch CPU threads (default: torch's choice, one per core)")
     p.set_defaults(func=run)
 
 
@@ -61,6 +63,14 @@ def _run_once(llm, args, params):
 def run(args: argparse.Namespace) -> int:
     from speculant.core.sampling_params import SamplingParams
 
+    if args.threads is not None:
+        if args.threads < 1:
+            print(f"error: --threads {args.threads}: need at least 1 thread; omit it for torch's choice",
+                  file=sys.stderr)
+            return 2
+        import torch
+
+        torch.set_num_threads(args.threads)
     try:
         params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
                                 top_k=args.top_k, seed=args.seed, ignore_eos=args.ignore_eos)

@@ -50,3 +50,16 @@ def test_generate_reports_config_errors_with_exit_code_2(tmp_path, llama_dir, ca
 def test_generate_rejects_bad_sampling_values(llama_dir, capsys):
     assert main(["generate", "--model", str(llama_dir), "--temperature", "-1", "hello"]) == 2
     assert "temperature" in capsys.readouterr().err
+
+
+def test_generate_threads_option(llama_dir, capsys):
+    import torch
+
+    before = torch.get_num_threads()
+    try:
+        assert main(["generate", "--model", str(llama_dir), "--threads", "0", "hello"]) == 2
+        assert "--threads 0: need at least 1 thread" in capsys.readouterr().err
+        assert main(["generate", "--model", str(llama_dir), "--threads", "1", "--max-tokens", "2", "hi"]) == 0
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
