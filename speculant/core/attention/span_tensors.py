@@ -32,27 +32,34 @@ class SpanTensors:
 
     @classmethod
     def build(cls, spans: list[QuerySpan], block_size: int, device: torch.device) -> "SpanTensors":
+        # plain Python lists first, one tensor per field at the end: for the few
+        # tokens of a decode step this is ~3x cheaper than a chain of small tensor ops
         qlens = [s.num_tokens for s in spans]
         max_blocks = max(len(s.block_table) for s in spans)
         ids: list[int] = []
+        positions: list[int] = []
+        seq_index: list[int] = []
+        slots: list[int] = []
         tables: list[list[int]] = []
-        for s in spans:
+        cu = [0]
+        for b, s in enumerate(spans):
+            table = s.block_table
             ids.extend(s.token_ids)
-            tables.append(s.block_table + [0] * (max_blocks - len(s.block_table)))
-        query_lens = torch.tensor(qlens, dtype=torch.long)
-        starts = torch.tensor([s.start for s in spans], dtype=torch.long)
-        cu = torch.zeros(len(spans) + 1, dtype=torch.long)
-        torch.cumsum(query_lens, 0, out=cu[1:])
-        seq_index = torch.repeat_interleave(torch.arange(len(spans)), query_lens)
-        offsets = torch.arange(int(cu[-1])) - cu[:-1][seq_index]
-        positions = starts[seq_index] + offsets
-        block_tables = torch.tensor(tables, dtype=torch.long)
-        slots = block_tables[seq_index, positions // block_size] * block_size + positions % block_size
-        seq_lens = starts + query_lens
+            span_positions = range(s.start, s.start + len(s.token_ids))
+            positions.extend(span_positions)
+            seq_index.extend([b] * len(s.token_ids))
+            slots.extend(table[p // block_size] * block_size + p % block_size for p in span_positions)
+            tables.append(table + [0] * (max_blocks - len(table)))
+            cu.append(cu[-1] + len(s.token_ids))
+        starts = [s.start for s in spans]
+        seq_lens = [s.start + q for s, q in zip(spans, qlens)]
+
+        def tensor(values) -> torch.Tensor:
+            return torch.tensor(values, dtype=torch.long, device=device)
+
         return cls(
-            token_ids=torch.tensor(ids, dtype=torch.long, device=device),
-            positions=positions.to(device), seq_index=seq_index.to(device), slot_mapping=slots.to(device),
-            query_lens=query_lens.to(device), cu_query_lens=cu.to(device), starts=starts.to(device),
-            seq_lens=seq_lens.to(device), block_tables=block_tables.to(device), block_size=block_size,
-            max_query_len=max(qlens), max_seq_len=int(seq_lens.max()),
+            token_ids=tensor(ids), positions=tensor(positions), seq_index=tensor(seq_index),
+            slot_mapping=tensor(slots), query_lens=tensor(qlens), cu_query_lens=tensor(cu),
+            starts=tensor(starts), seq_lens=tensor(seq_lens), block_tables=tensor(tables),
+            block_size=block_size, max_query_len=max(qlens), max_seq_len=max(seq_lens),
         )
