@@ -146,11 +146,11 @@ class HiddenStateProposer(Proposer):
         logits = next(steps)
         for step in range(k_max):
             tokens, step_probs = draw_proposals(logits.float(), requests, step)
-            for j, i in enumerate(rows):
-                if batch.decodes[i].num_spec_tokens > step:
-                    ids[i, step] = tokens[j]
-                    probs[i, step] = step_probs[j]
-                    lens[i] = step + 1
+            keep = [j for j, i in enumerate(rows) if batch.decodes[i].num_spec_tokens > step]
+            index = torch.tensor([rows[j] for j in keep], dtype=torch.long)
+            ids[index, step] = torch.tensor([tokens[j] for j in keep], dtype=torch.long)
+            probs[index, step] = step_probs[keep].to(probs.device, probs.dtype)
+            lens[index] = step + 1
             if step + 1 < k_max:
                 logits = steps.send(torch.tensor(tokens, dtype=torch.long, device=hidden.device))
         return Proposals(ids, lens, probs)
