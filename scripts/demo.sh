@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Install Speculant into .venv (first run only), build the local model pair and
-# generate with speculation, comparing against the same run without it.
+# Install Speculant into .venv (first run only), then generate with speculation on the
+# bundled demo models (models/demo-target + models/demo-draft, examples/demo.toml),
+# compared with the same request without speculation.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 source "$ROOT/scripts/setup_env.sh"
 cd "$ROOT"
-python scripts/quickstart.py
-speculant generate --config examples/quickstart.toml --compare --max-tokens 96 --ignore-eos "${@:-def fibonacci(n):}"
+speculant generate --config examples/demo.toml --compare --max-tokens 128 "${@:-def fibonacci(n):}"
