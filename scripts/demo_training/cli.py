@@ -47,6 +47,8 @@ def parse_args(argv):
     g.add_argument("--work-dir", default=str(ROOT / ".train"), help="checkpoints, logs, data (default: .train/)")
     g.add_argument("--models-dir", default=str(ROOT / "models"), help="where export writes demo-target/ and demo-draft/")
     g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--data-seed", type=int, default=None,
+                   help="seed of the training-window order (default: --seed); the corpus split always uses --seed")
     g.add_argument("--threads", type=int, default=1,
                    help="torch threads (default 1: on a CPU shared with other work, 2 threads measured slower "
                         "than 1; on an idle machine try all cores, see `measure`)")
@@ -70,6 +72,10 @@ def parse_args(argv):
     g.add_argument("--draft-plan-minutes", type=float, default=30.0)
     g.add_argument("--lr", type=float, default=None, help="target peak LR (default: the size's)")
     g.add_argument("--draft-lr", type=float, default=None)
+    g.add_argument("--init-from", default=None,
+                   help="continue training the target from this HF model dir (same size and tokenizer) "
+                        "with a new schedule, instead of from random weights")
+    g.add_argument("--draft-init-from", default=None, help="the same for the draft")
     g.add_argument("--warmup", type=int, default=100)
     g.add_argument("--micro-batch", type=int, default=8)
     g.add_argument("--accum", type=int, default=2)
@@ -88,6 +94,9 @@ def parse_args(argv):
     g.add_argument("--ce-weight", type=float, default=0.0)
     g.add_argument("--temperature", type=float, default=1.0)
     g.add_argument("--teacher", choices=["final", "best"], default="final", help="which target weights to distil")
+    g.add_argument("--teacher-dir", default=None,
+                   help="distil from this HF model dir instead of WORK/target/{final,best} (export then needs "
+                        "the target trained in WORK to be that model: use it for a warm-up draft run)")
     g = p.add_argument_group("export and eval")
     g.add_argument("--disk-dtype", choices=sorted(export.DISK_DTYPES), default="float16")
     g.add_argument("--target-dir", default=None, help="eval: target model dir (default: the export)")
@@ -147,13 +156,36 @@ def _common_spec(a, kind: str, size_name: str, size: sizes.Size, steps, plan, lr
             "betas": [0.9, 0.95], "grad_clip": 1.0, "micro_batch": a.micro_batch, "accum": a.accum,
             "seq_len": a.seq_len, "precision": a.precision, "seed": a.seed, "threads": a.threads,
             "eval_every": a.eval_every, "eval_tokens": a.eval_tokens, "params": size.params(meta["vocab_size"]),
-            "data_digest": meta["manifest_digest"] + ":" + meta["tokenizer_digest"]}
+            "data_digest": meta["manifest_digest"] + ":" + meta["tokenizer_digest"],
+            "data_seed": a.seed if a.data_seed is None else a.data_seed, "init_digest": None}
 
 
 def _new_model(size: sizes.Size, meta: dict, a, seed: int):
     from transformers import LlamaForCausalLM
     torch.manual_seed(seed)
     return LlamaForCausalLM(sizes.llama_config(size, meta["vocab_size"], meta["eos_token_id"], a.max_positions))
+
+
+def _init_model(src: str, size: sizes.Size, meta: dict, paths: Paths, spec: dict):
+    """Weights of an earlier run to continue from; refuses another architecture or tokenizer."""
+    from transformers import AutoModelForCausalLM
+    src_dir = Path(src)
+    if not (src_dir / "model.safetensors").exists():
+        raise SystemExit(f"--init-from {src}: no model.safetensors there (pass an HF model directory)")
+    model = AutoModelForCausalLM.from_pretrained(src_dir, dtype=torch.float32)
+    c = model.config
+    got = (c.hidden_size, c.num_hidden_layers, c.num_attention_heads, c.num_key_value_heads,
+           c.intermediate_size, c.vocab_size)
+    want = (size.hidden, size.layers, size.heads, size.kv_heads, size.intermediate, meta["vocab_size"])
+    if got != want:
+        raise SystemExit(f"--init-from {src}: shape (hidden, layers, heads, kv_heads, intermediate, vocab) "
+                         f"{got} differs from the selected size {spec['size']} {want}; pick the matching size")
+    if tokenizer.load_tokenizer(src_dir).get_vocab() != tokenizer.load_tokenizer(paths.tokenizer).get_vocab():
+        raise SystemExit(f"--init-from {src}: its tokenizer differs from {paths.tokenizer}; rebuild the "
+                         "tokenizer stage with the settings that model was trained with")
+    spec["init_digest"] = sha256_file(src_dir / "model.safetensors")
+    log(f"continuing from {src_dir} (sha256 {spec['init_digest'][:12]})")
+    return model
 
 
 def _already_trained(a, run_dir: Path) -> bool:
@@ -168,7 +200,7 @@ def _already_trained(a, run_dir: Path) -> bool:
 
 def _run_training(a, paths: Paths, run_dir: Path, spec: dict, model, objective, deadline) -> str:
     train_tokens, heldout, meta = tokenizer.load_arrays(paths.data)
-    windows = data.PackedWindows(train_tokens, spec["seq_len"], spec["seed"] + (spec["kind"] == "draft"))
+    windows = data.PackedWindows(train_tokens, spec["seq_len"], spec["data_seed"] + (spec["kind"] == "draft"))
     eval_set = data.eval_windows(heldout, spec["seq_len"], spec["eval_tokens"])
     log(f"{run_dir.name}: {spec['size']} ({spec['params'] / 1e6:.2f}M params), "
         f"{spec['micro_batch'] * spec['accum'] * spec['seq_len']} tokens/step, precision {spec['precision']}")
@@ -202,14 +234,16 @@ def stage_target(a, paths: Paths, deadline) -> str:
     _, _, meta = tokenizer.load_arrays(paths.data)
     size = sizes.TARGET_SIZES[a.size]
     spec = _common_spec(a, "target", a.size, size, a.steps, a.plan_minutes, a.lr, meta)
-    model = _new_model(size, meta, a, a.seed)
+    model = _init_model(a.init_from, size, meta, paths, spec) if a.init_from else _new_model(size, meta, a, a.seed)
     return _run_training(a, paths, paths.target, spec, model, objectives.LanguageModeling(), deadline)
 
 
-def load_teacher(paths: Paths, which: str, disk_dtype: str):
+def load_teacher(paths: Paths, which: str, disk_dtype: str, teacher_dir: str | None = None):
     from transformers import AutoModelForCausalLM
-    src = paths.target / which
-    if not (paths.target / "DONE.json").exists() or not src.exists():
+    src = Path(teacher_dir) if teacher_dir else paths.target / which
+    if teacher_dir and not (src / "model.safetensors").exists():
+        raise SystemExit(f"--teacher-dir {teacher_dir}: no model.safetensors there (pass an HF model directory)")
+    if not teacher_dir and (not (paths.target / "DONE.json").exists() or not src.exists()):
         raise SystemExit(f"the draft needs a trained target: {src} is missing (run the target stage first)")
     teacher = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32)
     # distil exactly what ships: the weights as they will be after the 16-bit export
@@ -221,11 +255,12 @@ def stage_draft(a, paths: Paths, deadline) -> str:
         return "done"
     _, _, meta = tokenizer.load_arrays(paths.data)
     size = sizes.DRAFT_SIZES[a.draft_size]
-    teacher, digest = load_teacher(paths, a.teacher, a.disk_dtype)
+    teacher, digest = load_teacher(paths, a.teacher, a.disk_dtype, a.teacher_dir)
     spec = _common_spec(a, "draft", a.draft_size, size, a.draft_steps, a.draft_plan_minutes, a.draft_lr, meta)
     spec.update(kd_weight=a.kd_weight, ce_weight=a.ce_weight, temperature=a.temperature,
                 teacher_digest=digest, teacher=a.teacher, disk_dtype=a.disk_dtype)
-    model = _new_model(size, meta, a, a.seed + 1)
+    model = (_init_model(a.draft_init_from, size, meta, paths, spec) if a.draft_init_from
+             else _new_model(size, meta, a, a.seed + 1))
     objective = objectives.Distillation(teacher, a.kd_weight, a.ce_weight, a.temperature)
     return _run_training(a, paths, paths.draft, spec, model, objective, deadline)
 

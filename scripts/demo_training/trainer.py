@@ -27,7 +27,8 @@ from .data import PackedWindows
 # Settings that define the trajectory: a resumed run must not change them.
 TRAJECTORY_KEYS = ("kind", "size", "steps", "warmup", "lr", "min_lr_ratio", "weight_decay", "betas",
                    "grad_clip", "micro_batch", "accum", "seq_len", "precision", "seed", "plan_minutes",
-                   "kd_weight", "ce_weight", "temperature", "teacher_digest", "data_digest")
+                   "kd_weight", "ce_weight", "temperature", "teacher_digest", "data_digest", "data_seed",
+                   "init_digest")
 
 
 class Objective(Protocol):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from speculant.acceptance.rejection import RejectionSampler
 from speculant.acceptance.typical import TypicalAcceptance
+from speculant.core.attention.cpu_kernel import CpuKernelAttentionBackend
 from speculant.core.attention.torch_ref import TorchAttentionBackend
 from speculant.plugins.hookspecs import RegisterCallback, hookimpl
 from speculant.proposers.draft_model import DraftModelProposer
@@ -44,3 +45,4 @@ def register_acceptance_methods(register: RegisterCallback) -> None:
 @hookimpl
 def register_attention_backends(register: RegisterCallback) -> None:
     register(TorchAttentionBackend)
+    register(CpuKernelAttentionBackend)

@@ -1,4 +1,4 @@
-"""The torch reference attention backend against dense causal SDPA.
+"""The attention backends (torch reference, C kernel) against dense causal SDPA.
 
 Random q/k/v for several sequences, each with its own non-contiguous,
 out-of-order block table in a pool full of garbage; one forward carries a
@@ -11,11 +11,16 @@ the K/V heads repeated (GQA) and keeps the rows the spans query.
 
 from __future__ import annotations
 
+import os
+import shutil
+
 import pytest
 import torch
 import torch.nn.functional as F
 
 from speculant.core.attention.base import QuerySpan
+from speculant.core.attention import cpu_kernel, cpu_kernel_build
+from speculant.core.attention.cpu_kernel import CpuKernelAttentionBackend
 from speculant.core.attention.span_tensors import SpanTensors
 from speculant.core.attention.torch_ref import TorchAttentionBackend
 
@@ -61,7 +66,16 @@ def reference(q, k, v, scaling):  # q [L, H, D], k/v [L, H_kv, D] -> [L, H, D]
                          ids=["fp32-scale-default", "fp64-scale-1"])
 @pytest.mark.parametrize("num_kv_heads", [4, 2, 1], ids=["mha", "gqa2", "mqa1"])
 @pytest.mark.parametrize("layout", list(LAYOUTS))
-def test_reference_backend_matches_dense_causal_sdpa(layout, num_kv_heads, scaling, dtype):
+@pytest.mark.parametrize("backend_cls, kernel_max_query", [(TorchAttentionBackend, None),
+                                                            (CpuKernelAttentionBackend, 16),
+                                                            (CpuKernelAttentionBackend, 1)],
+                         ids=["torch", "cpu_kernel", "cpu_kernel-decodes-only"])
+def test_backend_matches_dense_causal_sdpa(backend_cls, kernel_max_query, layout, num_kv_heads, scaling, dtype,
+                                           monkeypatch):
+    """cpu_kernel-decodes-only: the kernel takes the single-token spans, the
+    reference path the rest, in the same forward."""
+    if kernel_max_query is not None:
+        monkeypatch.setattr(cpu_kernel, "MAX_KERNEL_QUERY", kernel_max_query)
     gen = torch.Generator().manual_seed(0)
     scale = HEAD_DIM ** -0.5 if scaling is None else scaling
     full = {name: tuple(torch.randn(length, h, HEAD_DIM, generator=gen, dtype=dtype)
@@ -87,7 +101,7 @@ def test_reference_backend_matches_dense_causal_sdpa(layout, num_kv_heads, scali
         q, k, v = full[name]
         spans.append(QuerySpan(list(SEQUENCES[name][0]), start, [0] * (end - start), []))
         qs.append(q[start:end]), ks.append(k[start:end]), vs.append(v[start:end])
-    backend = TorchAttentionBackend()
+    backend = backend_cls()
     metadata = backend.build_metadata(SpanTensors.build(spans, BLOCK_SIZE, torch.device("cpu")))
     out = backend.forward(torch.cat(qs), torch.cat(ks), torch.cat(vs), key_cache, value_cache, metadata, scale)
     assert out.shape == (sum(q.shape[0] for q in qs), NUM_HEADS, HEAD_DIM) and out.dtype == dtype
@@ -122,3 +136,25 @@ def test_span_tensors_positions_and_slots():
 def test_capabilities():
     caps = TorchAttentionBackend.capabilities
     assert caps.multi_token_queries and "cpu" in caps.devices
+
+
+@pytest.mark.skipif(shutil.which(os.environ.get("CC") or "cc") is None, reason="no C compiler")
+def test_cpu_kernel_is_built_where_a_compiler_exists():
+    assert cpu_kernel_build.load_kernel() is not None, cpu_kernel_build.kernel_status()
+    assert CpuKernelAttentionBackend()._lib is not None
+
+
+def test_cpu_kernel_falls_back_with_a_warning_when_disabled(monkeypatch):
+    monkeypatch.setenv("SPECULANT_CPU_KERNEL", "0")
+    cpu_kernel_build.load_kernel.cache_clear()
+    try:
+        with pytest.warns(RuntimeWarning, match="SPECULANT_CPU_KERNEL=0"):
+            backend = CpuKernelAttentionBackend()
+        spans = [QuerySpan([0], 0, [1, 2], [1])]
+        meta = backend.build_metadata(SpanTensors.build(spans, BLOCK_SIZE, torch.device("cpu")))
+        cache = torch.zeros(2, BLOCK_SIZE, 1, HEAD_DIM)
+        q, k, v = torch.randn(2, 2, HEAD_DIM), torch.randn(2, 1, HEAD_DIM), torch.randn(2, 1, HEAD_DIM)
+        out = backend.forward(q, k, v, cache, cache.clone(), meta, 0.5)
+        assert torch.allclose(out, reference(q, k, v, 0.5), atol=1e-6)
+    finally:
+        cpu_kernel_build.load_kernel.cache_clear()

@@ -20,7 +20,7 @@ BUILTIN_NAMES = {
     "proposer": ["draft_model", "medusa", "mlp_speculator", "ngram"],
     "scorer": ["batch_expansion", "mqa"],
     "acceptance": ["rejection", "typical"],
-    "attention_backend": ["torch"],
+    "attention_backend": ["cpu_kernel", "torch"],
 }
 
 

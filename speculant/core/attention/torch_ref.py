@@ -42,11 +42,18 @@ class TorchAttentionBackend(AttentionBackend):
     capabilities = AttentionBackendCapabilities(multi_token_queries=True, devices=("cpu", "cuda"))
 
     def build_metadata(self, spans: SpanTensors) -> TorchAttentionMetadata:
+        return TorchAttentionMetadata(slot_mapping=spans.slot_mapping,
+                                      spans=self.span_views(spans, range(spans.num_seqs)))
+
+    @staticmethod
+    def span_views(spans: SpanTensors, which) -> list[SpanView]:
+        """Views of the spans with the given indices (in that order)."""
         bs = spans.block_size
         cu = spans.cu_query_lens.tolist()
         starts, seq_lens = spans.starts.tolist(), spans.seq_lens.tolist()
         views = []
-        for b, (start, seq_len) in enumerate(zip(starts, seq_lens)):
+        for b in which:
+            start, seq_len = starts[b], seq_lens[b]
             q = cu[b + 1] - cu[b]
             mask = None
             if q > 1:
@@ -57,17 +64,33 @@ class TorchAttentionBackend(AttentionBackend):
             ids = blocks.tolist()
             consecutive = ids == list(range(ids[0], ids[0] + len(ids)))
             views.append(SpanView(slice(cu[b], cu[b + 1]), blocks, ids[0] if consecutive else None, seq_len, mask))
-        return TorchAttentionMetadata(slot_mapping=spans.slot_mapping, spans=views)
+        return views
 
     def forward(self, query, key, value, key_cache, value_cache, metadata: TorchAttentionMetadata,
                 scaling: float) -> torch.Tensor:
-        num_tokens, num_heads, head_dim = query.shape
-        num_kv_heads = key_cache.shape[2]
-        key_cache.view(-1, num_kv_heads, head_dim)[metadata.slot_mapping] = key.to(key_cache.dtype)
-        value_cache.view(-1, num_kv_heads, head_dim)[metadata.slot_mapping] = value.to(value_cache.dtype)
+        self.write_kv(key, value, key_cache, value_cache, metadata.slot_mapping)
         out = torch.empty_like(query)
+        self.attend_spans(query, key_cache, value_cache, metadata.spans, scaling, out)
+        return out
+
+    @staticmethod
+    def write_kv(key: torch.Tensor,  # [T, H_kv, D]
+                 value: torch.Tensor,  # [T, H_kv, D]
+                 key_cache: torch.Tensor,  # [num_blocks, block_size, H_kv, D]
+                 value_cache: torch.Tensor,  # [num_blocks, block_size, H_kv, D]
+                 slot_mapping: torch.Tensor) -> None:  # [T] long
+        num_kv_heads, head_dim = key_cache.shape[2], key_cache.shape[3]
+        key_cache.view(-1, num_kv_heads, head_dim)[slot_mapping] = key.to(key_cache.dtype)
+        value_cache.view(-1, num_kv_heads, head_dim)[slot_mapping] = value.to(value_cache.dtype)
+
+    def attend_spans(self, query: torch.Tensor,  # [T, H, D]
+                     key_cache: torch.Tensor, value_cache: torch.Tensor,  # [num_blocks, block_size, H_kv, D]
+                     views: list[SpanView], scaling: float,
+                     out: torch.Tensor) -> None:  # [T, H, D], the rows of `views` are written
+        num_heads, head_dim = query.shape[1], query.shape[2]
+        num_kv_heads = key_cache.shape[2]
         group = num_heads // num_kv_heads
-        for span in metadata.spans:
+        for span in views:
             k, v = (self._span_keys(cache, span).to(query.dtype) for cache in (key_cache, value_cache))
             q = query[span.rows].view(-1, num_kv_heads, group, head_dim)  # [q, H_kv, G, D]
             n = q.shape[0]
@@ -80,7 +103,6 @@ class TorchAttentionBackend(AttentionBackend):
             probs = scores.softmax(dim=-1) if wide else scores.float().softmax(dim=-1).to(v.dtype)
             o = torch.matmul(probs, v.transpose(0, 1))  # [H_kv, G*q, D]
             out[span.rows] = o.view(num_kv_heads, group, n, head_dim).permute(2, 0, 1, 3).reshape(n, num_heads, head_dim)
-        return out
 
     @staticmethod
     def _span_keys(cache: torch.Tensor,  # [num_blocks, block_size, H_kv, D]
