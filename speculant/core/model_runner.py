@@ -18,6 +18,7 @@ from speculant.core.attention.span_tensors import SpanTensors
 from speculant.core.attention.context import ForwardContext, forward_context
 from speculant.core.config import CacheConfig, ModelConfig
 from speculant.core.kv_cache import BlockManager
+from speculant.core.fused_norms import fuse_rms_norms
 from speculant.core.linear_backend import pack_linear_layers
 from speculant.core.model_loading import eos_token_ids, load_hf_model, load_tokenizer, resolve_device
 
@@ -48,6 +49,7 @@ class ModelRunner:
         self.tokenizer = load_tokenizer(model_cfg.tokenizer or model_cfg.path, option=f"{option_prefix}.tokenizer")
         self.eos_token_ids = eos_token_ids(self.model, self.tokenizer)
         self.vocab_size = self.model.get_output_embeddings().weight.shape[0]
+        self.norms_fused, self.norms_kept = fuse_rms_norms(self.model)
         self.linear_report = self._pack_linears(model_cfg.linear_backend, model_cfg.linear_dense_max_rows)
         self._captured_hidden: torch.Tensor | None = None
         self._capture = False

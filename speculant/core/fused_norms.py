@@ -1,0 +1,57 @@
+"""Run RMSNorm layers as one fused ``F.rms_norm`` call where that is bit-identical.
+
+transformers spells RMSNorm (Llama, Mistral, Qwen2, ...) as five or six
+separate tensor operators. At decode sizes on CPU each costs its fixed
+operator overhead, so a 6-layer model's 13 norms took ~15 % of a forward; the
+fused kernel is about twice as fast per norm. ``fuse_rms_norms`` swaps the
+forward of every module that looks like an RMSNorm (class name ending in
+``RMSNorm``, a 1-D ``weight`` and a float ``variance_epsilon``) for one fused
+call, but only after a probe on random inputs gives exactly the module's own
+output: variants with another formula (Gemma's ``1 + weight``, a different
+upcast, a bfloat16 model) fail the probe and keep their own forward.
+"""
+
+from __future__ import annotations
+
+import types
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def _fused_forward(self: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
+    # hidden_states: [..., H] -> [..., H]
+    return F.rms_norm(hidden_states, (self.weight.shape[0],), self.weight, self.variance_epsilon)
+
+
+def _looks_like_rms_norm(module: nn.Module) -> bool:
+    weight = getattr(module, "weight", None)
+    return (type(module).__name__.endswith("RMSNorm") and isinstance(weight, torch.Tensor)
+            and weight.dim() == 1 and isinstance(getattr(module, "variance_epsilon", None), float))
+
+
+@torch.inference_mode()
+def _probe(module: nn.Module) -> bool:
+    """The fused call equals the module's own forward on random inputs of 1 and 5 rows."""
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    hidden = module.weight.shape[0]
+    for shape in ((1, 1, hidden), (1, 5, hidden)):
+        x = (3 * torch.randn(*shape, generator=gen)).to(module.weight.device, module.weight.dtype)
+        if not torch.equal(module(x), _fused_forward(module, x)):
+            return False
+    return True
+
+
+def fuse_rms_norms(model: nn.Module) -> tuple[int, int]:
+    """Fuse every probe-exact RMSNorm of ``model`` in place; returns (fused, kept)."""
+    fused = kept = 0
+    for module in model.modules():
+        if not _looks_like_rms_norm(module):
+            continue
+        if _probe(module):
+            module.forward = types.MethodType(_fused_forward, module)
+            fused += 1
+        else:
+            kept += 1
+    return fused, kept

@@ -1,0 +1,49 @@
+"""RMSNorm fusion: the fused forward is taken only where it is bit-identical,
+and a model's logits do not change by a single bit."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+from transformers import AutoModelForCausalLM
+
+from speculant.core.fused_norms import fuse_rms_norms
+from tiny_models import build_model, build_tokenizer
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "mistral"])
+def test_fused_model_gives_identical_logits(arch, tmp_path):
+    build_tokenizer(tmp_path / "tok")
+    path = build_model(arch, tmp_path / arch, tmp_path / "tok", layers=2)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    ids = torch.randint(0, model.config.vocab_size, (1, 9), generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        before = model(input_ids=ids).logits
+        fused, kept = fuse_rms_norms(model)
+        after = model(input_ids=ids).logits
+    assert (fused, kept) == (2 * 2 + 1, 0)
+    assert torch.equal(before, after)
+
+
+class GemmaStyleRMSNorm(nn.Module):
+    """Another formula under the same name pattern: scales by (1 + weight)."""
+
+    def __init__(self, hidden: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(hidden))
+        self.variance_epsilon = 1e-6
+
+    def forward(self, x):
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
+        return x * (1.0 + self.weight)
+
+
+def test_other_formula_keeps_its_own_forward():
+    model = nn.Sequential(GemmaStyleRMSNorm(16))
+    x = torch.randn(2, 16)
+    want = model(x)
+    assert fuse_rms_norms(model) == (0, 1)
+    assert "forward" not in vars(model[0]) and torch.equal(model(x), want)
