@@ -37,9 +37,10 @@ class ModelConfig(StrictModel):
     packs when that is supported and exact."""
     linear_dense_max_rows: int | None = Field(default=None, ge=0, le=64)
     """With packed (oneDNN) linears, inputs of at most this many rows use a kept
-    dense copy of the weight instead (MKL is faster for 1-3 rows on the CPUs
-    measured here). Costs a second copy of the weights; ``None`` means 8 for
-    models whose weights take at most 128 MiB, 3 up to 2 GiB, else 0."""
+    dense copy of the weight instead (MKL is faster for 1-3 rows on the Intel
+    CPUs measured here, slower on AMD). Costs a second copy of the weights;
+    ``None`` means, on Intel CPUs, 8 for models whose weights take at most
+    128 MiB, 3 up to 2 GiB, else 0; 0 on other CPUs."""
     seed: int = 0
     """Engine seed: requests without their own seed draw theirs from it."""
 

@@ -24,11 +24,32 @@ from speculant.core.model_loading import eos_token_ids, load_hf_model, load_toke
 
 logger = logging.getLogger(__name__)
 
-# Auto rows for the kept dense weight copy, by model weight bytes (measured on this
-# project's CPU): a 134M fp32 model meets MKL's small-M cliff at 4 rows
+# Auto rows for the kept dense weight copy, by model weight bytes, on Intel CPUs
+# (measured on a Xeon): a 134M fp32 model meets MKL's small-M cliff at 4 rows
 # (benchmarks/results/linear_backends.json); a 12M one (hidden 384) is faster on
 # MKL than packed up to 8 rows, which covers a k <= 7 verify at batch size 1.
+# On an AMD EPYC the demo target decoded at 190 / 155 tok/s all-packed against
+# 136 / 133 with 8 dense rows and 143 with 1 (two runs, 2 threads): MKL's small
+# GEMMs are slower there at every row count, so other vendors get 0.
 AUTO_DENSE_MAX_ROWS = ((128 << 20, 8), (2 << 30, 3))  # (up to this many bytes, rows); larger: 0
+
+
+def cpu_vendor() -> str:
+    """``vendor_id`` of /proc/cpuinfo (e.g. GenuineIntel, AuthenticAMD); '' if unknown."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("vendor_id"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
+
+
+def auto_dense_max_rows(weight_bytes: int, vendor: str) -> int:
+    if vendor != "GenuineIntel":
+        return 0
+    return next((rows for limit, rows in AUTO_DENSE_MAX_ROWS if weight_bytes <= limit), 0)
 
 
 @dataclass(frozen=True)
@@ -63,7 +84,7 @@ class ModelRunner:
     def _pack_linears(self, backend: str, dense_max_rows: int | None):
         if dense_max_rows is None:
             weight_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
-            dense_max_rows = next((rows for limit, rows in AUTO_DENSE_MAX_ROWS if weight_bytes <= limit), 0)
+            dense_max_rows = auto_dense_max_rows(weight_bytes, cpu_vendor())
         with torch.inference_mode():
             return pack_linear_layers(self.model, backend, dense_max_rows=dense_max_rows)
 

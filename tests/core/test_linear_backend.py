@@ -260,3 +260,12 @@ def test_failed_probe_keeps_the_default_path(monkeypatch: pytest.MonkeyPatch) ->
     assert "tolerance" in report.reason
     assert all(type(m) is nn.Linear for m in model)
 
+
+
+@pytest.mark.parametrize("vendor, weight_mib, rows", [
+    ("GenuineIntel", 50, 8), ("GenuineIntel", 500, 3), ("GenuineIntel", 4096, 0),
+    ("AuthenticAMD", 50, 0), ("AuthenticAMD", 500, 0), ("", 50, 0),
+])
+def test_auto_dense_rows_by_cpu_vendor_and_model_size(vendor, weight_mib, rows) -> None:
+    from speculant.core.model_runner import auto_dense_max_rows
+    assert auto_dense_max_rows(weight_mib << 20, vendor) == rows
