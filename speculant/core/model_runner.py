@@ -20,6 +20,7 @@ from speculant.core.config import CacheConfig, ModelConfig
 from speculant.core.kv_cache import BlockManager
 from speculant.core.fused_norms import fuse_rms_norms
 from speculant.core.linear_backend import pack_linear_layers
+from speculant.core.merged_linears import merge_sibling_linears
 from speculant.core.model_loading import eos_token_ids, load_hf_model, load_tokenizer, resolve_device
 
 logger = logging.getLogger(__name__)
@@ -86,7 +87,9 @@ class ModelRunner:
             weight_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
             dense_max_rows = auto_dense_max_rows(weight_bytes, cpu_vendor())
         with torch.inference_mode():
-            return pack_linear_layers(self.model, backend, dense_max_rows=dense_max_rows)
+            report = pack_linear_layers(self.model, backend, dense_max_rows=dense_max_rows)
+            self.merged_linear_groups = merge_sibling_linears(self.model)
+            return report
 
     def _hidden_hook(self, module, args, output) -> None:
         if self._capture:
