@@ -121,3 +121,13 @@ def random_prompts(lengths: list[int], seed: int = 0, vocab_size: int = VOCAB_SI
     """Token-id prompts of the given lengths (ids 2.. so no special tokens)."""
     gen = torch.Generator().manual_seed(seed)
     return [torch.randint(2, vocab_size, (n,), generator=gen).tolist() for n in lengths]
+
+
+def loaded_tiny_model(arch: str, tmp_path: Path, seq_len: int = 9):
+    """A freshly built 2-layer model of ``arch`` loaded in float32 eval mode, and
+    a [1, seq_len] batch of random token ids for it."""
+    build_tokenizer(tmp_path / "tok")
+    path = build_model(arch, tmp_path / arch, tmp_path / "tok", layers=2)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    ids = torch.randint(0, model.config.vocab_size, (1, seq_len), generator=torch.Generator().manual_seed(1))
+    return model, ids

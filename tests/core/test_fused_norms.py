@@ -6,20 +6,16 @@ from __future__ import annotations
 import pytest
 import torch
 from torch import nn
-from transformers import AutoModelForCausalLM
 
 from speculant.core.fused_norms import fuse_rms_norms
-from tiny_models import build_model, build_tokenizer
+from tiny_models import loaded_tiny_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "mistral"])
 def test_fused_model_gives_identical_logits(arch, tmp_path):
-    build_tokenizer(tmp_path / "tok")
-    path = build_model(arch, tmp_path / arch, tmp_path / "tok", layers=2)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    ids = torch.randint(0, model.config.vocab_size, (1, 9), generator=torch.Generator().manual_seed(1))
+    model, ids = loaded_tiny_model(arch, tmp_path)
     with torch.inference_mode():
         before = model(input_ids=ids).logits
         fused, kept = fuse_rms_norms(model)

@@ -7,11 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 from torch import nn
-from transformers import AutoModelForCausalLM
 
 from speculant.core.linear_backend import OneDNNLinear, pack_linear_layers
 from speculant.core.merged_linears import MergedSlice, merge_sibling_linears
-from tiny_models import build_model, build_tokenizer
+from tiny_models import loaded_tiny_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -51,10 +50,7 @@ def test_groups_that_disagree_on_bias_or_are_not_packed_stay_separate():
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 def test_merged_model_logits_match(arch, tmp_path):
-    build_tokenizer(tmp_path / "tok")
-    path = build_model(arch, tmp_path / arch, tmp_path / "tok", layers=2)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    ids = torch.randint(0, model.config.vocab_size, (1, 9), generator=torch.Generator().manual_seed(1))
+    model, ids = loaded_tiny_model(arch, tmp_path)
     with torch.inference_mode():
         want = model(input_ids=ids).logits
         pack_linear_layers(model, "onednn")
