@@ -34,6 +34,7 @@ class CpuKernelMetadata:
     spans: SpanTensors  # the whole batch (the kernel reads its tables)
     kernel_ids: torch.Tensor  # [n] long: spans the kernel computes
     other: list[SpanView]  # the rest, for the reference path
+    kernel_views: list[SpanView] | None = None  # the kernel's spans as views, built once if a dtype needs them
 
 
 class CpuKernelAttentionBackend(TorchAttentionBackend):
@@ -67,8 +68,9 @@ class CpuKernelAttentionBackend(TorchAttentionBackend):
                     and value_cache.is_contiguous():
                 self._run_kernel(query.contiguous(), key_cache, value_cache, metadata.spans, ids, scaling, out)
             else:
-                self.attend_spans(query, key_cache, value_cache, self.span_views(metadata.spans, ids.tolist()),
-                                  scaling, out)
+                if metadata.kernel_views is None:  # once per forward, not per layer
+                    metadata.kernel_views = self.span_views(metadata.spans, ids.tolist())
+                self.attend_spans(query, key_cache, value_cache, metadata.kernel_views, scaling, out)
         if metadata.other:
             self.attend_spans(query, key_cache, value_cache, metadata.other, scaling, out)
         return out
