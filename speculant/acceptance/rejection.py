@@ -1,18 +1,22 @@
 """Lossless modified rejection sampling (Leviathan et al. 2023; Chen et al. 2023).
 
 The small functions below the class are shared with the other acceptance
-methods: input checks, greedy argmax, prefix counting, per-row random draws
-and inverse-CDF sampling.
+methods: input checks, greedy argmax, per-row random draws and inverse-CDF sampling
+(prefix counting and assembly live in ``speculant.core.acceptance``).
 """
 
 from __future__ import annotations
 
 import torch
 
-from speculant.core.acceptance import AcceptanceMethod, AcceptedTokens
+from speculant.core.acceptance import (  # noqa: F401  (prefix helpers re-exported for other methods)
+    AcceptanceMethod,
+    AcceptedTokens,
+    accepted_prefix_len,
+    assemble_accepted,
+)
 from speculant.core.capabilities import AcceptanceCapabilities
 from speculant.core.sampler import draw_uniforms, sample_from_probs
-from speculant.proposers.base import PLACEHOLDER_TOKEN_ID
 
 
 class RejectionSampler(AcceptanceMethod):
@@ -138,25 +142,3 @@ def target_argmax(
     out = torch.zeros(target_logprobs.shape[:2], dtype=torch.long, device=target_logprobs.device)
     out[greedy] = target_logprobs[greedy].argmax(dim=-1)
     return out
-
-
-def accepted_prefix_len(
-    accept: torch.Tensor,  # [n, k_max] bool, per-position verdicts
-    lens: torch.Tensor,  # [n] long
-) -> torch.Tensor:  # [n] long: leading accepted proposals, at most lens[i]
-    in_lens = torch.arange(accept.shape[1], device=accept.device).unsqueeze(0) < lens.unsqueeze(1)
-    return (accept & in_lens).long().cumprod(dim=1).sum(dim=1)
-
-
-def assemble_accepted(
-    draft_token_ids: torch.Tensor,  # [n, k_max] long
-    num_accepted: torch.Tensor,  # [n] long
-    final_token_ids: torch.Tensor,  # [n] long, recovered or bonus token
-) -> AcceptedTokens:
-    """Accepted proposals, then the final token, then PLACEHOLDER_TOKEN_ID."""
-    n, k_max = draft_token_ids.shape
-    cols = torch.arange(k_max + 1, device=draft_token_ids.device).unsqueeze(0)  # [1, k_max + 1]
-    padded = torch.cat([draft_token_ids, draft_token_ids.new_full((n, 1), PLACEHOLDER_TOKEN_ID)], dim=1)
-    token_ids = torch.where(cols < num_accepted.unsqueeze(1), padded, PLACEHOLDER_TOKEN_ID)
-    token_ids[torch.arange(n, device=token_ids.device), num_accepted] = final_token_ids
-    return AcceptedTokens(token_ids=token_ids, num_accepted=num_accepted)

@@ -64,7 +64,7 @@ def _mark_matches(rows: list[dict[str, Any]]) -> None:
 
 def run_bench(target: str, draft: str | None = None, *, prompts: list[str] | None = None, max_tokens: int = 64,
               k: int = 4, repeats: int = 3, concurrency: list[int] | None = None, hf: bool = True,
-              hf_batched: bool = True, heads: dict[str, str] | None = None, log=print) -> dict[str, Any]:
+              hf_batched: bool = True, heads: dict[str, str] | None = None, confidence: float = 0.4, log=print) -> dict[str, Any]:
     """Run every row; ``heads`` maps ``medusa`` / ``mlp_speculator`` to trained
     head directories. Raises ``ValueError`` (naming the option) for bad heads."""
     from transformers import AutoTokenizer
@@ -79,7 +79,7 @@ def run_bench(target: str, draft: str | None = None, *, prompts: list[str] | Non
     tok = AutoTokenizer.from_pretrained(str(target))
     texts = list(prompts or DEFAULT_PROMPTS)
     ids = [tok(p, add_special_tokens=True)["input_ids"] for p in texts]
-    methods = speculant_methods(k, draft) + head_methods(heads, str(target), k, max(len(p) for p in ids))
+    methods = speculant_methods(k, draft, confidence) + head_methods(heads, str(target), k, max(len(p) for p in ids))
     env = environment()
     rows = run_speculant(str(target), methods, ids, max_tokens=max_tokens, repeats=repeats,
                          concurrency=concurrency, log=log)
@@ -87,7 +87,7 @@ def run_bench(target: str, draft: str | None = None, *, prompts: list[str] | Non
         pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
         rows += run_hf(str(target), draft, ids, max_tokens=max_tokens, k=k, repeats=repeats,
                        concurrency=concurrency, batched=hf_batched, pad_id=pad,
-                       max_batch_tokens=SchedulerConfig().max_num_batched_tokens, log=log)
+                       max_batch_tokens=SchedulerConfig().max_num_batched_tokens, confidence=confidence, log=log)
     _mark_matches(rows)
     for r in rows:
         r.pop("token_ids", None)
@@ -95,7 +95,7 @@ def run_bench(target: str, draft: str | None = None, *, prompts: list[str] | Non
     return {
         "env": env,
         "settings": {"target": str(target), "draft": str(draft) if draft else None, "max_tokens": max_tokens,
-                     "k": k, "repeats": repeats, "concurrency": concurrency, "num_prompts": len(texts),
+                     "k": k, "draft_confidence": confidence, "repeats": repeats, "concurrency": concurrency, "num_prompts": len(texts),
                      "greedy": True, "ignore_eos": True, "hf_batched": hf_batched,
                      "medusa": (heads or {}).get("medusa"), "mlp_speculator": (heads or {}).get("mlp_speculator")},
         "notes": [ITL_NOTE, "tokens/s: generated tokens / wall time (prefill included), median over repeats."],

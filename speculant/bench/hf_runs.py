@@ -60,14 +60,16 @@ def _gen_kwargs(max_tokens: int, pad_id: int | None) -> dict[str, Any]:
             "pad_token_id": pad_id}
 
 
-def hf_methods(k: int, draft: str | None) -> list[tuple[str, dict | None, str | None]]:
-    """(method, extra generate kwargs or None, skip reason)."""
+def hf_methods(k: int, draft: str | None, confidence: float = 0.4) -> list[tuple[str, dict | None, str | None]]:
+    """(method, extra generate kwargs or None, skip reason). ``confidence`` is
+    assisted generation's ``assistant_confidence_threshold`` (0 turns it off)."""
     rows: list[tuple[str, dict | None, str | None]] = [("generate", {}, None)]
     if draft is None:
         rows.append(("assisted", None, "skipped: no --draft given"))
     else:
         rows.append(("assisted", {"assistant": True, "num_assistant_tokens": k,
-                                  "num_assistant_tokens_schedule": "constant"}, None))
+                                  "num_assistant_tokens_schedule": "constant",
+                                  "assistant_confidence_threshold": confidence}, None))
     rows.append(("prompt_lookup", {"prompt_lookup_num_tokens": k}, None))
     rows.append(("continuous_batching", {}, None))
     return rows
@@ -142,13 +144,14 @@ def _unsupported_batched(method: str) -> str:
 
 def run_hf(target: str, draft: str | None, prompts: list[list[int]], *, max_tokens: int, k: int, repeats: int,
            concurrency: list[int], batched: bool, pad_id: int | None, max_batch_tokens: int = 512,
-           log=print) -> list[dict[str, Any]]:
-    """transformers rows; ``max_batch_tokens`` is the continuous-batching step budget."""
+           confidence: float = 0.4, log=print) -> list[dict[str, Any]]:
+    """transformers rows; ``max_batch_tokens`` is the continuous-batching step budget,
+    ``confidence`` assisted generation's confidence threshold."""
     rows: list[dict[str, Any]] = []
     base = {"engine": "transformers", "acceptance_rate": None, "mean_accepted_length": None}
     model = _load(target)
     assistant = _load(draft) if draft is not None else None
-    for method, extra, skip in hf_methods(k, draft):
+    for method, extra, skip in hf_methods(k, draft, confidence):
         for c in concurrency:
             if c <= 1 and method in BATCHED_ONLY:
                 continue

@@ -40,8 +40,9 @@ class Method:
     fields: dict[str, Any] = field(default_factory=dict)
 
 
-def speculant_methods(k: int, draft: str | None) -> list[Method]:
-    """No speculation, ngram and the two draft-model scorers (skipped without a draft)."""
+def speculant_methods(k: int, draft: str | None, confidence: float = 0.4) -> list[Method]:
+    """No speculation, ngram and the two draft-model scorers (skipped without a
+    draft); ``confidence`` is the draft's ``confidence_threshold``."""
     methods = [Method("no_spec"), Method("ngram", {"proposer": "ngram", "num_speculative_tokens": k})]
     for scorer in ("mqa", "batch_expansion"):
         name = f"draft_{scorer}"
@@ -49,7 +50,7 @@ def speculant_methods(k: int, draft: str | None) -> list[Method]:
             methods.append(Method(name, skip="skipped: no --draft given"))
         else:
             methods.append(Method(name, {"proposer": "draft_model", "num_speculative_tokens": k, "scorer": scorer,
-                                         "proposer_options": {"model": str(draft)}}))
+                                         "proposer_options": {"model": str(draft), "confidence_threshold": confidence}}))
     return methods
 
 

@@ -49,6 +49,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-tokens", type=int, default=None, help="tokens generated per prompt (default 64)")
     p.add_argument("--k", type=int, default=4, help="speculative tokens per step (default 4); medusa / "
                    "mlp_speculator rows use at most as many as their heads predict")
+    p.add_argument("--draft-confidence", type=float, default=0.4, metavar="P",
+                   help="draft rows: stop drafting after a proposal the draft gives probability < P, in both "
+                        "engines (Speculant's confidence_threshold, transformers' assistant_confidence_threshold; "
+                        "default 0.4, transformers' own default; 0 always drafts k)")
     p.add_argument("--repeats", type=int, default=None, help="timed runs per row; median reported (default 3)")
     p.add_argument("--concurrency", type=_concurrency, default=None, metavar="1,32",
                    help="concurrency levels (default 1,32)")
@@ -80,6 +84,10 @@ def run(args: argparse.Namespace) -> int:
     if args.k < 1:
         print(f"error: --k {args.k}: speculative tokens per step must be >= 1; pass --k 1 or more", file=sys.stderr)
         return 2
+    if not 0.0 <= args.draft_confidence < 1.0:
+        print(f"error: --draft-confidence {args.draft_confidence}: must be in [0, 1); pass 0 to always draft "
+              "k tokens", file=sys.stderr)
+        return 2
     if args.threads:
         import torch
 
@@ -100,7 +108,8 @@ def run(args: argparse.Namespace) -> int:
         result = run_bench(args.target, args.draft, prompts=prompts, max_tokens=max_tokens, k=args.k,
                            repeats=repeats, concurrency=concurrency, hf=not args.no_hf,
                            hf_batched=not args.quick, log=log,
-                           heads={"medusa": args.medusa, "mlp_speculator": args.mlp_speculator})
+                           heads={"medusa": args.medusa, "mlp_speculator": args.mlp_speculator},
+                           confidence=args.draft_confidence)
     except (ConfigError, ValueError, FileNotFoundError, TypeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

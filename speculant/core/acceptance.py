@@ -17,7 +17,7 @@ import torch
 from pydantic import BaseModel
 
 from speculant.core.capabilities import AcceptanceCapabilities
-from speculant.proposers.base import NoOptions
+from speculant.proposers.base import PLACEHOLDER_TOKEN_ID, NoOptions
 
 
 @dataclass(frozen=True)
@@ -51,3 +51,48 @@ class AcceptanceMethod(ABC):
         """Decide, row by row, how many proposals to keep and which token to
         emit after them. Greedy rows keep proposals equal to the target argmax
         and emit the argmax after them."""
+
+
+def accepted_prefix_len(
+    accept: torch.Tensor,  # [n, k_max] bool, per-position verdicts
+    lens: torch.Tensor,  # [n] long
+) -> torch.Tensor:  # [n] long: leading accepted proposals, at most lens[i]
+    in_lens = torch.arange(accept.shape[1], device=accept.device).unsqueeze(0) < lens.unsqueeze(1)
+    return (accept & in_lens).long().cumprod(dim=1).sum(dim=1)
+
+
+def assemble_accepted(
+    draft_token_ids: torch.Tensor,  # [n, k_max] long
+    num_accepted: torch.Tensor,  # [n] long
+    final_token_ids: torch.Tensor,  # [n] long, recovered or bonus token
+) -> AcceptedTokens:
+    """Accepted proposals, then the final token, then PLACEHOLDER_TOKEN_ID."""
+    n, k_max = draft_token_ids.shape
+    cols = torch.arange(k_max + 1, device=draft_token_ids.device).unsqueeze(0)  # [1, k_max + 1]
+    padded = torch.cat([draft_token_ids, draft_token_ids.new_full((n, 1), PLACEHOLDER_TOKEN_ID)], dim=1)
+    token_ids = torch.where(cols < num_accepted.unsqueeze(1), padded, PLACEHOLDER_TOKEN_ID)
+    token_ids[torch.arange(n, device=token_ids.device), num_accepted] = final_token_ids
+    return AcceptedTokens(token_ids=token_ids, num_accepted=num_accepted)
+
+
+def verifies_by_argmax(requests: list) -> bool:
+    """True when every request is greedy and none asks for log-probabilities:
+    verification then needs only the target's argmax (``greedy_accept``), and
+    no target or draft distribution has to be built."""
+    return all(r.params.greedy and r.params.logprobs is None for r in requests)
+
+
+def greedy_accept(
+    target_logits: torch.Tensor,  # [n, k_max + 1, V] raw target logits
+    draft_token_ids: torch.Tensor,  # [n, k_max] long, PLACEHOLDER_TOKEN_ID past lens
+    lens: torch.Tensor,  # [n] long, proposals per row
+) -> AcceptedTokens:
+    """Greedy verification, the rule every acceptance method applies to
+    temperature-0 rows: keep proposals equal to the target argmax, then emit
+    the argmax. The argmax of the raw logits is the token plain greedy decoding
+    picks, so the engine uses this directly when every row is greedy."""
+    argmax = target_logits.argmax(dim=-1)  # [n, k_max + 1]
+    k_max = draft_token_ids.shape[1]
+    num_accepted = accepted_prefix_len(draft_token_ids == argmax[:, :k_max], lens)
+    final = argmax.gather(1, num_accepted.unsqueeze(1)).squeeze(1)  # [n]
+    return assemble_accepted(draft_token_ids, num_accepted, final)

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from speculant.core.acceptance import AcceptanceMethod, AcceptedTokens
+from speculant.core.acceptance import AcceptanceMethod, AcceptedTokens, greedy_accept, verifies_by_argmax
 from speculant.core.batch import StepBatch
 from speculant.core.layout import score_flat
 from speculant.core.logits_processing import filtered_logprobs, sampling_tensors
@@ -88,6 +88,15 @@ def decide(acceptance: AcceptanceMethod | None, batch: StepBatch, proposals: Pro
             out.decode_tokens.append([tok])
             out.decode_logprobs.append([sampled.logprobs[i] if sampled.logprobs is not None else None])
             out.num_accepted.append(0)
+        return out
+    if verifies_by_argmax(requests):
+        # no distribution is needed: verify on the raw logits' argmax (what plain
+        # greedy decoding picks), skipping the [n, k + 1, V] log-softmax
+        accepted = greedy_accept(scores.decode_logits, proposals.token_ids, proposals.lens)
+        for ids, a in zip(accepted.token_ids.tolist(), accepted.num_accepted.tolist()):
+            out.decode_tokens.append(ids[: a + 1])
+            out.decode_logprobs.append([None] * (a + 1))
+            out.num_accepted.append(a)
         return out
     n, kp1, vocab = scores.decode_logits.shape
     t = sampling_tensors([r.params for r in requests], scores.decode_logits.device)

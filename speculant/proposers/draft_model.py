@@ -35,6 +35,11 @@ class DraftModelOptions(BaseModel):
     dtype: Literal["float32", "float64", "bfloat16", "float16"] | None = None
     """Draft dtype; defaults to the target's."""
     linear_backend: Literal["auto", "default", "onednn"] = "auto"
+    confidence_threshold: float = Field(default=0.0, ge=0.0, lt=1.0)
+    """Stop drafting a request's proposals after the first one the draft gives a
+    probability below this (it is still proposed); 0 always drafts k. Fewer
+    draft forwards and verify rows for tokens the target would likely reject;
+    the output is unchanged (acceptance is lossless either way)."""
 
 
 def _text_config(path: str) -> dict:
@@ -93,7 +98,7 @@ class DraftModelProposer(Proposer):
                 f"{self.runner.vocab_size} outputs but the target has {target.vocab_size}; "
                 "draft and target must share one vocabulary")
         self._computed: dict[str, int] = {}  # request id -> tokens whose K/V the draft holds
-        self._pending: dict[str, tuple[int, int]] = {}  # request id -> (num_tokens at propose, k)
+        self._pending: dict[str, tuple[int, int]] = {}  # request id -> (num_tokens at propose, proposals)
 
     # --- helpers -----------------------------------------------------------
     def _span(self, request_id: str, token_ids: list[int], start: int, logits_at: list[int]) -> QuerySpan:
@@ -121,29 +126,37 @@ class DraftModelProposer(Proposer):
         n = len(batch.decodes)
         ids = torch.full((n, k_max), PLACEHOLDER_TOKEN_ID, dtype=torch.long)
         lens = torch.zeros(n, dtype=torch.long)
-        probs = torch.zeros(n, k_max, self.runner.vocab_size)
         if not spans:
-            return Proposals(ids, lens, probs)
+            return Proposals(ids, lens, None)
         logits = self.runner.forward(spans).logits  # [len(active), V]
+        threshold = self.options.confidence_threshold
+        probs = None
         rows = active
         for step in range(k_max):
             decs = [batch.decodes[i] for i in rows]
-            tokens, step_probs = draw_proposals(logits, [d.request for d in decs], step)
+            draw = draw_proposals(logits, [d.request for d in decs], step, with_confidence=threshold > 0)
             index = torch.tensor(rows, dtype=torch.long)
-            ids[index, step] = torch.tensor(tokens, dtype=torch.long)
-            probs[index, step] = step_probs.to(probs.device, probs.dtype)
+            ids[index, step] = torch.tensor(draw.tokens, dtype=torch.long)
+            if draw.probs is not None:
+                if probs is None:
+                    probs = torch.zeros(n, k_max, self.runner.vocab_size)
+                probs[index, step] = draw.probs.to(probs.device, probs.dtype)
             lens[index] = step + 1
-            # extend only rows that want more proposals: feed proposal `step` at its position
-            nxt = [(i, tokens[j]) for j, i in enumerate(rows) if batch.decodes[i].num_spec_tokens > step + 1]
+            # extend only rows that want more proposals and whose last one the draft is confident
+            # in: feed proposal `step` at its position
+            sure = draw.confidence.tolist() if draw.confidence is not None else [1.0] * len(rows)
+            nxt = [(i, draw.tokens[j]) for j, i in enumerate(rows)
+                   if batch.decodes[i].num_spec_tokens > step + 1 and sure[j] >= threshold]
             if not nxt:
                 break
             rows = [i for i, _ in nxt]
             spans = [self._span(batch.decodes[i].request.request_id, [tok],
                                 batch.decodes[i].request.num_tokens + step, [0]) for i, tok in nxt]
             logits = self.runner.forward(spans).logits
+        drafted = lens.tolist()
         for i in active:
             d = batch.decodes[i]
-            self._pending[d.request.request_id] = (d.request.num_tokens, d.num_spec_tokens)
+            self._pending[d.request.request_id] = (d.request.num_tokens, drafted[i])
         return Proposals(ids, lens, probs)
 
     def commit(self, batch: StepBatch, num_accepted: list[int], scores: Scores) -> None:

@@ -36,6 +36,7 @@ def test_quick_bench_exits_zero_and_writes_json(quick_result):
         assert key in data["env"]
     assert data["settings"]["max_tokens"] == 8 and data["settings"]["concurrency"] == [1]
     assert data["settings"]["num_prompts"] == 2 and data["settings"]["quick"] is True
+    assert data["settings"]["draft_confidence"] == 0.4  # transformers' own assistant default
 
 
 def test_quick_bench_rows(quick_result):
@@ -91,3 +92,23 @@ def test_quick_bench_writes_png_chart(quick_result):
 def test_bench_rejects_missing_target(tmp_path, capsys):
     assert main(["bench", "--quick", "--target", str(tmp_path / "nope"), "--out", str(tmp_path / "x.json")]) == 2
     assert "config.json" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("value", ["-0.5", "1"])
+def test_bench_rejects_draft_confidence_out_of_range(value, tmp_path, llama_dir, capsys):
+    out = tmp_path / "x.json"
+    assert main(["bench", "--quick", "--target", str(llama_dir), "--draft-confidence", value, "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "--draft-confidence" in err and "[0, 1)" in err
+    assert not out.exists()
+
+
+def test_draft_confidence_reaches_both_engines():
+    from speculant.bench.hf_runs import hf_methods
+    from speculant.bench.speculant_runs import speculant_methods
+
+    ours = {m.name: m for m in speculant_methods(4, "d", 0.25)}
+    assert ours["draft_mqa"].speculative["proposer_options"]["confidence_threshold"] == 0.25
+    assert ours["draft_batch_expansion"].speculative["proposer_options"]["confidence_threshold"] == 0.25
+    hf = {name: extra for name, extra, _ in hf_methods(4, "d", 0.25)}
+    assert hf["assisted"]["assistant_confidence_threshold"] == 0.25

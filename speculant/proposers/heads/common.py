@@ -136,7 +136,7 @@ class HiddenStateProposer(Proposer):
         k_max = max((batch.decodes[i].num_spec_tokens for i in rows), default=0)
         ids = torch.full((n, k_max), PLACEHOLDER_TOKEN_ID, dtype=torch.long)
         lens = torch.zeros(n, dtype=torch.long)
-        probs = torch.zeros(n, k_max, self.context.target.vocab_size)
+        probs = None
         if not rows:
             return Proposals(ids, lens, probs)
         requests = [batch.decodes[i].request for i in rows]
@@ -145,11 +145,15 @@ class HiddenStateProposer(Proposer):
         steps = self.head_logits(hidden, last, requests, k_max)
         logits = next(steps)
         for step in range(k_max):
-            tokens, step_probs = draw_proposals(logits.float(), requests, step)
+            draw = draw_proposals(logits.float(), requests, step)
+            tokens = draw.tokens
             keep = [j for j, i in enumerate(rows) if batch.decodes[i].num_spec_tokens > step]
             index = torch.tensor([rows[j] for j in keep], dtype=torch.long)
             ids[index, step] = torch.tensor([tokens[j] for j in keep], dtype=torch.long)
-            probs[index, step] = step_probs[keep].to(probs.device, probs.dtype)
+            if draw.probs is not None:
+                if probs is None:
+                    probs = torch.zeros(n, k_max, self.context.target.vocab_size)
+                probs[index, step] = draw.probs[keep].to(probs.device, probs.dtype)
             lens[index] = step + 1
             if step + 1 < k_max:
                 logits = steps.send(torch.tensor(tokens, dtype=torch.long, device=hidden.device))
