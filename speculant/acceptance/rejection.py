@@ -9,12 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from speculant.core.acceptance import (  # noqa: F401  (prefix helpers re-exported for other methods)
-    AcceptanceMethod,
-    AcceptedTokens,
-    accepted_prefix_len,
-    assemble_accepted,
-)
+from speculant.core.acceptance import AcceptanceMethod, AcceptedTokens, accepted_prefix_len, assemble_accepted
 from speculant.core.capabilities import AcceptanceCapabilities
 from speculant.core.sampler import draw_uniforms, sample_from_probs
 

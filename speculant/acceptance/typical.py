@@ -8,13 +8,8 @@ from typing import ClassVar
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from speculant.acceptance.rejection import (
-    accepted_prefix_len,
-    assemble_accepted,
-    check_accept_inputs,
-    target_argmax,
-)
-from speculant.core.acceptance import AcceptanceMethod, AcceptedTokens
+from speculant.acceptance.rejection import check_accept_inputs, target_argmax
+from speculant.core.acceptance import AcceptanceMethod, AcceptedTokens, accepted_prefix_len, assemble_accepted
 from speculant.core.sampler import draw_uniforms, sample_from_probs
 from speculant.core.capabilities import AcceptanceCapabilities
 
