@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable, Mapping
 from typing import Any, Sequence
 
 from tqdm.auto import tqdm
@@ -47,6 +48,23 @@ def config_from_kwargs(model: str | None, overrides: dict[str, Any]) -> EngineCo
     return build_config(data, "LLM(...) arguments")
 
 
+def prompt_list(prompts: Any) -> list[Prompt]:
+    """``generate``'s prompts as a list: one str, one list/tuple of token ids
+    (its first item an integer), or a list/tuple of those. Mappings, sets,
+    bytes and non-iterables are refused with TypeError."""
+    if isinstance(prompts, str):
+        return [prompts]
+    if isinstance(prompts, (Mapping, set, frozenset, bytes, bytearray)) or not isinstance(prompts, Iterable):
+        hint = ("pass the prompt text itself, not a dict" if isinstance(prompts, Mapping)
+                else "pass a str, a list of token ids, or a list of those")
+        raise TypeError(f"prompts must be a str, a list of int token ids, or a list/tuple of those, got "
+                        f"{type(prompts).__name__}: {hint}")
+    if isinstance(prompts, (list, tuple)) and prompts and not isinstance(prompts[0], (str, list, tuple)) \
+            and hasattr(type(prompts[0]), "__index__"):
+        return [prompts]  # one prompt of token ids; the engine checks every item
+    return list(prompts)
+
+
 class LLM:
     """Load a model and generate from batches of prompts.
 
@@ -77,9 +95,7 @@ class LLM:
         use_tqdm: bool = True,
     ) -> list[RequestOutput]:
         """Generate for every prompt; outputs come back in prompt order."""
-        if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
-            prompts = [prompts]
-        prompts = list(prompts)
+        prompts = prompt_list(prompts)
         if sampling_params is None:
             sampling_params = SamplingParams()
         params = [sampling_params] * len(prompts) if isinstance(sampling_params, SamplingParams) \

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import operator
 
 import torch
 
@@ -66,16 +67,38 @@ class LLMEngine:
         return request_id
 
     def _tokenize(self, prompt: str | list[int]) -> tuple[str | None, list[int]]:
+        """Text and token ids of a prompt: a str, or a list/tuple of int token ids
+        (integer-like objects such as numpy ints are converted; bools, floats and
+        anything else are refused with TypeError, ids outside the vocabulary and
+        text that is not valid Unicode with ValueError)."""
         if isinstance(prompt, str):
+            try:
+                prompt.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                raise ValueError(
+                    f"prompt contains {prompt[exc.start:exc.end]!r} at index {exc.start}, which cannot be "
+                    f"encoded as UTF-8 ({exc.reason}); remove the lone surrogates, e.g. with "
+                    "text.encode('utf-8', 'replace').decode('utf-8')") from None
             return prompt, list(self.tokenizer(prompt, add_special_tokens=False)["input_ids"])
-        if isinstance(prompt, (list, tuple)) and all(isinstance(t, int) for t in prompt):
+        if isinstance(prompt, (list, tuple)):
+            ids = []
+            for i, t in enumerate(prompt):
+                try:
+                    if isinstance(t, bool):
+                        raise TypeError("a bool is not a token id")
+                    ids.append(operator.index(t))
+                except TypeError:
+                    raise TypeError(f"prompt must be a str or a list of int token ids, but item {i} is "
+                                    f"{t!r} ({type(t).__name__}); pass integer token ids from this model's "
+                                    "tokenizer") from None
             vocab = self.runner.vocab_size
-            bad = [t for t in prompt if not 0 <= t < vocab]
+            bad = [t for t in ids if not 0 <= t < vocab]
             if bad:
                 raise ValueError(f"prompt token ids {bad[:5]} are outside the vocabulary [0, {vocab}); "
                                  "pass ids produced by this model's tokenizer")
-            return None, list(prompt)
-        raise TypeError(f"prompt must be a str or a list of int token ids, got {type(prompt).__name__}")
+            return None, ids
+        raise TypeError(f"prompt must be a str or a list of int token ids, got {type(prompt).__name__}; "
+                        "pass text or a list of token ids (one prompt per call)")
 
     def _check_sampling(self, params: SamplingParams) -> None:
         if self.spec.proposer is None or params.greedy:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from speculant.core.sampling_params import SamplingParams
+from speculant.core.sampling_params import MIN_TEMPERATURE, SamplingParams
 
 
 def sampling_tensors(params: list[SamplingParams], device: torch.device) -> dict[str, torch.Tensor]:
@@ -24,7 +24,7 @@ def sampling_tensors(params: list[SamplingParams], device: torch.device) -> dict
 
 def filtered_logprobs(
     logits: torch.Tensor,  # [R, V] raw logits
-    temperature: torch.Tensor,  # [R]; 0 means greedy (treated as 1 here)
+    temperature: torch.Tensor,  # [R]; 0 (or below MIN_TEMPERATURE) means greedy (treated as 1 here)
     top_k: torch.Tensor,  # [R] long; 0 disables
     top_p: torch.Tensor,  # [R]; 1 disables
     min_p: torch.Tensor,  # [R]; 0 disables
@@ -33,9 +33,11 @@ def filtered_logprobs(
 
     Greedy rows (temperature 0) get the unfiltered softmax of the raw logits:
     their token is the argmax, and these are the log-probabilities reported.
+    A temperature below ``MIN_TEMPERATURE`` counts as greedy here too (a
+    tiny divisor would overflow the scaled logits to inf and the row to NaN).
     """
     logits = logits.float()
-    greedy = temperature == 0
+    greedy = temperature < MIN_TEMPERATURE
     temp = torch.where(greedy, torch.ones_like(temperature), temperature)
     scaled = logits / temp.unsqueeze(1)
     filt_k = (top_k > 0) & ~greedy

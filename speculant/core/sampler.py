@@ -48,12 +48,21 @@ def sample_from_probs(
     uniforms: torch.Tensor,  # [m] float64 in [0, 1)
 ) -> torch.Tensor:  # [m] long
     """Inverse-CDF sampling: the first token whose cumulative mass exceeds u * total.
-    Zero-mass tokens are never returned."""
-    cdf = probs.double().cumsum(dim=1)  # [m, V]
+    Zero-mass tokens are never returned. A row without a usable distribution
+    (NaN or infinite mass, or none at all) gets its most probable finite
+    entry (token 0 if none), so the result is always an id in [0, V)."""
+    probs = probs.double()
+    bad = ~torch.isfinite(probs).all(dim=1) | ~(probs.sum(dim=1) > 0)  # [m]
+    if bool(bad.any()):
+        fallback = torch.nan_to_num(probs[bad], nan=-1.0, posinf=-1.0, neginf=-1.0).argmax(dim=1)
+        probs = probs.clone()
+        probs[bad] = 0.0
+        probs[bad, fallback] = 1.0
+    cdf = probs.cumsum(dim=1)  # [m, V]
     total = cdf[:, -1:].contiguous()  # [m, 1]
     idx = torch.searchsorted(cdf, uniforms.unsqueeze(1) * total, right=True)  # [m, 1]
     last_with_mass = torch.searchsorted(cdf, total, right=False)  # [m, 1]; guards u * total rounding to total
-    return torch.minimum(idx, last_with_mass).squeeze(1)
+    return torch.minimum(idx, last_with_mass).squeeze(1).clamp_(0, probs.shape[1] - 1)
 
 
 
