@@ -1,6 +1,8 @@
 """``speculant config check FILE``: validate a config file (with ``--set``
-overrides) against the models and the loaded plugins, and print the resolved
-settings, or every problem at once (exit status 1)."""
+overrides) against the models, the loaded plugins and this machine (CUDA,
+memory for the KV cache, the model's positions and weight files; see
+``speculant.core.resource_checks``), and print the resolved settings, or every
+problem at once (exit status 1)."""
 
 from __future__ import annotations
 
@@ -94,10 +96,19 @@ def resolution_notes(config: EngineConfig) -> list[str]:
 
 
 def run_check(args: argparse.Namespace) -> int:
+    from speculant.core.resource_checks import resource_problems
+
     try:
         config = load_config(args.file, args.overrides)
+        problems = resource_problems(config)
     except ConfigError as exc:
         print(exc, file=sys.stderr)
+        return 1
+    except (ValueError, OSError) as exc:  # e.g. an unreadable model config.json: one line, no traceback
+        print(f"error: {args.file}: {exc}", file=sys.stderr)
+        return 1
+    if problems:
+        print(ConfigError(args.file, problems), file=sys.stderr)
         return 1
     text = format_settings(config, args.format)
     if args.format != "json":

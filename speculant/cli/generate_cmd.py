@@ -76,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
                                 top_k=args.top_k, seed=args.seed, ignore_eos=args.ignore_eos)
         llm = _build(args, args.overrides)
         outputs, num_tokens, seconds = _run_once(llm, args, params)
-    except (ConfigError, ValueError, FileNotFoundError, TypeError) as exc:
+    except (ConfigError, ValueError, OSError, TypeError) as exc:  # clear one-line errors, no traceback
         print(f"error: {exc}", file=sys.stderr)
         return 2
     metrics = llm.get_metrics()

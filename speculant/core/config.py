@@ -1,8 +1,11 @@
 """Engine configuration: pydantic v2 models, loadable from TOML or YAML.
 
-Every model forbids unknown keys. ``load_config`` turns validation failures
-into one ``ConfigError`` that lists every problem with the file, the key path,
-the value received and what is allowed.
+Every model forbids unknown keys and is strict about types: an integer
+setting takes an integer (not ``true`` or ``"8"``), a boolean takes ``true``
+or ``false`` (not ``"yes"`` or 1), a string takes a string; float settings
+also take integers but never NaN or infinity. ``load_config`` turns validation
+failures into one ``ConfigError`` that lists every problem with the file, the
+key path, the value received, what is allowed and how to fix it.
 """
 
 from __future__ import annotations
@@ -15,8 +18,16 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 
+MAX_SEED = 2**63 - 1
+"""Largest ``model.seed`` (``torch.Generator.manual_seed`` takes [0, 2**63 - 1])."""
+MAX_MODEL_LEN = 1 << 24
+"""Largest ``model.max_model_len`` accepted (16M tokens; the model's own limit is checked at load)."""
+MAX_NUM_BLOCKS = 1 << 22
+"""Largest ``cache.num_blocks`` (4M blocks); hold more tokens with a larger ``cache.block_size``."""
+
+
 class StrictModel(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, strict=True, allow_inf_nan=False)
 
 
 class ModelConfig(StrictModel):
@@ -28,7 +39,7 @@ class ModelConfig(StrictModel):
     """Weights and activations dtype. float32 is the exact default on CPU."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """``auto`` picks CUDA when available, else the CPU."""
-    max_model_len: int | None = Field(default=None, ge=2)
+    max_model_len: int | None = Field(default=None, ge=2, le=MAX_MODEL_LEN)
     """Longest prompt + output; defaults to the model's max_position_embeddings."""
     attention_backend: str = "auto"
     """``auto``, ``torch`` (reference) or a registered backend name."""
@@ -41,14 +52,14 @@ class ModelConfig(StrictModel):
     CPUs measured here, slower on AMD). Costs a second copy of the weights;
     ``None`` means, on Intel CPUs, 8 for models whose weights take at most
     128 MiB, 3 up to 2 GiB, else 0; 0 on other CPUs."""
-    seed: int = 0
-    """Engine seed: requests without their own seed draw theirs from it."""
+    seed: int = Field(default=0, ge=0, le=MAX_SEED)
+    """Engine seed, in [0, 2**63 - 1]: requests without their own seed draw theirs from it."""
 
 
 class CacheConfig(StrictModel):
     block_size: int = Field(default=16, ge=1, le=1024)
     """Tokens per KV block."""
-    num_blocks: int | None = Field(default=None, ge=1)
+    num_blocks: int | None = Field(default=None, ge=1, le=MAX_NUM_BLOCKS)
     """Exact pool size in blocks; overrides ``memory_gb``."""
     memory_gb: float = Field(default=1.0, gt=0)
     """KV pool budget in GiB when ``num_blocks`` is not set."""
@@ -137,8 +148,25 @@ def format_validation_error(err: ValidationError, root: type[BaseModel] = Engine
             problems.append(f"{path}: required key is missing")
         else:
             msg = e["msg"].removeprefix("Value error, ")
-            problems.append(f"{path} = {e.get('input')!r}: {msg}")
+            hint = _FIELD_HINTS.get(path) if e["type"] in _BOUND_ERRORS else _TYPE_HINTS.get(e["type"])
+            problems.append(f"{path} = {e.get('input')!r}: {msg}" + (f"; {hint}" if hint else ""))
     return problems
+
+
+_TYPE_HINTS = {
+    "int_type": "write a whole number without quotes (true/false, 8.0 and \"8\" are not integers)",
+    "bool_type": "write true or false without quotes",
+    "float_type": "write a number without quotes",
+    "finite_number": "write a finite number (not nan or inf)",
+    "string_type": "write a quoted string",
+}
+_BOUND_ERRORS = {"greater_than", "greater_than_equal", "less_than", "less_than_equal"}
+_FIELD_HINTS = {
+    "model.seed": "pick a seed in [0, 2**63 - 1]",
+    "model.max_model_len": "leave it unset to use the model's max_position_embeddings, or pick a smaller length",
+    "cache.num_blocks": "lower it, or raise cache.block_size to hold the same tokens in fewer blocks "
+                        "(or leave it unset and size the pool with cache.memory_gb)",
+}
 
 
 def read_config_file(path: str | Path) -> dict[str, Any]:
