@@ -9,6 +9,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PretrainedConfig
 
 from speculant.core.attention.hf_seam import register_seam
+from speculant.core.model_files import SafetensorError, check_weight_files, weight_load_error
 
 _DTYPES = {"float32": torch.float32, "float64": torch.float64,
            "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -86,8 +87,11 @@ def load_hf_model(path: str, dtype: str, device: torch.device, max_model_len: in
             f"{option} = {path!r} ({config.model_type}) uses features speculant's attention does not "
             "implement yet: " + "; ".join(problems) + ". Refusing to load rather than compute wrong outputs.")
     seam = register_seam()
+    check_weight_files(model_dir, option)
     try:
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=_DTYPES[dtype], attn_implementation=seam)
+    except SafetensorError as exc:
+        raise weight_load_error(exc, model_dir, option) from exc
     except ValueError as exc:
         if "attn_implementation" in str(exc) or "attention" in str(exc).lower():
             raise UnsupportedModelError(

@@ -22,6 +22,7 @@ from speculant.core.batch import StepBatch
 from speculant.core.capabilities import ProposerCapabilities
 from speculant.core.config import CacheConfig, EngineConfig, ModelConfig
 from speculant.core.model_runner import ModelRunner
+from speculant.proposers.draft_tokenizer import check_draft_tokenizer
 from speculant.proposers.drafting import draw_proposals
 from speculant.proposers.base import PLACEHOLDER_TOKEN_ID, Proposals, Proposer, ProposerContext
 from speculant.scorers.base import Scores
@@ -83,6 +84,7 @@ class DraftModelProposer(Proposer):
         super().__init__(options, context)
         target = context.target
         cfg = context.config
+        check_draft_tokenizer(options.model, target.tokenizer, cfg.model.tokenizer or cfg.model.path)
         model_cfg = ModelConfig(
             path=options.model, dtype=options.dtype or cfg.model.dtype, device=cfg.model.device,
             max_model_len=target.max_model_len, linear_backend=options.linear_backend,
