@@ -1,14 +1,25 @@
 """Build and load the C paged-attention kernel (``csrc/paged_attention.c``).
 
 The kernel is compiled on first use with the system C compiler (``$CC``, else
-``cc``) for this machine (``-march=native``) and cached under
-``$SPECULANT_CACHE_DIR`` (default ``~/.cache/speculant``) by a hash of the
+``cc``) for this machine (``-march=native``) and cached by a hash of the
 source, the flags, the compiler and the CPU, so a changed source or another CPU
 gets its own build. It is loaded with ``ctypes`` after torch, so its OpenMP
 calls share torch's ``libgomp``. Anything that goes wrong (no compiler, a
 failed build, ``SPECULANT_CPU_KERNEL=0``) leaves :func:`load_kernel` returning
 None and :func:`kernel_status` saying why; the backend then falls back to the
 torch path.
+
+The cache lives in ``$SPECULANT_CACHE_DIR/kernels`` if that is set, else
+``$XDG_CACHE_HOME/speculant/kernels`` (``~/.cache/speculant/kernels``). Loading
+a shared library runs its code, so the cache is trusted only when the cache
+directory and its ``kernels`` folder are real directories owned by the current
+user and not writable by group or others; otherwise the kernel is built in a
+private temporary directory (``mkdtemp``) and :func:`kernel_status` says why.
+Each build records the library's SHA-256 in a sidecar file (``.so.sha256``,
+written atomically); a cached library is loaded only if both files are
+regular files owned by the user in the trusted folder and the digest matches,
+else it is rebuilt. A library planted under the predictable name is never
+loaded.
 """
 
 from __future__ import annotations
@@ -19,6 +30,7 @@ import hashlib
 import os
 import platform
 import shutil
+import stat
 import subprocess
 import tempfile
 from pathlib import Path
@@ -28,12 +40,22 @@ import torch  # noqa: F401  (loads torch's libgomp before the kernel needs it)
 SOURCE = Path(__file__).with_name("csrc") / "paged_attention.c"
 FLAGS = ["-O3", "-fPIC", "-shared", "-fopenmp", "-fno-math-errno", "-std=c11"]
 NATIVE = "-march=native"
+DIGEST_SUFFIX = ".sha256"
 _status: list[str] = ["not built yet"]
 
 
 def kernel_status() -> str:
     """Why the kernel is or is not in use, for logs and error messages."""
     return _status[0]
+
+
+def cache_root() -> Path:
+    """``$SPECULANT_CACHE_DIR``, else ``$XDG_CACHE_HOME/speculant``, else ``~/.cache/speculant``."""
+    if os.environ.get("SPECULANT_CACHE_DIR"):
+        return Path(os.environ["SPECULANT_CACHE_DIR"])
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = Path(xdg) if xdg and os.path.isabs(xdg) else Path.home() / ".cache"  # the XDG spec ignores relative
+    return base / "speculant"
 
 
 def _cpu_signature() -> str:
@@ -50,8 +72,87 @@ def _compiler_version(cc: str) -> str:
     return out.stdout.splitlines()[0] if out.stdout else ""
 
 
+def library_name(cc: str) -> str:
+    """File name of the build for this source, flags, compiler and CPU."""
+    key = hashlib.sha256(b"\0".join([SOURCE.read_bytes(), " ".join(FLAGS + [NATIVE]).encode(),
+                                     _compiler_version(cc).encode(), _cpu_signature().encode(),
+                                     platform.machine().encode()])).hexdigest()[:16]
+    return f"paged_attention-{key}.so"
+
+
+def untrusted_reason(path: Path) -> str | None:
+    """Why ``path`` may not hold code we load (None: a real directory owned by
+    this user, not writable by group or others)."""
+    try:
+        st = os.lstat(path)
+    except OSError as err:
+        return f"cannot stat {path}: {err}"
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        return f"{path} is not a real directory"
+    if st.st_uid != os.getuid():
+        return f"{path} is owned by uid {st.st_uid}, not by this user (uid {os.getuid()})"
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return (f"{path} is writable by group or others (mode {stat.S_IMODE(st.st_mode):o}); "
+                f"run `chmod go-w {path}` to cache the kernel there")
+    return None
+
+
+def _trusted_kernel_dir() -> tuple[Path | None, str | None]:
+    """The cache's ``kernels`` folder (created 0700 if missing), or None and why not."""
+    root = cache_root()
+    folder = root / "kernels"
+    try:
+        root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        folder.mkdir(mode=0o700, exist_ok=True)
+    except OSError as err:
+        return None, f"cannot create {folder}: {err}"
+    reason = untrusted_reason(root) or untrusted_reason(folder)
+    return (None, reason) if reason else (folder, None)
+
+
+def _own_regular_file(path: Path) -> bool:
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return (stat.S_ISREG(st.st_mode) and st.st_uid == os.getuid()
+            and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH))
+
+
+def file_digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def verified_cache_entry(lib: Path, trusted: Path) -> str | None:
+    """Why the cached ``lib`` may not be loaded (None: it may)."""
+    sidecar = lib.with_name(lib.name + DIGEST_SUFFIX)
+    if not lib.exists():
+        return "not cached yet"
+    if sidecar.parent.resolve() != trusted.resolve() or lib.parent.resolve() != trusted.resolve():
+        return f"{sidecar} is not in the trusted folder {trusted}"
+    if (reason := untrusted_reason(trusted)) is not None:
+        return reason
+    if not (_own_regular_file(lib) and _own_regular_file(sidecar)):
+        return f"{lib} or its digest file is missing, not a regular file of this user, or writable by others"
+    recorded = sidecar.read_text().strip()
+    if recorded != file_digest(lib):
+        return f"the SHA-256 of {lib} does not match the one recorded at build time"
+    return None
+
+
 def _compile(cc: str, out: Path) -> None:
-    out.parent.mkdir(parents=True, exist_ok=True)
+    """Build into ``out`` (atomically) and record its digest next to it."""
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
     os.close(fd)
     try:
@@ -59,7 +160,10 @@ def _compile(cc: str, out: Path) -> None:
             result = subprocess.run([cc, *flags, str(SOURCE), "-o", tmp, "-lm"], capture_output=True,
                                     text=True, timeout=300)
             if result.returncode == 0:
+                os.chmod(tmp, 0o755)                   # whatever the umask: never group/other-writable
+                digest = file_digest(Path(tmp))
                 os.replace(tmp, out)                   # atomic: concurrent builders race harmlessly
+                _write_atomic(out.with_name(out.name + DIGEST_SUFFIX), digest + "\n")
                 return
         raise RuntimeError(f"{cc} failed: {result.stderr.strip()[-500:]}")
     finally:
@@ -75,6 +179,19 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     return lib
 
 
+def _load_private(cc: str, name: str, why: str) -> tuple[ctypes.CDLL, str]:
+    """Build in a fresh ``mkdtemp`` folder, load, and remove the folder (the
+    loaded mapping stays valid)."""
+    folder = Path(tempfile.mkdtemp(prefix="speculant-kernel-"))
+    try:
+        path = folder / name
+        _compile(cc, path)
+        lib = _bind(ctypes.CDLL(str(path)))
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    return lib, f"built with {cc} in a private temporary directory (not cached: {why})"
+
+
 @functools.cache
 def load_kernel() -> ctypes.CDLL | None:
     """The compiled kernel library, built on first call; None (with
@@ -87,16 +204,21 @@ def load_kernel() -> ctypes.CDLL | None:
         _status[0] = f"no C compiler ({cc!r} not on PATH; install gcc or set CC)"
         return None
     try:
-        key = hashlib.sha256(b"\0".join([SOURCE.read_bytes(), " ".join(FLAGS + [NATIVE]).encode(),
-                                         _compiler_version(cc).encode(), _cpu_signature().encode(),
-                                         platform.machine().encode()])).hexdigest()[:16]
-        cache = Path(os.environ.get("SPECULANT_CACHE_DIR") or Path.home() / ".cache" / "speculant")
-        path = cache / "kernels" / f"paged_attention-{key}.so"
-        if not path.exists():
+        name = library_name(cc)
+        folder, why = _trusted_kernel_dir()
+        if folder is None:
+            lib, _status[0] = _load_private(cc, name, why)
+            return lib
+        path = folder / name
+        problem = verified_cache_entry(path, folder)
+        if problem is not None:
             _compile(cc, path)
+            if (after := verified_cache_entry(path, folder)) is not None:
+                raise RuntimeError(f"the fresh build does not verify: {after}")
         lib = _bind(ctypes.CDLL(str(path)))
     except (OSError, RuntimeError, subprocess.SubprocessError) as err:
         _status[0] = f"build failed: {err}"
         return None
-    _status[0] = f"built with {cc} at {path}"
+    note = f" (rebuilt: {problem})" if problem not in (None, "not cached yet") else ""
+    _status[0] = (f"built with {cc} at {path}" if problem else f"loaded from the cache at {path}") + note
     return lib
