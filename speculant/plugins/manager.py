@@ -7,6 +7,15 @@ third-party ones, except that it always loads and always loads first.
 ``SPECULANT_PLUGINS`` (comma-separated entry-point names) restricts which
 third-party entry points load; unset means all of them.
 
+Third-party entry points are imported lazily (``speculant.plugins.lazy``):
+``load_plugins()`` loads the built-in plugin at once, and the others the
+first time something needs them: a registry lookup of a name the loaded
+plugins do not have, a complete listing (``registry.names()`` or
+``entries()``, which ``attention_backend = 'auto'`` ranks), or reading
+``plugins`` / ``errors`` of the result (``speculant plugins``). A config that
+names only built-in plugins and an explicit attention backend never imports
+third-party code.
+
 Each plugin is registered with pluggy and then checked with
 ``pm.check_pending()`` at once, so a misspelled hook is an error attributed to
 that plugin. A plugin either loads completely or not at all: an import
@@ -23,12 +32,13 @@ from __future__ import annotations
 import difflib
 import os
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from importlib.metadata import EntryPoint, entry_points
 
 import pluggy
 
 from speculant.plugins import hookspecs
+from speculant.plugins.lazy import DiscoveringList, LazyRegistry
 from speculant.plugins.registry import BUILTIN_PLUGIN_MODULE, Kind, PluginSource, Registration, Registry
 
 ENTRY_POINT_GROUP = "speculant.plugins"
@@ -70,14 +80,44 @@ class PluginInfo:
     registrations: list[Registration]
 
 
-@dataclass
 class LoadedPlugins:
-    """The plugin manager, the registry it filled, and what happened on the way."""
+    """The plugin manager, the registry it filled, and what happened on the
+    way. ``pending`` entry points are imported by :meth:`discover`, which
+    listing the registry or reading ``plugins`` / ``errors`` calls."""
 
-    pm: pluggy.PluginManager
-    registry: Registry = field(default_factory=Registry)
-    plugins: list[PluginInfo] = field(default_factory=list)
-    errors: list[PluginLoadError] = field(default_factory=list)
+    def __init__(self, pm: pluggy.PluginManager, pending: list[EntryPoint] | None = None,
+                 pending_errors: list[PluginLoadError] | None = None) -> None:
+        self.pm = pm
+        self.registry: Registry = LazyRegistry(self.discover)
+        self._plugins: list[PluginInfo] = []
+        self._errors: list[PluginLoadError] = []
+        self._pending = list(pending or [])
+        self._pending_errors = list(pending_errors or [])
+        self.discovered = False
+
+    @property
+    def plugins(self) -> DiscoveringList[PluginInfo]:
+        """Every plugin that loaded, built-in first (imports the third-party ones first)."""
+        return DiscoveringList(self._plugins, self.discover)
+
+    @property
+    def errors(self) -> DiscoveringList[PluginLoadError]:
+        """Every load error (imports the third-party plugins first)."""
+        return DiscoveringList(self._errors, self.discover)
+
+    def discover(self) -> None:
+        """Import the pending third-party entry points (once; later calls do nothing)."""
+        global _loading
+        with _lock:
+            if self.discovered:
+                return
+            self.discovered = True
+            _loading = True
+            try:
+                self._errors += self._pending_errors
+                _load_entry_points(self, self._pending)
+            finally:
+                _loading = False
 
     def add_plugin(self, plugin: object, source: PluginSource) -> PluginInfo:
         """Register ``plugin`` (a module or object with ``hookimpl`` functions),
@@ -101,7 +141,7 @@ class LoadedPlugins:
             raise PluginRejected([PluginLoadError(source, p) for p in problems])
         regs = [self.registry.add(kind, cls, source) for kind, cls in staged]
         info = PluginInfo(source=source, hooks=hooks, registrations=regs)
-        self.plugins.append(info)
+        self._plugins.append(info)
         return info
 
     def remove_plugin(self, name: str) -> None:
@@ -110,7 +150,7 @@ class LoadedPlugins:
         if plugin is not None:
             self.pm.unregister(plugin)
         self.registry.remove_source(name)
-        self.plugins = [p for p in self.plugins if p.source.name != name]
+        self._plugins[:] = [p for p in self._plugins if p.source.name != name]
 
     def _check_hooks(self, plugin: object) -> list[str]:
         """The hooks ``plugin`` implements; ValueError if one is misspelled or none is."""
@@ -216,22 +256,27 @@ def discover() -> tuple[list[EntryPoint], list[PluginLoadError]]:
 
 
 def _load_all() -> LoadedPlugins:
+    """The built-in plugin, loaded; the third-party entry points, pending."""
     pm = pluggy.PluginManager(hookspecs.PROJECT_NAME)
     pm.add_hookspecs(hookspecs)
-    loaded = LoadedPlugins(pm=pm)
-    eps, loaded.errors = discover()
+    eps, errors = discover()
+    loaded = LoadedPlugins(pm=pm, pending=eps[1:], pending_errors=errors)
+    _load_entry_points(loaded, eps[:1])
+    return loaded
+
+
+def _load_entry_points(loaded: LoadedPlugins, eps: list[EntryPoint]) -> None:
     for ep in eps:
         source = _source(ep)
         try:
             plugin = ep.load()
         except Exception as exc:  # any import-time failure of third-party code
-            loaded.errors.append(PluginLoadError(source, f"import failed: {type(exc).__name__}: {exc}"))
+            loaded._errors.append(PluginLoadError(source, f"import failed: {type(exc).__name__}: {exc}"))
             continue
         try:
             loaded.add_plugin(plugin, source)
         except PluginRejected as exc:
-            loaded.errors += exc.errors
-    return loaded
+            loaded._errors += exc.errors
 
 
 _lock = threading.RLock()
@@ -240,13 +285,14 @@ _loading = False
 
 
 def load_plugins() -> LoadedPlugins:
-    """Load every plugin once per process and return the result (cached)."""
+    """Load the plugins once per process and return the result (cached); the
+    third-party ones are imported on first need (see the module docstring)."""
     global _loaded, _loading
     with _lock:
+        if _loading:  # same thread: a plugin's import or hook asked for the registry
+            raise RuntimeError("plugins asked for the registry while plugins are loading: a plugin must "
+                               "not call load_plugins() or get_registry() at import time or in its hooks")
         if _loaded is None:
-            if _loading:  # same thread: a plugin's import or hook asked for the registry
-                raise RuntimeError("plugins asked for the registry while plugins are loading: a plugin must "
-                                   "not call load_plugins() or get_registry() at import time or in its hooks")
             _loading = True
             try:
                 _loaded = _load_all()
