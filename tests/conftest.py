@@ -121,3 +121,19 @@ def random_heads_dirs(tmp_path_factory) -> dict[str, Path]:
     mlp = mlp_speculator_config(64, 384, 4, 32)
     save_heads(MLPSpeculator.from_config(mlp), mlp, root / "mlp_speculator")
     return {"medusa": root / "medusa", "mlp_speculator": root / "mlp_speculator"}
+
+
+# --- slow variants (the architecture matrix's full cross product, more hypothesis examples) ---
+
+def pytest_collection_modifyitems(config, items):
+    """``slow``-marked tests run only when selected (``-m slow``) or with
+    SPECULANT_SLOW=1; CI (.ci/run) runs the default selection and then ``-m slow``."""
+    import os
+
+    expr = config.getoption("markexpr") or ""
+    if os.environ.get("SPECULANT_SLOW") or ("slow" in expr and "not slow" not in expr):
+        return
+    skip = pytest.mark.skip(reason="slow: run with -m slow (or SPECULANT_SLOW=1)")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)

@@ -6,7 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PretrainedConfig
+from transformers import (MODEL_FOR_CAUSAL_LM_MAPPING, AutoConfig, AutoModelForCausalLM, AutoTokenizer,
+                          PretrainedConfig)
 
 from speculant.core.attention.hf_seam import register_seam
 from speculant.core.model_files import SafetensorError, check_weight_files, weight_load_error
@@ -47,10 +48,23 @@ def unsupported_features(config: PretrainedConfig, max_model_len: int) -> list[s
     if softcap:
         problems.append(f"attention logit soft-capping (attn_logit_softcapping={softcap}); "
                         "use a model without it")
+    attn_cfg = getattr(cfg, "attn_config", None)
     if getattr(cfg, "alibi", False) or getattr(cfg, "position_embedding_type", None) == "alibi" \
-            or cfg.model_type in ("bloom", "mpt"):
+            or getattr(attn_cfg, "alibi", False) or (isinstance(attn_cfg, dict) and attn_cfg.get("alibi")):
         problems.append("ALiBi position biases; use a model with rotary or learned positions")
+    if getattr(config, "is_encoder_decoder", False) or type(config) not in MODEL_FOR_CAUSAL_LM_MAPPING:
+        problems.append("not a decoder-only causal LM (transformers' AutoModelForCausalLM has no class for "
+                        f"{type(config).__name__}: an encoder-decoder or encoder-only model); "
+                        "use a decoder-only model")
     return problems
+
+
+def unsupported_model_error(option: str, config: PretrainedConfig, problems: list[str]) -> "UnsupportedModelError":
+    """The one refusal message: which model, every feature, and that nothing was loaded half-way."""
+    path = getattr(config, "_name_or_path", "") or "?"
+    return UnsupportedModelError(
+        f"{option} = {path!r} ({config.model_type}) uses features speculant's attention does not "
+        "implement: " + "; ".join(problems) + ". Refusing to load rather than compute wrong outputs.")
 
 
 def resolve_device(device: str) -> torch.device:
@@ -83,20 +97,21 @@ def load_hf_model(path: str, dtype: str, device: torch.device, max_model_len: in
                          f"set it to at most {limit}")
     problems = unsupported_features(config, max_model_len)
     if problems:
-        raise UnsupportedModelError(
-            f"{option} = {path!r} ({config.model_type}) uses features speculant's attention does not "
-            "implement yet: " + "; ".join(problems) + ". Refusing to load rather than compute wrong outputs.")
+        config._name_or_path = path
+        raise unsupported_model_error(option, config, problems)
     seam = register_seam()
     check_weight_files(model_dir, option)
     try:
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=_DTYPES[dtype], attn_implementation=seam)
     except SafetensorError as exc:
         raise weight_load_error(exc, model_dir, option) from exc
-    except ValueError as exc:
-        if "attn_implementation" in str(exc) or "attention" in str(exc).lower():
+    except (ValueError, KeyError, NotImplementedError) as exc:
+        if isinstance(exc, KeyError) or "attn_implementation" in str(exc) or "attention" in str(exc).lower():
+            how = (f"it picks its attention class from its own table, which has no {seam!r} entry"
+                   if isinstance(exc, KeyError) else str(exc))
             raise UnsupportedModelError(
-                f"{option} = {path!r} ({config.model_type}) does not route attention through "
-                f"transformers' AttentionInterface, which speculant needs: {exc}") from exc
+                f"{option} = {path!r} ({config.model_type}) does not route attention through transformers' "
+                f"AttentionInterface, which speculant needs ({how}); use a model that does") from exc
         raise
     model.to(device).eval()
     model.requires_grad_(False)

@@ -21,7 +21,11 @@ from speculant.core.kv_cache import BlockManager
 from speculant.core.fused_norms import fuse_rms_norms
 from speculant.core.linear_backend import pack_linear_layers
 from speculant.core.merged_linears import merge_sibling_linears
-from speculant.core.model_loading import eos_token_ids, load_hf_model, load_tokenizer, resolve_device
+from speculant.core.attention.hf_seam import SEAM_NAME
+from speculant.core.attention.seam_probe import probe_attention, seam_refusals
+from speculant.core.model_loading import (eos_token_ids, load_hf_model, load_tokenizer, resolve_device,
+                                          unsupported_model_error)
+from speculant.core.seam_selftest import SeamSelfTestError, seam_self_test
 
 logger = logging.getLogger(__name__)
 
@@ -76,10 +80,11 @@ class ModelRunner:
         self._captured_hidden: torch.Tensor | None = None
         self._capture = False
         self.model.base_model.register_forward_hook(self._hidden_hook)
-        self.kv_shapes = self._probe_kv_shapes()  # per layer (H_kv, D)
+        self.kv_shapes = self._probe_kv_shapes(f"{option_prefix}.path")  # per layer (H_kv, D)
         self.num_blocks = self._num_blocks(cache_cfg)
         self.key_caches, self.value_caches = self._allocate_caches()
         self.block_manager = BlockManager(self.num_blocks, self.block_size)
+        self.self_test_deviation = self._self_test(f"{option_prefix}.path")
 
     # --- setup -----------------------------------------------------------
     def _pack_linears(self, backend: str, dense_max_rows: int | None):
@@ -95,22 +100,26 @@ class ModelRunner:
         if self._capture:
             self._captured_hidden = output.last_hidden_state if hasattr(output, "last_hidden_state") else output[0]
 
-    def _probe_kv_shapes(self) -> list[tuple[int, int]]:
-        """Run one token through the model recording each layer's K shape, so
-        the cache is sized from what the model really does (GQA, head_dim)."""
-        shapes: dict[int, tuple[int, int]] = {}
+    def _probe_kv_shapes(self, option: str) -> list[tuple[int, int]]:
+        """Run a few tokens through the model recording every attention call:
+        refuse what the paged backends would get wrong (``seam_probe``), and
+        size the cache from what the model really does (GQA, head_dim)."""
+        try:
+            calls = probe_attention(self.model, self.backend, self.device)
+        except Exception as exc:  # any failure here means the model cannot run through the seam
+            raise unsupported_model_error(option, self.model.config, [
+                f"its forward fails under speculant's attention seam ({type(exc).__name__}: {exc})"]) from exc
+        num_layers = getattr(self.model.config.get_text_config(), "num_hidden_layers", None)
+        problems = seam_refusals(calls, num_layers if isinstance(num_layers, int) else None, self.max_model_len)
+        if problems:
+            raise unsupported_model_error(option, self.model.config, problems)
+        return [(c.key_shape[1], c.key_shape[3]) for c in sorted(calls, key=lambda c: c.layer)]
 
-        def record(layer: int, key: torch.Tensor, value: torch.Tensor) -> None:
-            shapes[layer] = (key.shape[1], key.shape[2])
-
-        ctx = ForwardContext(self.backend, None, [], [], on_layer=record)
-        ids = torch.zeros(1, 1, dtype=torch.long, device=self.device)
-        with forward_context(ctx), torch.inference_mode():
-            self.model(input_ids=ids, position_ids=ids, use_cache=False,
-                       logits_to_keep=torch.zeros(0, dtype=torch.long, device=self.device))
-        if sorted(shapes) != list(range(len(shapes))) or not shapes:
-            raise RuntimeError(f"attention layers reported indices {sorted(shapes)}; expected 0..L-1")
-        return [shapes[i] for i in range(len(shapes))]
+    def _self_test(self, option: str) -> float:
+        try:
+            return seam_self_test(self, SEAM_NAME)
+        except SeamSelfTestError as exc:
+            raise unsupported_model_error(option, self.model.config, [str(exc)]) from exc
 
     @property
     def kv_bytes_per_token(self) -> int:

@@ -1,12 +1,17 @@
-"""The attention backends (torch reference, C kernel) against dense causal SDPA.
+"""The attention backends (every one registered for the CPU, plus the C
+kernel restricted to single-token spans) against dense causal SDPA.
 
 Random q/k/v for several sequences, each with its own non-contiguous,
 out-of-order block table in a pool full of garbage; one forward carries a
 prefill chunk over a cached prefix, a fresh prefill, a plain decode, a
 multi-token (MQA-style) decode and batch-expansion siblings (single-token
-spans sharing one block table, deliberately out of order). The reference runs
-``scaled_dot_product_attention(is_causal=True)`` over each whole sequence with
-the K/V heads repeated (GQA) and keeps the rows the spans query.
+spans sharing one block table, deliberately out of order). Inputs arrive in
+every memory layout a model hands the seam: contiguous, transposed from
+transformers' ``[1, H, T, D]``, sliced from one fused q/k/v projection, and
+partially rotated (rotary half concatenated onto a pass-through half). The
+reference runs ``scaled_dot_product_attention(is_causal=True)`` over each
+whole sequence with the K/V heads repeated (GQA) and keeps the rows the
+spans query.
 """
 
 from __future__ import annotations
@@ -23,20 +28,13 @@ from speculant.core.attention import cpu_kernel, cpu_kernel_build
 from speculant.core.attention.cpu_kernel import CpuKernelAttentionBackend
 from speculant.core.attention.span_tensors import SpanTensors
 from speculant.core.attention.torch_ref import TorchAttentionBackend
+from speculant.plugins.manager import get_registry
 
-BLOCK_SIZE = 4
-NUM_BLOCKS = 16
 NUM_HEADS = 4
 HEAD_DIM = 8
+BLOCK_SIZE = 4  # the single-case tests at the end
 
-# name -> (block table, sequence length); tables are non-contiguous and unordered
-SEQUENCES = {
-    "chunk": ([9, 3, 12], 11),
-    "fresh": ([7], 3),
-    "decode": ([1, 14, 6], 10),
-    "mqa": ([13, 2], 8),
-    "siblings": ([4, 0, 11], 10),
-}
+SEQUENCE_LENGTHS = {"chunk": 11, "fresh": 3, "decode": 10, "mqa": 8, "siblings": 10}
 # (sequence, start, end): the query tokens of one span
 LAYOUTS = {
     "mixed": [("chunk", 5, 11), ("fresh", 0, 3), ("decode", 9, 10), ("mqa", 5, 8),
@@ -46,12 +44,41 @@ LAYOUTS = {
     "decodes-only": [("decode", 9, 10), ("mqa", 7, 8), ("chunk", 10, 11)],
     "siblings-only": [("siblings", 9, 10), ("siblings", 7, 8), ("siblings", 8, 9)],
 }
+INPUT_LAYOUTS = ("contiguous", "transposed", "fused-slices", "partial-rotary")
 pytestmark = pytest.mark.usefixtures("one_thread")
 TOLERANCE = {torch.float32: 2e-6, torch.float64: 1e-12}
 
 
-def slot(table: list[int], pos: int) -> int:
-    return table[pos // BLOCK_SIZE] * BLOCK_SIZE + pos % BLOCK_SIZE
+def block_tables(block_size: int, gen: torch.Generator) -> tuple[dict[str, list[int]], int]:
+    """Non-contiguous, shuffled tables for every sequence, and the pool size
+    (a few spare blocks left as garbage)."""
+    needed = {name: -(-n // block_size) for name, n in SEQUENCE_LENGTHS.items()}
+    num_blocks = sum(needed.values()) + 3
+    order = torch.randperm(num_blocks, generator=gen).tolist()
+    tables, at = {}, 0
+    for name, n in needed.items():
+        tables[name], at = order[at: at + n], at + n
+    return tables, num_blocks
+
+
+def as_layout(kind: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+    """``q`` [T, H, D], ``k``/``v`` [T, H_kv, D] with the same values, laid out
+    in memory the way a model would hand them over."""
+    if kind == "contiguous":
+        return q, k, v
+    if kind == "transposed":  # [1, H, T, D] from the model, transposed back by the seam
+        return tuple(x.transpose(0, 1).contiguous().transpose(0, 1) for x in (q, k, v))
+    t = q.shape[0]
+    fused = torch.cat([x.reshape(t, -1) for x in (q, k, v)], dim=1)  # one q/k/v projection [T, F]
+    hq, hk = q.shape[1] * q.shape[2], k.shape[1] * k.shape[2]
+    views = (fused[:, :hq].view(q.shape), fused[:, hq: hq + hk].view(k.shape), fused[:, hq + hk:].view(v.shape))
+    if kind == "fused-slices":
+        return views
+    assert kind == "partial-rotary"
+    half = q.shape[2] // 2  # rotary part and pass-through part joined in [H, T, D], as models do
+    q, k = (torch.cat([x.transpose(0, 1)[..., :half], x.transpose(0, 1)[..., half:]], -1).transpose(0, 1)
+            for x in views[:2])
+    return q, k, views[2]
 
 
 def reference(q, k, v, scaling):  # q [L, H, D], k/v [L, H_kv, D] -> [L, H, D]
@@ -62,48 +89,64 @@ def reference(q, k, v, scaling):  # q [L, H, D], k/v [L, H_kv, D] -> [L, H, D]
     return out.transpose(0, 1)
 
 
+def backend_variants():
+    """Every attention backend registered for the CPU; the C kernel also with
+    only single-token spans on the kernel (the rest on the reference path)."""
+    registry = get_registry()
+    for name in sorted(registry.names("attention_backend")):
+        cls = registry.get("attention_backend", name)
+        if "cpu" in cls.capabilities.devices:
+            yield pytest.param(cls, None, id=name)
+            if cls is CpuKernelAttentionBackend:
+                yield pytest.param(cls, 1, id=f"{name}-decodes-only")
+
+
 @pytest.mark.parametrize("scaling, dtype", [(None, torch.float32), (1.0, torch.float64)],
                          ids=["fp32-scale-default", "fp64-scale-1"])
 @pytest.mark.parametrize("num_kv_heads", [4, 2, 1], ids=["mha", "gqa2", "mqa1"])
+@pytest.mark.parametrize("block_size", [1, 4, 16], ids=lambda b: f"block{b}")
+@pytest.mark.parametrize("input_layout", INPUT_LAYOUTS)
 @pytest.mark.parametrize("layout", list(LAYOUTS))
-@pytest.mark.parametrize("backend_cls, kernel_max_query", [(TorchAttentionBackend, None),
-                                                            (CpuKernelAttentionBackend, 16),
-                                                            (CpuKernelAttentionBackend, 1)],
-                         ids=["torch", "cpu_kernel", "cpu_kernel-decodes-only"])
-def test_backend_matches_dense_causal_sdpa(backend_cls, kernel_max_query, layout, num_kv_heads, scaling, dtype,
-                                           monkeypatch):
-    """cpu_kernel-decodes-only: the kernel takes the single-token spans, the
-    reference path the rest, in the same forward."""
+@pytest.mark.parametrize("backend_cls, kernel_max_query", list(backend_variants()))
+def test_backend_matches_dense_causal_sdpa(backend_cls, kernel_max_query, layout, input_layout, block_size,
+                                           num_kv_heads, scaling, dtype, monkeypatch):
     if kernel_max_query is not None:
         monkeypatch.setattr(cpu_kernel, "MAX_KERNEL_QUERY", kernel_max_query)
     gen = torch.Generator().manual_seed(0)
+    tables, num_blocks = block_tables(block_size, gen)
     scale = HEAD_DIM ** -0.5 if scaling is None else scaling
     full = {name: tuple(torch.randn(length, h, HEAD_DIM, generator=gen, dtype=dtype)
                         for h in (NUM_HEADS, num_kv_heads, num_kv_heads))
-            for name, (_, length) in SEQUENCES.items()}
+            for name, length in SEQUENCE_LENGTHS.items()}
     # a pool of garbage; then the cached prefix of every span (positions < its lowest start)
-    key_cache = 100 * torch.randn(NUM_BLOCKS, BLOCK_SIZE, num_kv_heads, HEAD_DIM, generator=gen, dtype=dtype)
-    value_cache = 100 * torch.randn(NUM_BLOCKS, BLOCK_SIZE, num_kv_heads, HEAD_DIM, generator=gen, dtype=dtype)
+    key_cache = 100 * torch.randn(num_blocks, block_size, num_kv_heads, HEAD_DIM, generator=gen, dtype=dtype)
+    value_cache = 100 * torch.randn(num_blocks, block_size, num_kv_heads, HEAD_DIM, generator=gen, dtype=dtype)
     flat_k, flat_v = key_cache.view(-1, num_kv_heads, HEAD_DIM), value_cache.view(-1, num_kv_heads, HEAD_DIM)
+
+    def slot(name: str, pos: int) -> int:
+        return tables[name][pos // block_size] * block_size + pos % block_size
+
     spans_def = LAYOUTS[layout]
     touched = set()
     for name in {s for s, _, _ in spans_def}:
-        table = SEQUENCES[name][0]
         first_new = min(start for s, start, _ in spans_def if s == name)
         for pos in range(first_new):
-            flat_k[slot(table, pos)], flat_v[slot(table, pos)] = full[name][1][pos], full[name][2][pos]
-        touched |= {slot(table, p) for p in range(max(end for s, _, end in spans_def if s == name))}
-    untouched = sorted(set(range(NUM_BLOCKS * BLOCK_SIZE)) - touched)
+            flat_k[slot(name, pos)], flat_v[slot(name, pos)] = full[name][1][pos], full[name][2][pos]
+        touched |= {slot(name, p) for p in range(max(end for s, _, end in spans_def if s == name))}
+    untouched = sorted(set(range(num_blocks * block_size)) - touched)
     garbage_k, garbage_v = flat_k[untouched].clone(), flat_v[untouched].clone()
 
     spans, qs, ks, vs = [], [], [], []
     for name, start, end in spans_def:
         q, k, v = full[name]
-        spans.append(QuerySpan(list(SEQUENCES[name][0]), start, [0] * (end - start), []))
+        spans.append(QuerySpan(list(tables[name]), start, [0] * (end - start), []))
         qs.append(q[start:end]), ks.append(k[start:end]), vs.append(v[start:end])
+    query, key, value = as_layout(input_layout, torch.cat(qs), torch.cat(ks), torch.cat(vs))
+    assert torch.equal(query, torch.cat(qs)) and torch.equal(value, torch.cat(vs))
+    assert query.is_contiguous() == (input_layout == "contiguous")
     backend = backend_cls()
-    metadata = backend.build_metadata(SpanTensors.build(spans, BLOCK_SIZE, torch.device("cpu")))
-    out = backend.forward(torch.cat(qs), torch.cat(ks), torch.cat(vs), key_cache, value_cache, metadata, scale)
+    metadata = backend.build_metadata(SpanTensors.build(spans, block_size, torch.device("cpu")))
+    out = backend.forward(query, key, value, key_cache, value_cache, metadata, scale)
     assert out.shape == (sum(q.shape[0] for q in qs), NUM_HEADS, HEAD_DIM) and out.dtype == dtype
 
     row = 0
@@ -115,7 +158,7 @@ def test_backend_matches_dense_causal_sdpa(backend_cls, kernel_max_query, layout
         row += end - start
     # every span's K/V landed in its own slots; nothing else was written
     for name, _, end in spans_def:
-        slots = [slot(SEQUENCES[name][0], pos) for pos in range(end)]
+        slots = [slot(name, pos) for pos in range(end)]
         assert torch.equal(flat_k[slots], full[name][1][:end]) and torch.equal(flat_v[slots], full[name][2][:end])
     assert torch.equal(flat_k[untouched], garbage_k) and torch.equal(flat_v[untouched], garbage_v)
 

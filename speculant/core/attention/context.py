@@ -22,9 +22,9 @@ class ForwardContext:
     metadata: Any
     key_caches: list[torch.Tensor]  # per layer [num_blocks, block_size, H_kv, D]
     value_caches: list[torch.Tensor]
-    on_layer: Callable[[int, torch.Tensor, torch.Tensor], None] | None = None
-    """Shape probe hook: when set, called with (layer_idx, key, value) instead
-    of attending (used once at load to size the KV cache)."""
+    on_layer: Callable[[Any], None] | None = None
+    """Probe hook: when set, the seam calls it with an ``AttentionCall`` record
+    instead of attending (used once at load, see ``seam_probe``)."""
 
 
 _CURRENT: contextvars.ContextVar[ForwardContext | None] = contextvars.ContextVar(

@@ -61,7 +61,9 @@ class CpuKernelAttentionBackend(TorchAttentionBackend):
         if not isinstance(metadata, CpuKernelMetadata):
             return super().forward(query, key, value, key_cache, value_cache, metadata, scaling)
         self.write_kv(key, value, key_cache, value_cache, metadata.slot_mapping)
-        out = torch.empty_like(query)
+        # row-major [T, H, D] whatever the query's strides: the kernel writes `out` as a
+        # dense array, and a query sliced from a fused projection is not one
+        out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
         ids = metadata.kernel_ids
         if ids.numel():
             if query.dtype == key_cache.dtype == torch.float32 and key_cache.is_contiguous() \

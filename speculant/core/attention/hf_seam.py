@@ -2,7 +2,10 @@
 
 Models loaded with ``attn_implementation=SEAM_NAME`` call
 ``speculant_attention`` in every layer, and the mask interface returns None so
-transformers builds no dense mask: the paged backend knows the layout.
+transformers builds no dense mask: the paged backend knows the layout. Every
+model passes the load-time probe (``seam_probe``) and self-test
+(``core/seam_selftest.py``) first, so anything it asks of attention beyond
+causal softmax over its own keys is refused at load, not ignored here.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface
 
 from speculant.core.attention.context import current_forward_context
+from speculant.core.attention.seam_probe import describe_call
 
 SEAM_NAME = "speculant"
 
@@ -27,18 +31,16 @@ def speculant_attention(
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
     ctx = current_forward_context()
-    layer = module.layer_idx
-    if kwargs.get("softcap") is not None:
-        raise NotImplementedError("attention logit soft-capping reached the speculant seam; "
-                                  "the model should have been refused at load")
+    if ctx.on_layer is not None:  # the load-time probe: record what the model asks for, attend to nothing
+        ctx.on_layer(describe_call(module, query, key, value, attention_mask, {"dropout": dropout, **kwargs}))
+        t, h = query.shape[2], query.shape[1]
+        return query.new_zeros(1, t, h, value.shape[-1]), None
     q = query[0].transpose(0, 1)  # [T, H, D]
     k = key[0].transpose(0, 1)  # [T, H_kv, D]
     v = value[0].transpose(0, 1)
     if scaling is None:
         scaling = q.shape[-1] ** -0.5
-    if ctx.on_layer is not None:
-        ctx.on_layer(layer, k, v)
-        return torch.zeros_like(q).unsqueeze(0), None
+    layer = module.layer_idx
     out = ctx.backend.forward(q, k, v, ctx.key_caches[layer], ctx.value_caches[layer], ctx.metadata, scaling)
     return out.unsqueeze(0), None  # [1, T, H, D]
 

@@ -69,7 +69,7 @@ class TorchAttentionBackend(AttentionBackend):
     def forward(self, query, key, value, key_cache, value_cache, metadata: TorchAttentionMetadata,
                 scaling: float) -> torch.Tensor:
         self.write_kv(key, value, key_cache, value_cache, metadata.slot_mapping)
-        out = torch.empty_like(query)
+        out = torch.empty(query.shape, dtype=query.dtype, device=query.device)  # [T, H, D] row-major
         self.attend_spans(query, key_cache, value_cache, metadata.spans, scaling, out)
         return out
 

@@ -1,0 +1,124 @@
+"""The architecture matrix: every verified decoder architecture × every
+attention backend that runs on this machine × {chunking off, tiny chunk
+budget, ngram + mqa, draft + batch expansion}, token for token against
+transformers ``generate()`` (near-ties judged on transformers' own logits,
+``greedy_compare``); and every refusal case refused at load with its feature
+named.
+
+Each cell runs one mixed batch of seven prompts: 1 token, below, at and above
+the block size, one chunked several times over, and one that repeats a
+pattern (so the n-gram proposer has something to propose). The default run
+takes a representative slice (each architecture in one setting, the settings
+rotating, on the default backend); ``-m slow`` runs the whole cross product.
+CI runs both.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from arch_zoo import REFUSED, VERIFIED, build_arch_model, noisy_copy
+from greedy_compare import check_all_greedy
+from speculant import LLM, SamplingParams
+from speculant.core.model_loading import UnsupportedModelError
+from speculant.plugins.manager import get_registry
+from tiny_models import random_prompts
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+MAX_TOKENS = 20
+GREEDY = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
+
+SETTINGS = {
+    "chunking-off": dict(block_size=16, max_num_batched_tokens=128, max_num_seqs=8, enable_chunked_prefill=False),
+    "tiny-chunks": dict(block_size=4, max_num_batched_tokens=7, max_num_seqs=7),
+    "ngram-mqa": dict(block_size=4, max_num_batched_tokens=24, max_num_seqs=7,
+                      speculative=dict(proposer="ngram", scorer="mqa", num_speculative_tokens=3)),
+    "draft-batch-expansion": dict(block_size=16, max_num_batched_tokens=40, max_num_seqs=7,
+                                  speculative=dict(proposer="draft_model", scorer="batch_expansion",
+                                                   num_speculative_tokens=3)),
+}
+SPECULATES = {"ngram-mqa", "draft-batch-expansion"}
+
+
+def cpu_backends() -> list[str]:
+    registry = get_registry()
+    return sorted(n for n in registry.names("attention_backend")
+                  if "cpu" in registry.get("attention_backend", n).capabilities.devices)
+
+
+def matrix_prompts() -> list[list[int]]:
+    pattern = random_prompts([6], seed=9)[0]
+    return random_prompts([1, 3, 4, 5, 17, 61], seed=1) + [pattern * 4]
+
+
+def _cells():
+    archs, settings, backends = list(VERIFIED), list(SETTINGS), cpu_backends()
+    for i, arch in enumerate(archs):
+        for backend in backends:
+            for j, setting in enumerate(settings):
+                default = backend == "cpu_kernel" and j == i % len(settings)
+                marks = () if default else (pytest.mark.slow,)
+                yield pytest.param(arch, backend, setting, marks=marks, id=f"{arch}-{backend}-{setting}")
+
+
+@pytest.fixture(scope="session")
+def zoo(tmp_path_factory, tokenizer_dir):
+    """``zoo(arch)`` -> the arch's tiny model dir; ``zoo(arch, draft=True)`` ->
+    a noisy copy of it (a draft that agrees only partly). Built on first use."""
+    root = tmp_path_factory.mktemp("zoo")
+    built: dict[tuple[str, bool], Path] = {}
+
+    def get(arch: str, draft: bool = False) -> Path:
+        if (arch, draft) not in built:
+            target = built.get((arch, False)) or build_arch_model(arch, root / arch, tokenizer_dir)
+            built[(arch, False)] = target
+            if draft:
+                built[(arch, True)] = noisy_copy(target, root / f"{arch}-draft")
+        return built[(arch, draft)]
+
+    return get
+
+
+@pytest.mark.parametrize("arch,backend,setting", list(_cells()))
+def test_architecture_matches_transformers(arch, backend, setting, zoo, hf_reference):
+    overrides = dict(SETTINGS[setting])
+    if "speculative" in overrides:
+        spec = dict(overrides["speculative"])
+        if spec["proposer"] == "draft_model":
+            spec["proposer_options"] = {"model": str(zoo(arch, draft=True))}
+        overrides["speculative"] = spec
+    model_dir = zoo(arch)
+    llm = LLM(str(model_dir), attention_backend=backend, **overrides)
+    prompts = matrix_prompts()
+    outs = llm.generate(prompts, GREEDY, use_tqdm=False)
+    ours = [o.outputs[0].token_ids for o in outs]
+    refs = [hf_reference(model_dir).greedy(p, MAX_TOKENS) for p in prompts]
+    distinct = sum(len(set(r.tokens)) for r in refs) / len(refs)
+    assert distinct >= 5, f"{arch}: transformers' greedy text is degenerate ({distinct:.1f} distinct tokens " \
+                          "per output), so this cell would prove little; widen the init"
+    check_all_greedy(ours, refs, f"{arch}/{backend}/{setting}")
+    if setting in SPECULATES:
+        assert llm.get_metrics()["num_draft_tokens"] > 0, f"{arch}/{setting}: nothing was proposed"
+
+
+@pytest.mark.parametrize("case", list(REFUSED))
+def test_unsupported_feature_is_refused_by_name(case, tmp_path, tokenizer_dir):
+    arch, overrides, feature = REFUSED[case]
+    model_dir = build_arch_model(arch, tmp_path / case, tokenizer_dir, overrides=overrides)
+    with pytest.raises(UnsupportedModelError) as err:
+        LLM(str(model_dir), max_num_batched_tokens=64)
+    message = str(err.value)
+    assert feature in message and str(model_dir) in message, message
+
+
+def test_refused_draft_model_names_the_draft_option(zoo, tmp_path, tokenizer_dir):
+    """A draft with an unsupported feature is refused under the draft's own option."""
+    arch, overrides, feature = REFUSED["gemma2-softcap"]
+    draft = build_arch_model(arch, tmp_path / "draft", tokenizer_dir, overrides=overrides)
+    with pytest.raises(UnsupportedModelError, match="soft-capping") as err:
+        LLM(str(zoo("llama")), max_num_batched_tokens=64,
+            speculative=dict(proposer="draft_model", proposer_options={"model": str(draft)}))
+    assert "speculative.proposer_options.model" in str(err.value) or "draft" in str(err.value)
