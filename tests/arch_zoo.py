@@ -19,6 +19,8 @@ import torch
 from transformers import AutoModel, AutoModelForCausalLM, PreTrainedTokenizerFast
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
+from tiny_models import random_prompts
+
 MAX_POSITIONS = 256
 SIZES = dict(
     vocab_size=384, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
@@ -106,3 +108,10 @@ def noisy_copy(model_dir: Path, out_dir: Path, *, rel_std: float = 0.03, seed: i
     model.save_pretrained(out_dir)
     PreTrainedTokenizerFast.from_pretrained(model_dir).save_pretrained(out_dir)
     return Path(out_dir)
+
+
+def matrix_prompts() -> list[list[int]]:
+    """1 token, below / at / above a block of 4, one chunked several times over,
+    and one repeating a 6-token pattern (so an n-gram proposer finds matches)."""
+    pattern = random_prompts([6], seed=9)[0]
+    return random_prompts([1, 3, 4, 5, 17, 61], seed=1) + [pattern * 4]

@@ -137,3 +137,25 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "slow" in item.keywords:
             item.add_marker(skip)
+
+
+# --- the architecture zoo (tests/arch_zoo.py) ---
+
+@pytest.fixture(scope="session")
+def zoo(tmp_path_factory, tokenizer_dir):
+    """``zoo(arch)`` -> the arch's tiny model dir; ``zoo(arch, draft=True)`` ->
+    a noisy copy of it (a draft that agrees only partly). Built on first use."""
+    from arch_zoo import build_arch_model, noisy_copy
+
+    root = tmp_path_factory.mktemp("zoo")
+    built: dict[tuple[str, bool], Path] = {}
+
+    def get(arch: str, draft: bool = False) -> Path:
+        if (arch, draft) not in built:
+            target = built.get((arch, False)) or build_arch_model(arch, root / arch, tokenizer_dir)
+            built[(arch, False)] = target
+            if draft:
+                built[(arch, True)] = noisy_copy(target, root / f"{arch}-draft")
+        return built[(arch, draft)]
+
+    return get

@@ -25,6 +25,7 @@ from speculant.core.attention.hf_seam import SEAM_NAME
 from speculant.core.attention.seam_probe import probe_attention, seam_refusals
 from speculant.core.model_loading import (eos_token_ids, load_hf_model, load_tokenizer, resolve_device,
                                           unsupported_model_error)
+from speculant.core.resource_checks import total_memory_bytes
 from speculant.core.seam_selftest import SeamSelfTestError, seam_self_test
 
 logger = logging.getLogger(__name__)
@@ -65,14 +66,14 @@ class ForwardOutput:
 
 class ModelRunner:
     def __init__(self, model_cfg: ModelConfig, cache_cfg: CacheConfig, backend: AttentionBackend,
-                 *, option_prefix: str = "model") -> None:
+                 *, path_option: str = "model.path", tokenizer_option: str = "model.tokenizer") -> None:
         self.device = resolve_device(model_cfg.device)
         self.backend = backend
         self.block_size = cache_cfg.block_size
         self.model, self.max_model_len = load_hf_model(
             model_cfg.path, model_cfg.dtype, self.device, model_cfg.max_model_len,
-            option=f"{option_prefix}.path")
-        self.tokenizer = load_tokenizer(model_cfg.tokenizer or model_cfg.path, option=f"{option_prefix}.tokenizer")
+            option=path_option)
+        self.tokenizer = load_tokenizer(model_cfg.tokenizer or model_cfg.path, option=tokenizer_option)
         self.eos_token_ids = eos_token_ids(self.model, self.tokenizer)
         self.vocab_size = self.model.get_output_embeddings().weight.shape[0]
         self.norms_fused, self.norms_kept = fuse_rms_norms(self.model)
@@ -80,11 +81,11 @@ class ModelRunner:
         self._captured_hidden: torch.Tensor | None = None
         self._capture = False
         self.model.base_model.register_forward_hook(self._hidden_hook)
-        self.kv_shapes = self._probe_kv_shapes(f"{option_prefix}.path")  # per layer (H_kv, D)
+        self.kv_shapes = self._probe_kv_shapes(path_option)  # per layer (H_kv, D)
         self.num_blocks = self._num_blocks(cache_cfg)
         self.key_caches, self.value_caches = self._allocate_caches()
         self.block_manager = BlockManager(self.num_blocks, self.block_size)
-        self.self_test_deviation = self._self_test(f"{option_prefix}.path")
+        self.self_test_deviation = self._self_test(path_option)
 
     # --- setup -----------------------------------------------------------
     def _pack_linears(self, backend: str, dense_max_rows: int | None):
@@ -134,6 +135,7 @@ class ModelRunner:
                     f"cache.num_blocks = {cache_cfg.num_blocks} holds {cache_cfg.num_blocks * self.block_size} "
                     f"tokens, less than one sequence of model.max_model_len = {self.max_model_len}; raise "
                     f"cache.num_blocks to at least {needed} or lower model.max_model_len")
+            self._check_pool_fits(cache_cfg.num_blocks)
             return cache_cfg.num_blocks
         per_block = self.kv_bytes_per_token * self.block_size
         num = int(cache_cfg.memory_gb * (1 << 30) // per_block)
@@ -144,6 +146,17 @@ class ModelRunner:
                 "cache.memory_gb or lower model.max_model_len")
         # never more than enough for max_model_len tokens of many sequences
         return min(num, 1 + 256 * -(-self.max_model_len // self.block_size))
+
+    def _check_pool_fits(self, num_blocks: int) -> None:
+        """Refuse a pool larger than the device's memory before the allocator does."""
+        total = total_memory_bytes(self.device.type)
+        need = num_blocks * self.block_size * self.kv_bytes_per_token
+        if total is not None and need > total:
+            raise ValueError(
+                f"cache.num_blocks = {num_blocks}: the KV cache needs {need / (1 << 30):.2f} GiB "
+                f"({self.kv_bytes_per_token * self.block_size} bytes per block), more than the "
+                f"{total / (1 << 30):.2f} GiB of {self.device.type} memory; lower cache.num_blocks to at most "
+                f"{total // (self.kv_bytes_per_token * self.block_size)} or use cache.memory_gb")
 
     def _allocate_caches(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         keys, values = [], []

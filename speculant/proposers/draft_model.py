@@ -93,7 +93,8 @@ class DraftModelProposer(Proposer):
         # never more blocks than the target: the draft's cache covers at most the target's positions
         cache_cfg = CacheConfig(block_size=target.block_size, num_blocks=target.num_blocks)
         self.runner = ModelRunner(model_cfg, cache_cfg, target.backend,
-                                  option_prefix="speculative.proposer_options.model")
+                                  path_option="speculative.proposer_options.model",
+                                  tokenizer_option="speculative.proposer_options.model")
         if self.runner.vocab_size != target.vocab_size:
             raise ValueError(
                 f"speculative.proposer_options.model = {options.model!r}: draft LM head has "

@@ -15,16 +15,13 @@ CI runs both.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
-from arch_zoo import REFUSED, VERIFIED, build_arch_model, noisy_copy
+from arch_zoo import REFUSED, VERIFIED, build_arch_model, matrix_prompts
 from greedy_compare import check_all_greedy
 from speculant import LLM, SamplingParams
 from speculant.core.model_loading import UnsupportedModelError
 from speculant.plugins.manager import get_registry
-from tiny_models import random_prompts
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -49,11 +46,6 @@ def cpu_backends() -> list[str]:
                   if "cpu" in registry.get("attention_backend", n).capabilities.devices)
 
 
-def matrix_prompts() -> list[list[int]]:
-    pattern = random_prompts([6], seed=9)[0]
-    return random_prompts([1, 3, 4, 5, 17, 61], seed=1) + [pattern * 4]
-
-
 def _cells():
     archs, settings, backends = list(VERIFIED), list(SETTINGS), cpu_backends()
     for i, arch in enumerate(archs):
@@ -62,24 +54,6 @@ def _cells():
                 default = backend == "cpu_kernel" and j == i % len(settings)
                 marks = () if default else (pytest.mark.slow,)
                 yield pytest.param(arch, backend, setting, marks=marks, id=f"{arch}-{backend}-{setting}")
-
-
-@pytest.fixture(scope="session")
-def zoo(tmp_path_factory, tokenizer_dir):
-    """``zoo(arch)`` -> the arch's tiny model dir; ``zoo(arch, draft=True)`` ->
-    a noisy copy of it (a draft that agrees only partly). Built on first use."""
-    root = tmp_path_factory.mktemp("zoo")
-    built: dict[tuple[str, bool], Path] = {}
-
-    def get(arch: str, draft: bool = False) -> Path:
-        if (arch, draft) not in built:
-            target = built.get((arch, False)) or build_arch_model(arch, root / arch, tokenizer_dir)
-            built[(arch, False)] = target
-            if draft:
-                built[(arch, True)] = noisy_copy(target, root / f"{arch}-draft")
-        return built[(arch, draft)]
-
-    return get
 
 
 @pytest.mark.parametrize("arch,backend,setting", list(_cells()))
@@ -121,4 +95,4 @@ def test_refused_draft_model_names_the_draft_option(zoo, tmp_path, tokenizer_dir
     with pytest.raises(UnsupportedModelError, match="soft-capping") as err:
         LLM(str(zoo("llama")), max_num_batched_tokens=64,
             speculative=dict(proposer="draft_model", proposer_options={"model": str(draft)}))
-    assert "speculative.proposer_options.model" in str(err.value) or "draft" in str(err.value)
+    assert "speculative.proposer_options.model = " in str(err.value)

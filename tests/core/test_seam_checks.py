@@ -1,0 +1,75 @@
+"""The load-time checks of the attention seam, on their own: the probe's
+reading of attention calls, and the self-test that refuses a model whose
+logits through the engine differ from transformers' own attention."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from speculant import LLM
+from speculant.core.attention.seam_probe import AttentionCall, seam_refusals
+from speculant.core.attention.torch_ref import TorchAttentionBackend
+from speculant.core.model_loading import UnsupportedModelError
+from speculant.core import model_runner
+
+
+def call(layer, kv_len=3, **kwargs) -> AttentionCall:
+    return AttentionCall(layer=layer, query_shape=(1, 4, 3, 16), key_shape=(1, 2, kv_len, 16),
+                         value_shape=(1, 2, kv_len, 16), is_causal=True, has_mask=False,
+                         kwargs={"dropout": 0.0, "scaling": 0.25, "position_ids": None, **kwargs})
+
+
+def test_plain_causal_calls_pass():
+    assert seam_refusals([call(0), call(1)], num_layers=2, max_model_len=64) == []
+
+
+@pytest.mark.parametrize("calls, num_layers, words", [
+    ([call(0, sliding_window=16), call(1)], 2, "sliding-window attention (window 16 < max_model_len 64)"),
+    ([call(0, softcap=30.0), call(1)], 2, "soft-capping (softcap=30.0)"),
+    ([call(0, sinks=torch.zeros(4)), call(1)], 2, "attention sinks"),
+    ([call(0, kv_len=5), call(1)], 2, "keys of a different length than the queries"),
+    ([call(0, alibi_slopes=torch.zeros(4)), call(1)], 2, "`alibi_slopes` = Tensor"),
+    ([call(0, is_causal=False), call(1)], 2, "non-causal"),
+    ([call(1)], 2, "1 of 2 layers never call attention"),
+    ([call(0), call(0)], 1, "more than once per forward"),
+    ([], 2, "no layer called transformers' attention interface"),
+], ids=["window", "softcap", "sinks", "cross", "unknown-argument", "bidirectional", "hybrid", "twice", "none"])
+def test_probe_refuses_each_feature_by_name(calls, num_layers, words):
+    problems = seam_refusals(calls, num_layers=num_layers, max_model_len=64)
+    assert any(words in p for p in problems), problems
+
+
+def test_window_no_sequence_can_outgrow_is_accepted():
+    assert seam_refusals([call(0, sliding_window=64), call(1, sliding_window=None)], 2, max_model_len=64) == []
+
+
+class SkewedBackend(TorchAttentionBackend):
+    """Right everywhere except that decodes see their keys scaled: the kind of
+    subtle backend fault no argument check can see."""
+
+    name = "skewed"
+
+    def attend_spans(self, query, key_cache, value_cache, views, scaling, out):
+        super().attend_spans(query, key_cache, value_cache, views, scaling * 1.5, out)
+
+
+def test_self_test_refuses_a_model_the_engine_would_get_wrong(llama_dir):
+    from speculant.core.config import CacheConfig, ModelConfig
+
+    with pytest.raises(UnsupportedModelError, match=r"backend 'skewed'\) differ from transformers' own"):
+        model_runner.ModelRunner(ModelConfig(path=str(llama_dir)), CacheConfig(num_blocks=64), SkewedBackend())
+
+
+def test_self_test_passes_and_records_its_deviation(llama_dir):
+    llm = LLM(str(llama_dir), max_num_batched_tokens=64)
+    assert 0.0 <= llm.engine.runner.self_test_deviation < 1e-4
+    # the test sequences' blocks went back to the pool
+    manager = llm.engine.runner.block_manager
+    assert manager.num_free_blocks == manager.num_blocks
+
+
+def test_a_pool_larger_than_memory_is_refused_before_allocating(llama_dir):
+    with pytest.raises(ValueError, match=r"cache.num_blocks = 4000000: the KV cache needs .* GiB .* lower "
+                                         r"cache.num_blocks to at most"):
+        LLM(str(llama_dir), num_blocks=4_000_000, block_size=1024)
