@@ -1,0 +1,196 @@
+"""Randomized schedules (hypothesis): whatever the batch, budget, pool, chunking,
+speculation config, arrival order and aborts, every request that survives
+produces what it produces alone (tests/spec/schedule_check.py has the checks).
+
+Each example draws:
+
+- an engine: block size 1/2/4/8/16; ``max_num_seqs`` 1..6 and a token budget
+  from ``max_num_seqs`` up (configs the checker refuses are never drawn: the
+  budget is at least ``max_num_seqs``, and with chunking off at least the
+  longest prompt); chunked prefill on/off; ``max_model_len`` just above the
+  longest request or cutting some requests short; a KV pool either a few
+  blocks above one ``max_model_len`` sequence (so requests preempt) or large;
+  speculation off, or ``ngram`` / ``draft_model`` (a noisy copy of the target,
+  ``spec_noisy_draft_dir``) with k 1..4, scorer ``mqa`` / ``batch_expansion``,
+  acceptance ``rejection`` (sometimes ``typical``), sometimes
+  ``disable_by_batch_size`` and, for the draft, a confidence threshold;
+- 1..6 requests: prompts of 1..80 tokens (random, or periodic so that n-gram
+  lookup finds matches), ``max_tokens`` 1..24, greedy or seeded sampling
+  (temperature, top-k, top-p, min-p), stop token ids and stop strings taken
+  from what the model often emits, EOS on or off (the target's EOS is patched
+  to a token the model often emits, so it really stops requests), sometimes
+  log-probs, an arrival step and sometimes an abort step.
+
+The target and the draft are the tiny llama test models (hidden 64). Solo
+results are cached per (request, speculation config) across examples.
+The default profile is small and derandomized (reproducible in CI); the
+``slow`` variant draws more examples: ``pytest -m slow tests/spec/test_schedule_properties.py``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections import Counter
+from dataclasses import dataclass
+
+import pytest
+import torch
+from hypothesis import HealthCheck, event, given, note, settings
+from hypothesis import strategies as st
+from schedule_check import Req, ScheduleChecker, Setup
+
+from speculant import LLM, SamplingParams
+from tiny_models import copy_model, random_prompts, set_eos_token
+
+MAX_PROMPT = 80
+MAX_TOKENS = 24
+MAX_REQUESTS = 6
+
+COMMON = dict(deadline=None, derandomize=True, database=None, print_blob=False,
+              suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture,
+                                     HealthCheck.data_too_large])
+
+
+@dataclass(frozen=True)
+class Pools:
+    """Values worth drawing stop rules from: tokens and text the model emits often."""
+
+    eos_token_id: int
+    stop_token_ids: tuple[int, ...]
+    stop_strings: tuple[str, ...]
+
+
+@pytest.fixture(scope="module")
+def schedule_models(tmp_path_factory, llama_dir, spec_noisy_draft_dir):
+    """(checker, pools): the target is a copy of the tiny llama whose EOS is a
+    token its greedy and sampled text often contains; stop ids and strings are
+    drawn from other frequent tokens and text."""
+    llm = LLM(model=str(llama_dir), block_size=16, num_blocks=64, max_num_batched_tokens=512, max_num_seqs=16)
+    lengths = [1, 3, 7, 12, 20, 33, 50, 80]
+    prompts = random_prompts(lengths, seed=2024)
+    params = ([SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)] * len(prompts)
+              + [SamplingParams(temperature=1.0, seed=i, max_tokens=MAX_TOKENS, ignore_eos=True)
+                 for i in range(len(prompts))])
+    outs = llm.generate(prompts + prompts, params, use_tqdm=False)
+    counts = Counter(t for o in outs for t in o.outputs[0].token_ids)
+    frequent = [t for t, _ in counts.most_common(16)]
+    texts = Counter()
+    for o in outs:
+        text = o.outputs[0].text
+        texts.update(text[i:i + 2] for i in range(len(text) - 1))
+    strings = [llm.tokenizer.decode([t]) for t in frequent[3:9]] + [s for s, _ in texts.most_common(6)]
+    strings = tuple(dict.fromkeys(s for s in strings if s and "\ufffd" not in s))
+    pools = Pools(eos_token_id=frequent[2], stop_token_ids=tuple(frequent[3:12]) + (2, 200),
+                  stop_strings=strings)
+    target = set_eos_token(copy_model(llama_dir, tmp_path_factory.mktemp("llama_sched_eos")), pools.eos_token_id)
+    return ScheduleChecker(target, spec_noisy_draft_dir), pools
+
+
+# --- strategies -----------------------------------------------------------------
+
+@st.composite
+def prompts(draw, max_len: int = MAX_PROMPT) -> list[int]:
+    # short prompts half the time: several requests then fit the pool together and
+    # preempt each other as their outputs grow
+    n = draw(st.one_of(st.integers(1, 16), st.integers(1, max_len)))
+    seed = draw(st.integers(0, 2**16))
+    period = draw(st.one_of(st.none(), st.integers(1, 8)))
+    base = torch.randint(2, 384, (period or n,), generator=torch.Generator().manual_seed(seed)).tolist()
+    return (base * (n // len(base) + 1))[:n]
+
+
+@st.composite
+def sampling_params(draw, pools: Pools) -> SamplingParams:
+    sampled = draw(st.booleans())
+    kw = dict(
+        max_tokens=draw(st.one_of(st.integers(1, MAX_TOKENS), st.integers(MAX_TOKENS - 8, MAX_TOKENS))),
+        stop_token_ids=draw(st.lists(st.sampled_from(pools.stop_token_ids), max_size=2, unique=True)),
+        stop=draw(st.lists(st.sampled_from(pools.stop_strings), max_size=2, unique=True)),
+        ignore_eos=draw(st.booleans()),
+        include_stop_str_in_output=draw(st.booleans()),
+        logprobs=draw(st.sampled_from([None, None, None, None, 0, 2])),
+    )
+    if not sampled:
+        return SamplingParams(temperature=0.0, **kw)
+    return SamplingParams(
+        temperature=draw(st.sampled_from([0.7, 1.0, 1.5])), top_k=draw(st.sampled_from([0, 0, 1, 5, 40])),
+        top_p=draw(st.sampled_from([1.0, 1.0, 0.9, 0.6])), min_p=draw(st.sampled_from([0.0, 0.0, 0.05])),
+        seed=draw(st.integers(0, 2**31 - 1)), **kw)
+
+
+@st.composite
+def requests(draw, pools: Pools) -> list[Req]:
+    n = draw(st.integers(1, MAX_REQUESTS))
+    out = []
+    for _ in range(n):
+        prompt = draw(prompts())
+        params = draw(sampling_params(pools))
+        arrive_at = draw(st.sampled_from([0, 0, 0, 1, 2, 5, 9]))
+        abort_after = draw(st.one_of(st.none(), st.none(), st.none(), st.integers(0, 25)))
+        out.append(Req(prompt, params, arrive_at, None if abort_after is None else arrive_at + abort_after))
+    return out
+
+
+@st.composite
+def setups(draw, reqs: list[Req]) -> Setup:
+    proposer = draw(st.sampled_from([None, "ngram", "draft_model"]))
+    spec = {}
+    if proposer is not None:
+        spec = dict(proposer=proposer, k=draw(st.integers(1, 4)),
+                    scorer=draw(st.sampled_from(["mqa", "batch_expansion"])),
+                    acceptance=draw(st.sampled_from(["rejection", "rejection", "rejection", "typical"])),
+                    disable_by_batch_size=draw(st.one_of(st.none(), st.none(), st.none(), st.integers(1, 3))))
+        if proposer == "draft_model":
+            spec["draft_confidence"] = draw(st.sampled_from([0.0, 0.0, 0.3]))
+    block_size = draw(st.sampled_from([1, 2, 4, 8, 16]))
+    longest_prompt = max(len(r.prompt) for r in reqs)
+    longest_request = max(len(r.prompt) + r.params.max_tokens for r in reqs)
+    if draw(st.booleans()) or longest_request - 1 <= longest_prompt + 1:
+        max_model_len = longest_request + draw(st.integers(0, 4))  # no request reaches it
+    else:  # some requests stop at max_model_len
+        max_model_len = draw(st.integers(longest_prompt + 1, longest_request - 1))
+    one_sequence = math.ceil(max_model_len / block_size)
+    num_blocks = one_sequence + draw(st.sampled_from([0, 0, 1, 1, 2, 3, 4 * one_sequence]))
+    max_num_seqs = draw(st.integers(1, 6))
+    budget = max_num_seqs + draw(st.sampled_from([0, 1, 2, 3, 5, 8, 13, 21, 34, 512]))
+    chunked = draw(st.booleans())
+    if not chunked:
+        budget = max(budget, longest_prompt)  # whole prompts only: the longest must fit a step
+    return Setup(block_size=block_size, num_blocks=num_blocks, max_model_len=max_model_len,
+                 max_num_batched_tokens=budget, max_num_seqs=max_num_seqs, enable_chunked_prefill=chunked, **spec)
+
+
+def run_example(data, schedule_models) -> None:
+    checker, pools = schedule_models
+    reqs = data.draw(requests(pools), label="requests")
+    setup = data.draw(setups(reqs), label="setup")
+    trace = checker.check(setup, reqs)
+    note(f"steps={trace.num_steps} aborted={sorted(trace.aborted)} preempted={sorted(trace.preempted)} "
+         f"trimmed={sorted(trace.trimmed)}")
+    event(f"proposer={setup.proposer}")
+    event("preempted" if trace.preempted else "no preemption")
+    event("aborted" if trace.aborted else "no abort")
+    for reason in sorted(set(checker.events)):
+        event(reason)
+
+
+@settings(max_examples=40, **COMMON)
+@given(data=st.data())
+def test_schedules_match_solo_runs(data, schedule_models):
+    run_example(data, schedule_models)
+
+
+@pytest.fixture
+def slow_selected(request):
+    """The slow variant runs only when asked for: ``-m slow`` or SPECULANT_SLOW=1."""
+    expr = request.config.getoption("markexpr") or ""
+    if not os.environ.get("SPECULANT_SLOW") and ("slow" not in expr or "not slow" in expr):
+        pytest.skip("slow: run with -m slow (or SPECULANT_SLOW=1)")
+
+
+@pytest.mark.slow
+@settings(max_examples=300, **COMMON)
+@given(data=st.data())
+def test_schedules_match_solo_runs_slow(data, slow_selected, schedule_models):
+    run_example(data, schedule_models)
