@@ -50,6 +50,12 @@ VERIFIED: dict[str, dict] = {
     "starcoder2": dict(sliding_window=None),
     "gpt2": {},  # learned absolute positions, Conv1D projections
     "cohere": {},
+    # beyond the list: MoE, MQA, learned/sinusoidal positions, partial and
+    # interleaved rotary, QK norms, NoPE layers, quantised linears
+    "mixtral": {}, "qwen2_moe": {}, "qwen3_moe": {}, "olmoe": {}, "granitemoe": {}, "jetmoe": {},
+    "gpt_bigcode": {}, "opt": {}, "biogpt": {}, "ctrl": {}, "glm": {}, "glm4": {}, "persimmon": {},
+    "nemotron": {}, "cohere2": dict(sliding_window=4 * MAX_POSITIONS), "helium": {}, "internlm3": {},
+    "exaone": {}, "bitnet": {}, "llama4_text": {}, "seed_oss": {}, "smollm3": {},
 }
 
 # Refusal cases: name -> (architecture, config settings that switch the feature
@@ -61,9 +67,9 @@ REFUSED: dict[str, tuple[str, dict, str]] = {
     "gpt_oss-sinks": ("gpt_oss", dict(sliding_window=4 * MAX_POSITIONS, layer_types=["full_attention"] * 2),
                       "attention sinks"),
     "bert-bidirectional": ("bert", dict(is_decoder=False), "non-causal (bidirectional) attention"),
-    "mamba-state-space": ("mamba", {}, "state-space or recurrent model"),
+    "mamba-state-space": ("mamba", {}, "not softmax attention (state-space"),
     "jamba-hybrid": ("jamba", dict(attn_layer_period=2, attn_layer_offset=1, expert_layer_period=2,
-                                   expert_layer_offset=1, use_mamba_kernels=False), "non-attention layers"),
+                                   expert_layer_offset=1, use_mamba_kernels=False), "not softmax attention"),
     "t5-encoder-decoder": ("t5", {}, "not a decoder-only causal LM"),
     "falcon-alibi": ("falcon", dict(alibi=True), "ALiBi"),
     "falcon-own-attention": ("falcon", dict(alibi=False, new_decoder_architecture=True, num_kv_heads=2),
@@ -71,6 +77,9 @@ REFUSED: dict[str, tuple[str, dict, str]] = {
     "bloom-own-attention": ("bloom", {}, "AttentionInterface"),
     "doge-dynamic-mask": ("doge", {}, "mask or bias the model builds itself"),
     "diffllama-differential": ("diffllama", {}, "more than once per forward"),
+    "lfm2-conv-hybrid": ("lfm2", dict(layer_types=["conv", "full_attention"]), "layers of type 'conv'"),
+    "llama4-chunked": ("llama4_text", dict(attention_chunk_size=32), "chunked attention"),
+    "gemma3-window-layers": ("gemma3_text", dict(sliding_window=16), "sliding-window attention"),
 }
 
 

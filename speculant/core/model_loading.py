@@ -36,14 +36,9 @@ def unsupported_features(config: PretrainedConfig, max_model_len: int) -> list[s
     """Every attention feature of ``config`` the paged backends do not handle."""
     cfg = config.get_text_config()
     problems = []
-    window = getattr(cfg, "sliding_window", None)
-    window_on = getattr(cfg, "use_sliding_window", True)
-    layer_types = getattr(cfg, "layer_types", None) or []
-    if window is not None and window_on and window < max_model_len:
-        problems.append(f"sliding-window attention (sliding_window={window} < max_model_len={max_model_len}); "
-                        f"set model.max_model_len <= {window} or use a model without a window")
-    elif any("sliding" in str(t) for t in layer_types) and (window or 0) < max_model_len:
-        problems.append("sliding-window attention layers (layer_types); use a model without them")
+    problems.extend(_layer_problems(cfg, max_model_len))
+    if getattr(cfg, "use_bidirectional_attention", False):
+        problems.append("bidirectional attention (use_bidirectional_attention=True); use a causal model")
     softcap = getattr(cfg, "attn_logit_softcapping", None)
     if softcap:
         problems.append(f"attention logit soft-capping (attn_logit_softcapping={softcap}); "
@@ -56,6 +51,34 @@ def unsupported_features(config: PretrainedConfig, max_model_len: int) -> list[s
         problems.append("not a decoder-only causal LM (transformers' AutoModelForCausalLM has no class for "
                         f"{type(config).__name__}: an encoder-decoder or encoder-only model); "
                         "use a decoder-only model")
+    return problems
+
+
+def _layer_problems(cfg: PretrainedConfig, max_model_len: int) -> list[str]:
+    """Attention layouts the config declares: the masks that would express them are
+    never built for the seam, so each is checked here against max_model_len."""
+    window = getattr(cfg, "sliding_window", None)
+    window_problem = (f"sliding-window attention (sliding_window={window} < max_model_len={max_model_len}); "
+                      f"set model.max_model_len <= {window} or use a model without a window")
+    layer_types = list(dict.fromkeys(str(t) for t in (getattr(cfg, "layer_types", None) or [])))
+    if not layer_types:  # no per-layer list: the window, if any and switched on, applies everywhere
+        on = window is not None and getattr(cfg, "use_sliding_window", True)
+        return [window_problem] if on and window < max_model_len else []
+    problems = []
+    for kind in layer_types:
+        if kind == "full_attention":
+            continue
+        if kind == "sliding_attention":
+            if window is None or window < max_model_len:
+                problems.append(window_problem)
+        elif kind == "chunked_attention":
+            chunk = getattr(cfg, "attention_chunk_size", None)
+            if chunk is None or chunk < max_model_len:
+                problems.append(f"chunked attention (attention_chunk_size={chunk} < max_model_len={max_model_len}); "
+                                f"set model.max_model_len <= {chunk} or use a model without it")
+        else:
+            problems.append(f"layers of type {kind!r} (config.layer_types), which are not softmax attention "
+                            "(state-space, convolution or linear-attention layers); use a model without them")
     return problems
 
 
