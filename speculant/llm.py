@@ -129,5 +129,17 @@ class LLM:
             raise type(exc)(f"prompt {len(ids)}: {exc}") from exc
         return ids
 
+    def chat(self, messages, sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+             use_tqdm: bool = True, chat_template: str | None = None,
+             add_generation_prompt: bool = True) -> list[RequestOutput]:
+        """Generate the assistant's reply to one conversation (a list of
+        ``{"role", "content"}`` dicts) or to each of a list of conversations,
+        rendered with the model's chat template (or ``chat_template``)."""
+        from speculant.chat import as_conversations, render
+
+        conversations, _ = as_conversations(messages)
+        prompts = [render(self.tokenizer, c, chat_template, add_generation_prompt) for c in conversations]
+        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+
     def get_metrics(self) -> dict:
         return self.engine.get_metrics()

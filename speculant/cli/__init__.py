@@ -12,6 +12,7 @@ import sys
 
 SUBCOMMAND_MODULES = (
     "speculant.cli.generate_cmd",
+    "speculant.cli.chat_cmd",
     "speculant.cli.config_cmd",
     "speculant.cli.plugins_cmd",
     "speculant.cli.bench_cmd",

@@ -27,6 +27,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--ignore-eos", action="store_true")
     p.add_argument("--compare", action="store_true",
                    help="also run without speculation and report the speedup")
+    p.add_argument("--chat", action="store_true",
+                   help="send each prompt as a user message through the model's chat template")
     p.add_argument("--json", action="store_true", help="print results as JSON")
     p.add_argument("--threads", type=int, default=None,
                    help="torch CPU threads (default: torch's choice, one per core)")
@@ -54,7 +56,10 @@ def _warm_up(llm, args) -> None:
 def _run_once(llm, args, params):
     if args.compare:
         _warm_up(llm, args)
-    outputs = llm.generate(args.prompts, params, use_tqdm=False)
+    if args.chat:
+        outputs = llm.chat([[{"role": "user", "content": p}] for p in args.prompts], params, use_tqdm=False)
+    else:
+        outputs = llm.generate(args.prompts, params, use_tqdm=False)
     num_tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
     seconds = llm.last_run_seconds
     return outputs, num_tokens, seconds
@@ -98,12 +103,13 @@ def run(args: argparse.Namespace) -> int:
         summary["same_text_as_baseline"] = all(
             a.outputs[0].token_ids == b.outputs[0].token_ids for a, b in zip(outputs, base_out))
     if args.json:
-        print(json.dumps({"outputs": [{"prompt": o.prompt, "text": o.outputs[0].text,
-                                       "finish_reason": o.outputs[0].finish_reason} for o in outputs],
+        print(json.dumps({"outputs": [{"prompt": p if args.chat else o.prompt, "text": o.outputs[0].text,
+                                       "finish_reason": o.outputs[0].finish_reason}
+                                      for p, o in zip(args.prompts, outputs)],
                           "summary": summary}, indent=2))
         return 0
-    for o in outputs:
-        print(f"{o.prompt}{o.outputs[0].text}")
+    for p, o in zip(args.prompts, outputs):
+        print(f"{p}\n{o.outputs[0].text}" if args.chat else f"{o.prompt}{o.outputs[0].text}")
         print("-" * 60)
     print(" | ".join(f"{k}: {v}" for k, v in summary.items()))
     return 0
