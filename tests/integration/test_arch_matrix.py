@@ -15,6 +15,8 @@ CI runs both.
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 
 from arch_zoo import REFUSED, VERIFIED, build_arch_model, matrix_prompts
@@ -73,7 +75,11 @@ def test_architecture_matches_transformers(arch, backend, setting, zoo, hf_refer
     distinct = sum(len(set(r.tokens)) for r in refs) / len(refs)
     assert distinct >= 5, f"{arch}: transformers' greedy text is degenerate ({distinct:.1f} distinct tokens " \
                           "per output), so this cell would prove little; widen the init"
-    check_all_greedy(ours, refs, f"{arch}/{backend}/{setting}")
+    matches = check_all_greedy(ours, refs, f"{arch}/{backend}/{setting}")
+    for i, m in enumerate(matches):
+        if m.near_tie_at is not None:  # tolerated, but shown in the run's summary (-rw)
+            warnings.warn(f"near-tie: {arch}/{backend}/{setting} prompt {i} at token {m.near_tie_at}, "
+                          f"gap {m.gap:.2e}", UserWarning, stacklevel=1)
     if setting in SPECULATES:
         assert llm.get_metrics()["num_draft_tokens"] > 0, f"{arch}/{setting}: nothing was proposed"
 
