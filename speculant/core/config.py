@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 
 MAX_SEED = 2**63 - 1
@@ -32,7 +32,11 @@ class StrictModel(BaseModel):
 
 class ModelConfig(StrictModel):
     path: str
-    """Local Hugging Face model directory (config.json, safetensors, tokenizer)."""
+    """Local Hugging Face model directory (config.json, safetensors, tokenizer), or
+    a GGUF checkpoint: a ``.gguf`` file, or the directory holding ``gguf_file``
+    (converted once and cached, see ``speculant.core.gguf_source``)."""
+    gguf_file: str | None = Field(default=None, min_length=1)
+    """File name of a GGUF checkpoint inside the ``path`` directory."""
     tokenizer: str | None = None
     """Tokenizer directory; defaults to ``path``."""
     dtype: Literal["float32", "float64", "bfloat16", "float16"] = "float32"
@@ -54,6 +58,15 @@ class ModelConfig(StrictModel):
     128 MiB, 3 up to 2 GiB, else 0; 0 on other CPUs."""
     seed: int = Field(default=0, ge=0, le=MAX_SEED)
     """Engine seed, in [0, 2**63 - 1]: requests without their own seed draw theirs from it."""
+
+    @field_validator("gguf_file")
+    @classmethod
+    def _bare_file_name(cls, value: str | None) -> str | None:
+        if value is not None and Path(value).name != value:
+            raise ValueError(f"give the file name inside model.path, not a path: point model.path at "
+                             f"{value!r} itself, or set model.path to its directory and model.gguf_file "
+                             f"to {Path(value).name!r}")
+        return value
 
 
 class CacheConfig(StrictModel):

@@ -19,6 +19,7 @@ from speculant.core.attention.context import ForwardContext, forward_context
 from speculant.core.config import CacheConfig, ModelConfig
 from speculant.core.kv_cache import BlockManager
 from speculant.core.fused_norms import fuse_rms_norms
+from speculant.core.gguf_source import resolve_model_source
 from speculant.core.linear_backend import pack_linear_layers
 from speculant.core.merged_linears import merge_sibling_linears
 from speculant.core.attention.hf_seam import SEAM_NAME
@@ -70,10 +71,12 @@ class ModelRunner:
         self.device = resolve_device(model_cfg.device)
         self.backend = backend
         self.block_size = cache_cfg.block_size
+        # a GGUF checkpoint becomes its cached HF directory (gguf_source.py); a directory stays as it is
+        source = resolve_model_source(model_cfg.path, model_cfg.gguf_file, model_cfg.dtype, option=path_option)
         self.model, self.max_model_len = load_hf_model(
-            model_cfg.path, model_cfg.dtype, self.device, model_cfg.max_model_len,
+            source, model_cfg.dtype, self.device, model_cfg.max_model_len,
             option=path_option)
-        self.tokenizer = load_tokenizer(model_cfg.tokenizer or model_cfg.path, option=tokenizer_option)
+        self.tokenizer = load_tokenizer(model_cfg.tokenizer or source, option=tokenizer_option)
         self.eos_token_ids = eos_token_ids(self.model, self.tokenizer)
         self.vocab_size = self.model.get_output_embeddings().weight.shape[0]
         self.norms_fused, self.norms_kept = fuse_rms_norms(self.model)

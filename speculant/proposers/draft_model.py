@@ -21,6 +21,7 @@ from speculant.core.attention.base import QuerySpan
 from speculant.core.batch import StepBatch
 from speculant.core.capabilities import ProposerCapabilities
 from speculant.core.config import CacheConfig, EngineConfig, ModelConfig
+from speculant.core.gguf_source import resolve_model_source
 from speculant.core.model_runner import ModelRunner
 from speculant.proposers.draft_tokenizer import check_draft_tokenizer
 from speculant.proposers.drafting import draw_proposals
@@ -58,6 +59,8 @@ class DraftModelProposer(Proposer):
     def validate_against(cls, options: DraftModelOptions, config: EngineConfig) -> list[str]:
         key = "speculative.proposer_options.model"
         draft = Path(options.model)
+        if draft.is_file():
+            return []  # a GGUF checkpoint (gguf_source.py): converted, then checked against the target at load
         if not (draft / "config.json").is_file():
             return [f"{key} = {options.model!r}: no Hugging Face model directory (config.json) there; "
                     "point it at a local draft model directory"]
@@ -84,7 +87,9 @@ class DraftModelProposer(Proposer):
         super().__init__(options, context)
         target = context.target
         cfg = context.config
-        check_draft_tokenizer(options.model, target.tokenizer, cfg.model.tokenizer or cfg.model.path)
+        draft_dir = resolve_model_source(options.model, None, options.dtype or cfg.model.dtype,
+                                         option="speculative.proposer_options.model")  # a GGUF: its cached dir
+        check_draft_tokenizer(draft_dir, target.tokenizer, cfg.model.tokenizer or cfg.model.path)
         model_cfg = ModelConfig(
             path=options.model, dtype=options.dtype or cfg.model.dtype, device=cfg.model.device,
             max_model_len=target.max_model_len, linear_backend=options.linear_backend,
