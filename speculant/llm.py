@@ -104,17 +104,32 @@ class LLM:
             raise ValueError(f"got {len(prompts)} prompts but {len(params)} SamplingParams; "
                              "pass one SamplingParams or one per prompt")
         ids = self._add_all(prompts, params)
+        wanted = set(ids)
         results: dict[str, RequestOutput] = {}
         bar = tqdm(total=len(ids), desc="generating", unit="req", disable=not use_tqdm or len(ids) < 2)
         self.last_run_seconds = 0.0
         start = time.perf_counter()
-        while self.engine.has_unfinished_requests():
-            for out in self.engine.step():
-                if out.finished and out.request_id in ids:
-                    results[out.request_id] = out
-                    bar.update(1)
+        try:
+            # a request the engine had to drop comes back with finish_reason "error" and .error
+            while len(results) < len(ids) and self.engine.has_unfinished_requests():
+                for out in self.engine.step():
+                    if out.finished and out.request_id in wanted:
+                        results[out.request_id] = out
+                        bar.update(1)
+        except BaseException:
+            # any exception (KeyboardInterrupt included): leave nothing of this call queued,
+            # so the engine serves the next call
+            for rid in ids:
+                if rid not in results:
+                    self.engine.abort_request(rid)
+            raise
+        finally:
+            bar.close()
         self.last_run_seconds = time.perf_counter() - start
-        bar.close()
+        missing = [i for i in ids if i not in results]
+        if missing:
+            raise RuntimeError(f"requests {missing[:5]} of this generate() call were aborted before they "
+                               "finished (abort_request from elsewhere); their outputs are lost")
         return [results[i] for i in ids]
 
     def _add_all(self, prompts: list[Prompt], params: list[SamplingParams]) -> list[str]:

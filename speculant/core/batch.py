@@ -31,10 +31,18 @@ class ScheduledRequest:
     samples: bool = field(init=False)
     """True when this step reaches the end of the sequence (terminal chunk or
     decode), so a token is sampled; False for a non-terminal chunk."""
+    reports: bool = field(init=False)
+    """True when the entry's last row goes into ``Scores``: it samples, or it
+    is the chunk that ends a recompute one token short of the sequence
+    (``Request.prefill_end``), whose hidden state a hidden-state proposer needs
+    to resume proposing exactly where the request was preempted."""
 
     def __post_init__(self) -> None:
-        self.start = self.request.num_computed_tokens
-        self.samples = self.start + self.num_new_tokens == self.request.num_tokens
+        req = self.request
+        self.start = req.num_computed_tokens
+        end = self.start + self.num_new_tokens
+        self.samples = end == req.num_tokens
+        self.reports = self.samples or (req.num_output_tokens > 0 and end == req.num_tokens - 1)
 
     @property
     def new_token_ids(self) -> list[int]:

@@ -1,4 +1,11 @@
-"""LLMEngine: requests in, one step at a time, RequestOutputs out."""
+"""LLMEngine: requests in, one step at a time, RequestOutputs out.
+
+Faults stay with their request: a step is computed in full before any request
+changes (``step_runner``), a request at fault fails alone with finish_reason
+"error" and a message naming it, a faulty proposer only costs speculation
+(``proposer_guard``), and ``add_request`` / ``abort_request`` from other threads
+are applied between steps (``inbox``).
+"""
 
 from __future__ import annotations
 
@@ -9,13 +16,17 @@ import operator
 import torch
 
 from speculant.core.attention.base import AttentionBackend
+from speculant.core.commit import apply
 from speculant.core.config import EngineConfig
+from speculant.core.inbox import Inbox
 from speculant.core.model_runner import ModelRunner
+from speculant.core.proposer_guard import ProposerGuard
 from speculant.core.request import Request, RequestOutput, RequestStatus, SpecStats
 from speculant.core.sampling_params import SamplingParams
 from speculant.core.scheduler import Scheduler
 from speculant.core.spec_components import SpecComponents, build_spec_components, resolve_backend
-from speculant.core.step import StepTimes, Timer, commit, decide, propose, score
+from speculant.core.step import StepTimes
+from speculant.core.step_runner import StepParts, StepRun, failure, run_step
 
 logger = logging.getLogger(__name__)
 
@@ -32,11 +43,17 @@ class LLMEngine:
         self.scheduler = Scheduler(config.scheduler, self.runner.block_manager, self.max_model_len)
         self.spec: SpecComponents = build_spec_components(config, self.runner)
         self._counter = itertools.count()
-        self._requests: dict[str, Request] = {}
+        self._arrivals = itertools.count()
+        self._requests: dict[str, Request] = {}  # every unfinished request, queued ones included
+        self._aborting: set[str] = set()  # aborts waiting in the inbox
+        self._inbox = Inbox()  # its lock guards _requests, _aborting, the counters and _seed_gen
         self._seed_gen = torch.Generator().manual_seed(config.model.seed)
+        self.guard = ProposerGuard(self.runner.vocab_size)
         self.times = StepTimes()
         self.spec_stats = SpecStats()
         self.num_steps = 0
+        self.num_failed_requests = 0
+        self.num_fallback_steps = 0  # steps recomputed without speculation or request by request
         self.stream_text = True  # detokenize unfinished requests every step; LLM.generate turns it off
 
     @classmethod
@@ -49,22 +66,33 @@ class LLMEngine:
     def add_request(self, request_id: str | None, prompt: str | list[int],
                     params: SamplingParams | None = None) -> str:
         """Validate and queue a request; raises ValueError naming the problem
-        (the engine's other requests are untouched)."""
+        (the engine's other requests are untouched). Thread-safe: validation
+        runs in the caller's thread, the id is reserved atomically, and the
+        request joins the scheduler now or, during a step, when it ends."""
         params = params or SamplingParams()
-        if request_id is None:
-            request_id = f"req-{next(self._counter)}"
-        if request_id in self._requests:
-            raise ValueError(f"request_id {request_id!r} is already in use; pick a unique id")
+        if request_id is not None:
+            self._check_id_free(request_id)
         self._check_sampling(params)
         text, token_ids = self._tokenize(prompt)
         self._check_prompt(token_ids)
-        seed = params.seed if params.seed is not None else int(
-            torch.randint(0, 2**62, (1,), generator=self._seed_gen))
-        req = Request(request_id=request_id, prompt=text, prompt_token_ids=token_ids, params=params,
-                      arrival_index=len(self._requests), seed=seed, eos_token_ids=self.runner.eos_token_ids)
-        self._requests[request_id] = req
-        self.scheduler.add(req)
+        with self._inbox.lock:
+            if request_id is None:
+                request_id = f"req-{next(self._counter)}"
+                while request_id in self._requests:
+                    request_id = f"req-{next(self._counter)}"
+            self._check_id_free(request_id)
+            seed = params.seed if params.seed is not None else int(
+                torch.randint(0, 2**62, (1,), generator=self._seed_gen))
+            req = Request(request_id=request_id, prompt=text, prompt_token_ids=token_ids, params=params,
+                          arrival_index=next(self._arrivals), seed=seed, eos_token_ids=self.runner.eos_token_ids)
+            self._requests[request_id] = req
+            self._inbox.submit(lambda: self.scheduler.add(req))
         return request_id
+
+    def _check_id_free(self, request_id: str) -> None:
+        if request_id in self._requests:
+            raise ValueError(f"request_id {request_id!r} is already in use by an unfinished request; "
+                             "pick a unique id")
 
     def _tokenize(self, prompt: str | list[int]) -> tuple[str | None, list[int]]:
         """Text and token ids of a prompt: a str, or a list/tuple of int token ids
@@ -129,14 +157,24 @@ class LLMEngine:
                              f"{blocks.num_blocks}; raise cache.num_blocks or cache.memory_gb")
 
     def abort_request(self, request_id: str) -> bool:
-        req = self._requests.get(request_id)
-        if req is None or req.finished:
-            return False
-        self._finish(req, "abort")
-        return True
+        """Abort an unfinished request (thread-safe; during a step it takes
+        effect when the step ends). False if unknown, finished or already aborted."""
+        with self._inbox.lock:
+            req = self._requests.get(request_id)
+            if req is None or req.finished or request_id in self._aborting:
+                return False
+            self._aborting.add(request_id)
+            self._inbox.submit(lambda: self._abort_now(req))
+            return True
+
+    def _abort_now(self, req: Request) -> None:
+        self._aborting.discard(req.request_id)
+        if not req.finished:
+            self._finish(req, "abort")
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.num_unfinished > 0
+        with self._inbox.lock:
+            return self.scheduler.num_unfinished > 0 or self._inbox.pending > 0
 
     def _finish(self, req: Request, reason: str | None = None) -> None:
         if reason is not None:
@@ -144,36 +182,58 @@ class LLMEngine:
             req.finish_reason = reason
         self.scheduler.remove(req)
         if self.spec.proposer is not None:
-            self.spec.proposer.free(req.request_id)
-        self.spec_stats.merge(req.spec_stats)
-        self._requests.pop(req.request_id, None)
+            self.guard.free(self.spec.proposer, req.request_id)
+        with self._inbox.lock:
+            self.spec_stats.merge(req.spec_stats)
+            self._requests.pop(req.request_id, None)
+
+    def _fail(self, req: Request, message: str) -> None:
+        """Finish ``req`` with finish_reason "error": its blocks and proposer state are freed."""
+        req.error = message
+        self.num_failed_requests += 1
+        self._finish(req, "error")
 
     # --- stepping ------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        """Run one scheduler step; return outputs of the requests it touched."""
+        """Run one scheduler step; return outputs of the requests it touched.
+        Never raises for a request's or a proposer's fault: a failed request's
+        output has finish_reason "error" and ``error`` naming it and the cause."""
+        with self._inbox.stepping():
+            return self._step()
+
+    def _step(self) -> list[RequestOutput]:
         spec_cfg = self.config.speculative
-        k = spec_cfg.num_speculative_tokens if self.spec.proposer is not None else 0
+        proposer = self.spec.proposer
+        k = spec_cfg.num_speculative_tokens if proposer is not None else 0
         batch = self.scheduler.schedule(k, spec_cfg.disable_by_batch_size)
-        for req in batch.preempted:
-            if self.spec.proposer is not None:
-                self.spec.proposer.free(req.request_id)
+        if proposer is not None:
+            self.guard.reset(proposer, [req.request_id for req in batch.preempted])
         if batch.is_empty:
             return []
-        timer, times = Timer(), StepTimes()
-        proposals = propose(self.spec.proposer, batch)
-        times.propose_s = timer.lap()
-        scores = score(self.spec.scorer, self.runner, batch, proposals, self.spec.want_hidden)
-        times.score_s = timer.lap()
-        decisions = decide(self.spec.acceptance, batch, proposals, scores)
-        times.accept_s = timer.lap()
-        finished = commit(batch, decisions, self.runner, self._detokenize)
-        if self.spec.proposer is not None:
-            self.spec.proposer.commit(batch, decisions.num_accepted, scores)
-        self.times.add(times)
+        parts = StepParts(self.runner, proposer, self.spec.scorer, self.spec.acceptance, self.guard,
+                          self.spec.want_hidden, self._detokenize)
+        try:
+            run = run_step(batch, parts)
+        except Exception as exc:  # noqa: BLE001 - a fault of the step machinery itself: no one to blame
+            logger.exception("engine step failed outside any request's computation")
+            run = StepRun([], {i: failure(e, "the engine ran its step", exc) for i, e in enumerate(batch.entries)},
+                          None, [], fallback="isolated")
+        for plan in run.plans:
+            apply(plan)  # plain assignments: cannot fail halfway
+        if proposer is not None:
+            if run.scores is not None:
+                self.guard.commit(proposer, batch, run.num_accepted, run.scores)
+            else:  # the step was not computed as one batch: the proposer rebuilds its state
+                self.guard.reset(proposer, [e.request.request_id for e in batch.entries])
+        for idx, message in run.errors.items():
+            self._fail(batch.entries[idx].request, message)
+        self.times.add(run.times)
         self.num_steps += 1
+        self.num_fallback_steps += bool(run.fallback)
         outputs = [self._output(e.request) for e in batch.entries]
-        for req in finished:
-            self._finish(req)
+        for e in batch.entries:
+            if e.request.finished and self._requests.get(e.request.request_id) is e.request:
+                self._finish(e.request)
         return outputs
 
     def _detokenize(self, token_ids: list[int]) -> str:
@@ -181,10 +241,17 @@ class LLMEngine:
 
     def _output(self, req: Request) -> RequestOutput:
         stopped_by_string = req.finish_reason == "stop" and isinstance(req.stop_reason, str)
-        if req.finished and not stopped_by_string:
-            req.output_text = self._detokenize(req.output_token_ids)
-        elif not req.finished and self.stream_text:
-            req.output_text = self._stable_text(req)
+        try:
+            if req.finished and not stopped_by_string:
+                req.output_text = self._detokenize(req.output_token_ids)
+            elif not req.finished and self.stream_text:
+                req.output_text = self._stable_text(req)
+        except Exception as exc:  # noqa: BLE001 - detokenizing one request must not fail the step
+            if not req.finished:
+                req.status, req.finish_reason = RequestStatus.FINISHED, "error"
+                req.error = f"request {req.request_id!r} failed while detokenizing its output: " \
+                            f"{type(exc).__name__}: {exc}"
+                self.num_failed_requests += 1
         return RequestOutput.from_request(req)
 
     def _stable_text(self, req: Request) -> str:
@@ -197,19 +264,28 @@ class LLMEngine:
 
     def reset_metrics(self) -> None:
         """Forget the counters of finished requests and step timings."""
-        self.times = StepTimes()
-        self.spec_stats = SpecStats()
-        self.num_steps = 0
+        with self._inbox.lock:
+            self.times = StepTimes()
+            self.spec_stats = SpecStats()
+            self.num_steps = 0
+            self.num_failed_requests = self.num_fallback_steps = 0
+            self.guard.errors = self.guard.slow_calls = 0
 
     def get_metrics(self) -> dict:
+        """Counters and timings; safe to call from any thread."""
         stats = SpecStats()
-        stats.merge(self.spec_stats)
-        for req in self._requests.values():
-            stats.merge(req.spec_stats)
+        with self._inbox.lock:
+            stats.merge(self.spec_stats)
+            for req in list(self._requests.values()):
+                stats.merge(req.spec_stats)
         return {
             "num_engine_steps": self.num_steps,
             "propose_s": self.times.propose_s,
             "score_s": self.times.score_s,
             "accept_s": self.times.accept_s,
+            "proposer_errors": self.guard.errors,
+            "slow_proposer_calls": self.guard.slow_calls,
+            "failed_requests": self.num_failed_requests,
+            "fallback_steps": self.num_fallback_steps,
             **stats.as_dict(),
         }

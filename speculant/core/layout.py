@@ -1,7 +1,8 @@
 """Lay a step's batch out as query spans and split the logits back.
 
 The flat layout is the engine's plain forward: each prefill chunk is one
-multi-token span (logits only at its last token, and only when it samples),
+multi-token span (logits only at its last token, and only when it reports:
+samples, or ends a recompute one token short),
 each decode one span ``[last, p1..pk]`` with logits at every position. Scorers
 may lay decodes out differently; they all reuse ``prefill_spans`` and
 ``gather_scores`` so results map back the same way.
@@ -22,7 +23,7 @@ def block_table(runner: ModelRunner, entry: ScheduledRequest) -> list[int]:
 
 def prefill_spans(runner: ModelRunner, batch: StepBatch) -> list[QuerySpan]:
     return [
-        QuerySpan(block_table(runner, p), p.start, p.new_token_ids, [p.num_new_tokens - 1] if p.samples else [])
+        QuerySpan(block_table(runner, p), p.start, p.new_token_ids, [p.num_new_tokens - 1] if p.reports else [])
         for p in batch.prefills
     ]
 
@@ -44,7 +45,7 @@ def gather_scores(out: ForwardOutput, batch: StepBatch, proposals: Proposals) ->
     """Split a forward's logits (prefill rows first, then 1 + lens[i] rows per
     decode, in batch order) into ``Scores``."""
     logits = out.logits  # [R, V]
-    num_prefill_rows = sum(1 for p in batch.prefills if p.samples)
+    num_prefill_rows = sum(1 for p in batch.prefills if p.reports)
     lens = proposals.lens.tolist()
     k_max = proposals.token_ids.shape[1]
     n, vocab = len(batch.decodes), logits.shape[-1]

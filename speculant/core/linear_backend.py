@@ -39,6 +39,8 @@ import torch.nn.functional as F
 from torch import nn
 from transformers.pytorch_utils import Conv1D
 
+from speculant.core.linear_rows import pad_rows
+
 LINEAR_BACKENDS = ("auto", "default", "onednn")
 ONEDNN_DTYPES = (torch.float32, torch.bfloat16)
 
@@ -127,8 +129,13 @@ class OneDNNLinear(nn.Module):
         return self.packed_forward(x)
 
     def packed_forward(self, x: torch.Tensor) -> torch.Tensor:
-        # x: [..., in_features] -> [..., out_features], always on the packed weight
-        return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")
+        # x: [..., in_features] -> [..., out_features], always on the packed weight, on a
+        # bucketed row count (linear_rows.py: a bounded set of oneDNN shapes keeps memory flat)
+        padded, rows = pad_rows(x, self.in_features)
+        out = torch.ops.mkldnn._linear_pointwise(padded, self.packed_weight, self.bias, "none", [], "")
+        if padded is x:
+            return out
+        return out[:rows].reshape(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "

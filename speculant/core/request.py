@@ -91,6 +91,7 @@ class Request:
     status: RequestStatus = RequestStatus.WAITING
     finish_reason: str | None = None
     stop_reason: str | int | None = None
+    error: str | None = None  # why the engine dropped it (finish_reason "error")
     logprobs: list[dict[int, float]] | None = None
     output_text: str = ""
     num_preemptions: int = 0
@@ -123,6 +124,15 @@ class Request:
         return len(self.token_ids) - self.num_computed_tokens
 
     @property
+    def prefill_end(self) -> int:
+        """Where (re)prefill stops: every token of a new request (its terminal
+        chunk samples the first output token), but all except the last once it
+        has output (a preempted request recomputing). That last token is then
+        fed as a decode, with proposals, exactly as if the request had never
+        been preempted, so its seeded draws see the same step boundaries."""
+        return self.num_tokens - 1 if self.num_output_tokens > 0 else self.num_tokens
+
+    @property
     def is_decoding(self) -> bool:
         """Everything but the last sampled token is cached: one token to feed."""
         return self.status is RequestStatus.RUNNING and self.num_uncomputed_tokens == 1 \
@@ -141,6 +151,9 @@ class CompletionOutput:
     logprobs: list[dict[int, float]] | None
     finish_reason: str | None
     stop_reason: str | int | None = None
+    error: str | None = None
+    """With finish_reason "error": what failed, naming the request (the
+    engine's other requests are unaffected)."""
 
 
 @dataclass
@@ -151,6 +164,8 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     finished: bool
     metrics: dict | None = None
+    error: str | None = None
+    """Same as ``outputs[0].error``: set when the request failed."""
 
     @classmethod
     def from_request(cls, req: Request) -> "RequestOutput":
@@ -161,6 +176,7 @@ class RequestOutput:
             logprobs=list(req.logprobs) if req.logprobs is not None else None,
             finish_reason=req.finish_reason,
             stop_reason=req.stop_reason,
+            error=req.error,
         )
         return cls(
             request_id=req.request_id,
@@ -169,4 +185,5 @@ class RequestOutput:
             outputs=[out],
             finished=req.finished,
             metrics={"num_preemptions": req.num_preemptions, **req.spec_stats.as_dict()},
+            error=req.error,
         )

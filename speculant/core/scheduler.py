@@ -4,7 +4,9 @@ Each step spends ``max_num_batched_tokens``: running decodes first (a decode
 speculating k tokens costs 1 + k), then prefill chunks fill what is left,
 partially prefilled requests before new ones. When the KV pool runs dry the
 most recently arrived running request is preempted by recompute: its blocks
-are freed and it re-enters the waiting queue to prefill prompt + output again.
+are freed and it re-enters the waiting queue to prefill prompt + output again,
+all but the last token (``Request.prefill_end``), which it then feeds as a
+decode: it resumes with the same step boundaries as if never preempted.
 """
 
 from __future__ import annotations
@@ -112,25 +114,35 @@ class Scheduler:
             n = self._chunk_len(req, budget, alone=batch.is_empty)
             if n == 0:
                 return
-            if not self.blocks.can_allocate(req.request_id, req.num_computed_tokens + n):
+            slots = self._slots(req, n)
+            if not self.blocks.can_allocate(req.request_id, slots):
                 return
-            self.blocks.allocate(req.request_id, req.num_computed_tokens + n)
+            self.blocks.allocate(req.request_id, slots)
             batch.prefills.append(ScheduledRequest(req, n))
             budget -= n
         while self.waiting and budget >= 1 and len(self.running) < cfg.max_num_seqs:
             req = self.waiting[0]
             n = self._chunk_len(req, budget, alone=batch.is_empty)
-            if n == 0 or not self.blocks.can_allocate(req.request_id, n):
+            if n == 0 or not self.blocks.can_allocate(req.request_id, self._slots(req, n)):
                 return
             self.waiting.popleft()
-            self.blocks.allocate(req.request_id, n)
+            self.blocks.allocate(req.request_id, self._slots(req, n))
             req.status = RequestStatus.RUNNING
             self.running.append(req)
             batch.prefills.append(ScheduledRequest(req, n))
             budget -= n
 
+    @staticmethod
+    def _slots(req: Request, n: int) -> int:
+        """KV slots a prefill chunk of ``n`` tokens reserves: the chunk's, plus,
+        when it ends a recompute one token short, the slot of that last token
+        (fed as a decode next step), so a resumed request does not give its
+        blocks back and get preempted again at once."""
+        end = req.num_computed_tokens + n
+        return end + 1 if end == req.prefill_end < req.num_tokens else end
+
     def _chunk_len(self, req: Request, budget: int, alone: bool) -> int:
-        remaining = req.num_uncomputed_tokens
+        remaining = req.prefill_end - req.num_computed_tokens
         if self.config.enable_chunked_prefill:
             return min(remaining, budget)
         if remaining <= budget:

@@ -1,8 +1,11 @@
-"""One engine step as small functions: propose -> score -> accept -> commit.
+"""One engine step's computation as small functions: propose -> score -> decide.
 
-Every stage walks ``batch.prefills`` then ``batch.decodes`` in order, so
-results map back to requests without index bookkeeping. Without speculation
-the same path runs with empty proposals (k = 0 for every decode).
+None of them changes a request: they produce ``Decisions``, which
+``commit.py`` turns into each request's new state (``step_runner.py`` runs the
+stages and handles their faults). Every stage walks ``batch.prefills`` then
+``batch.decodes`` in order, so results map back to requests without index
+bookkeeping. Without speculation the same path runs with empty proposals
+(k = 0 for every decode).
 """
 
 from __future__ import annotations
@@ -17,9 +20,8 @@ from speculant.core.batch import StepBatch
 from speculant.core.layout import score_flat
 from speculant.core.logits_processing import filtered_logprobs, sampling_tensors
 from speculant.core.model_runner import ModelRunner
-from speculant.core.request import Request
-from speculant.core.sampler import ACCEPT_STREAM, request_generator, sample, top_logprobs
-from speculant.core.stop_rules import append_tokens
+from speculant.core.proposer_guard import ProposerGuard
+from speculant.core.sampler import ACCEPT_STREAM, request_generator, sample
 from speculant.proposers.base import Proposals, Proposer
 from speculant.scorers.base import Scorer, Scores
 
@@ -48,20 +50,15 @@ class Decisions:
     num_drafted: list[int] = field(default_factory=list)  # per decode: proposals verified
 
 
-def propose(proposer: Proposer | None, batch: StepBatch) -> Proposals:
+def propose(proposer: Proposer | None, batch: StepBatch, guard: ProposerGuard | None = None) -> Proposals:
+    """Checked proposals (``proposal_checks``); a faulty proposer yields none
+    for the affected decodes (``proposer_guard``), it never raises."""
     if proposer is None:
         return Proposals.empty(len(batch.decodes))
     # called even when no decode speculates: a proposer with its own KV cache
     # must see this step's prefill chunks to stay in sync
-    proposals = proposer.propose(batch)
-    lens = proposals.lens
-    budget = torch.tensor(batch.num_spec_tokens, dtype=lens.dtype, device=lens.device)
-    if proposals.token_ids.shape[0] != len(batch.decodes) or bool((lens > budget).any()):
-        raise RuntimeError(
-            f"proposer {type(proposer).__name__} returned {proposals.token_ids.shape[0]} rows with lens "
-            f"{lens.tolist()} for {len(batch.decodes)} decodes with budgets {batch.num_spec_tokens}; "
-            "a proposer must return one row per decode and at most num_spec_tokens tokens each")
-    return proposals
+    guard = guard or ProposerGuard(proposer.context.target.vocab_size)
+    return guard.propose(proposer, batch)
 
 
 def score(scorer: Scorer | None, runner: ModelRunner, batch: StepBatch, proposals: Proposals,
@@ -73,8 +70,10 @@ def score(scorer: Scorer | None, runner: ModelRunner, batch: StepBatch, proposal
 
 def decide(acceptance: AcceptanceMethod | None, batch: StepBatch, proposals: Proposals, scores: Scores) -> Decisions:
     out = Decisions()
-    sampling_prefills = [p.request for p in batch.prefills if p.samples]
-    sampled = sample(scores.prefill_logits, sampling_prefills)
+    reporting = [p for p in batch.prefills if p.reports]  # rows of scores.prefill_logits
+    rows = [i for i, p in enumerate(reporting) if p.samples]
+    logits = scores.prefill_logits if len(rows) == len(reporting) else scores.prefill_logits[rows]
+    sampled = sample(logits, [reporting[i].request for i in rows])
     for i, tok in enumerate(sampled.token_ids):
         out.prefill_tokens.append([tok])
         out.prefill_logprobs.append([sampled.logprobs[i] if sampled.logprobs is not None else None])
@@ -112,33 +111,6 @@ def decide(acceptance: AcceptanceMethod | None, batch: StepBatch, proposals: Pro
         out.decode_logprobs.append([target_lp[i, j] for j in range(a + 1)])
         out.num_accepted.append(a)
     return out
-
-
-def commit(batch: StepBatch, decisions: Decisions, runner: ModelRunner, detokenize) -> list[Request]:
-    """Advance every scheduled request; return those that finished."""
-    finished = []
-    sampling = iter(zip(decisions.prefill_tokens, decisions.prefill_logprobs))
-    for p in batch.prefills:
-        p.request.num_computed_tokens += p.num_new_tokens
-        if p.samples:
-            tokens, lps = next(sampling)
-            if _append(p.request, tokens, lps, runner, detokenize):
-                finished.append(p.request)
-    for d, tokens, lps, a, k in zip(batch.decodes, decisions.decode_tokens, decisions.decode_logprobs,
-                                    decisions.num_accepted, decisions.num_drafted):
-        d.request.num_computed_tokens += 1 + a
-        if k:
-            d.request.spec_stats.record(k, a)
-        if _append(d.request, tokens, lps, runner, detokenize):
-            finished.append(d.request)
-    return finished
-
-
-def _append(req: Request, tokens: list[int], lps: list[torch.Tensor], runner: ModelRunner, detokenize) -> bool:
-    n_logprobs = req.params.logprobs
-    entries = [top_logprobs(lp, tok, n_logprobs) for tok, lp in zip(tokens, lps)] if n_logprobs is not None else None
-    append_tokens(req, tokens, runner.max_model_len, detokenize, entries)
-    return req.finished
 
 
 class Timer:

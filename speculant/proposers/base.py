@@ -81,7 +81,11 @@ class Proposer(ABC):
     too, so a proposer with its own KV cache keeps it in sync chunk by chunk),
     then ``commit(batch, num_accepted)`` after acceptance so it can roll back to
     what was kept, and ``free(request_id)`` when a request finishes or is
-    preempted.
+    preempted. The engine checks ``propose``'s output and survives any
+    exception from these methods: on a fault, or when the step fails after
+    ``propose``, it calls ``free`` for the affected requests instead of
+    ``commit`` (see ``core/proposer_guard.py``), so after ``free`` a proposer
+    must be able to serve a request that is still running.
     """
 
     name: ClassVar[str]
@@ -102,12 +106,15 @@ class Proposer(ABC):
         (row order = ``batch.decodes``) and the step's target ``Scores`` (with
         hidden states when the proposer declares ``needs_target_hidden_states``:
         ``scores.decode_hidden[i, num_accepted[i]]`` produced decode i's newest
-        token, ``scores.prefill_hidden`` the first token of terminal chunks).
+        token, ``scores.prefill_hidden`` the newest token of each prefill that
+        ``reports``). Only called when the step's computation succeeded.
         Stateless proposers keep nothing, so the base does nothing."""
 
     def free(self, request_id: str) -> None:
-        """Drop any state held for ``request_id`` (finished or preempted).
-        Stateless proposers hold none."""
+        """Drop any state held for ``request_id`` (finished, preempted, or reset
+        after a fault). The request may still be running: the next ``propose``
+        that sees it must rebuild what it needs from ``request.token_ids`` (or
+        propose nothing for it until it can). Stateless proposers hold none."""
 
     @classmethod
     def validate_against(cls, options: BaseModel, config: "EngineConfig") -> list[str]:

@@ -22,15 +22,16 @@ if TYPE_CHECKING:
 class Scores:
     """Target outputs for one step.
 
-    ``prefill_logits`` has one row per prefill entry that samples (terminal
-    chunks), in batch order. ``decode_logits[i, j]`` is the target's logits
+    ``prefill_logits`` has one row per prefill entry that reports
+    (``ScheduledRequest.reports``: terminal chunks, and the chunk that ends a
+    preempted request's recompute one token short), in batch order. ``decode_logits[i, j]`` is the target's logits
     after the decode's last token and its first j proposals, for
     j = 0..lens[i]; rows past lens[i] are unspecified.
     """
 
-    prefill_logits: torch.Tensor  # [num_sampling_prefills, V]
+    prefill_logits: torch.Tensor  # [num_reporting_prefills, V]
     decode_logits: torch.Tensor  # [num_decodes, k_max + 1, V]
-    prefill_hidden: torch.Tensor | None = None  # [num_sampling_prefills, H]
+    prefill_hidden: torch.Tensor | None = None  # [num_reporting_prefills, H]
     decode_hidden: torch.Tensor | None = None  # [num_decodes, k_max + 1, H]
 
 

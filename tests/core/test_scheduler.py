@@ -178,8 +178,11 @@ def test_preempts_the_latest_arrival_when_blocks_run_out():
     assert not sched.blocks.has("r1") and sched.waiting[0] is r1
     commit(batch)
     finish(sched, r0)
-    # recompute: prompt + both outputs in one chunk, which samples the next token
-    assert step(sched) == ([("r1", 9, True)], [])
+    # recompute: prompt + outputs except the last one, in one chunk that samples nothing; the last
+    # output is then fed as a decode, exactly as if r1 had never been preempted
+    assert step(sched) == ([("r1", 8, False)], [])
+    assert r1.num_output_tokens == 2 and r1.is_decoding
+    assert step(sched) == ([], [("r1", 1, True)])
     assert r1.num_output_tokens == 3
 
 
@@ -214,8 +217,9 @@ def test_chunking_off_schedules_only_whole_prompts():
 
 
 def test_chunking_off_recompute_longer_than_budget_runs_alone():
-    """A preempted request recomputes prompt + output, which may exceed the
-    budget; with chunking off it waits for an empty step and runs alone."""
+    """A preempted request recomputes prompt + output (but the last token),
+    which may exceed the budget; with chunking off it waits for an empty step
+    and runs alone."""
     sched = make_scheduler(budget=8, max_seqs=4, chunked=False)
     r0 = make_request("r0", 2)
     add(sched, r0)
@@ -225,7 +229,8 @@ def test_chunking_off_recompute_longer_than_budget_runs_alone():
     add(sched, r1)
     assert step(sched) == ([], [("r0", 1, True)])
     finish(sched, r0)
-    assert step(sched) == ([("r1", 11, True)], [])
+    assert step(sched) == ([("r1", 10, False)], [])  # all but the last token, which is then decoded
+    assert step(sched) == ([], [("r1", 1, True)])
 
 
 def test_chunking_off_prompt_over_budget_is_refused_at_add_request(llama_dir):

@@ -34,8 +34,8 @@ What "equal" means:
   compared (the checker's ``events`` count them): a step in which its k was
   trimmed below what it gets alone (budget, ``disable_by_batch_size``; a
   different number of proposals verifies a different but equally valid draw,
-  as test_spec_sampling.py notes), and, until issue 13 item 4 is fixed,
-  preemption (``COMPARE_PREEMPTED_SPEC_SAMPLING`` below).
+  as test_spec_sampling.py notes). Preemption no longer is one (issue 13
+  item 4, ``COMPARE_PREEMPTED_SPEC_SAMPLING`` below).
 """
 
 from __future__ import annotations
@@ -49,13 +49,13 @@ from greedy_compare import NEAR_TIE_RTOL, HFReference
 
 from speculant import LLM, SamplingParams
 
-# Issue 13 item 4: after a preemption a speculating request re-prefills prompt + output
-# and its terminal chunk samples the next token plainly, where the uninterrupted run
-# verified k proposals at that output position; seeded sampled output then differs from
-# the request run alone (seen with draft_model, and with ngram when it had a match).
-# Being fixed elsewhere; flip to True once it is, so the property covers it again.
-# test_schedule_regressions.py keeps an xfail reproducer.
-COMPARE_PREEMPTED_SPEC_SAMPLING = False
+# Issue 13 item 4 (fixed): a preempted request used to re-prefill prompt + output and
+# sample its next token plainly in the terminal chunk, where the uninterrupted run
+# verified k proposals at that output position, so seeded sampled output differed from
+# the request run alone. A recompute now stops one token short and resumes as a decode
+# (Request.prefill_end), so preempted speculating requests are compared too.
+# test_schedule_regressions.py keeps the reproducers.
+COMPARE_PREEMPTED_SPEC_SAMPLING = True
 
 ROOMY_BLOCK_SIZE = 16
 ROOMY_ENGINES_KEPT = 6  # each holds a KV pool and, with a draft, a second model

@@ -162,8 +162,9 @@ class HiddenStateProposer(Proposer):
     def commit(self, batch: StepBatch, num_accepted: list[int], scores: Scores) -> None:
         assert scores.prefill_hidden is not None and scores.decode_hidden is not None, \
             "hidden-state proposer committed without hidden states"
-        sampling = [p.request for p in batch.prefills if p.samples]
-        for req, hidden in zip(sampling, scores.prefill_hidden):
+        # terminal chunks, and recomputes ending one token short: both rows produced the newest token
+        reporting = [p.request for p in batch.prefills if p.reports]
+        for req, hidden in zip(reporting, scores.prefill_hidden):
             self._hidden[req.request_id] = hidden
         for i, (d, a) in enumerate(zip(batch.decodes, num_accepted)):
             self._hidden[d.request.request_id] = scores.decode_hidden[i, a]

@@ -1,0 +1,79 @@
+"""Fixtures and helpers of the fault-injection tests (tests/faults/).
+
+Every test here checks three things after the faults: the other requests'
+outputs are what they would have been, every block pool (target and draft)
+and every proposer table is back to idle, and the engine serves new requests.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from greedy_compare import check_all_greedy
+from speculant import LLM, SamplingParams
+from tiny_models import random_prompts
+
+PROPOSERS = ("ngram", "draft_model", "medusa", "mlp_speculator")
+HEADS = ("medusa", "mlp_speculator")
+GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+
+
+@pytest.fixture(autouse=True)
+def _one_torch_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def spec_for(proposer: str, draft_dir, heads_dirs, k: int = 3) -> dict:
+    if proposer == "ngram":
+        options = {}
+    elif proposer == "draft_model":
+        options = {"model": str(draft_dir)}
+    else:
+        options = {"path": str(heads_dirs[proposer])}
+    return {"proposer": proposer, "proposer_options": options, "num_speculative_tokens": k}
+
+
+def make_llm(llama_dir, proposer: str | None, draft_dir=None, heads_dirs=None, **kw) -> LLM:
+    """A small engine; chunked prefill off for the hidden-state proposers (they refuse it)."""
+    args = dict(block_size=4, max_model_len=64, max_num_batched_tokens=64, max_num_seqs=8)
+    if proposer in HEADS:
+        args["enable_chunked_prefill"] = False
+    args.update(kw)
+    if proposer is not None:
+        args["speculative"] = spec_for(proposer, draft_dir, heads_dirs)
+    return LLM(model=str(llama_dir), **args)
+
+
+def real_proposer(llm: LLM):
+    p = llm.engine.spec.proposer
+    return getattr(p, "real", p)
+
+
+def assert_idle(llm: LLM) -> None:
+    """No request left anywhere, every pool and proposer table empty."""
+    eng = llm.engine
+    assert not eng.has_unfinished_requests()
+    assert not eng._requests and not eng.scheduler.running and not eng.scheduler.waiting
+    pools = [("target", eng.runner.block_manager)]
+    prop = real_proposer(llm)
+    if prop is not None and hasattr(prop, "runner"):
+        pools.append(("draft", prop.runner.block_manager))
+    for what, bm in pools:
+        assert bm.num_free_blocks == bm.num_blocks, f"{what} pool: {bm.num_blocks - bm.num_free_blocks} blocks leaked"
+    for attr in ("_computed", "_pending", "_hidden"):
+        left = getattr(prop, attr, None)
+        assert not left, f"proposer {attr} still holds {sorted(left)}"
+
+
+def check_serves(llm: LLM, hf_reference, llama_dir, n: int = 3) -> None:
+    """The engine still answers new requests correctly."""
+    prompts = random_prompts([7, 12, 9][:n], seed=99)
+    outs = llm.generate(prompts, GREEDY, use_tqdm=False)
+    assert all(o.outputs[0].finish_reason == "length" for o in outs)
+    check_all_greedy([o.outputs[0].token_ids for o in outs],
+                     [hf_reference(llama_dir).greedy(p, GREEDY.max_tokens) for p in prompts], "after faults")
+    assert_idle(llm)

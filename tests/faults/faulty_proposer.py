@@ -1,0 +1,118 @@
+"""A proposer wrapper that injects faults into a real proposer.
+
+``FaultyProposer(real, schedule)`` delegates to ``real`` and, on the calls the
+schedule picks, misbehaves in one of ``FAULTS`` ways: raise inside ``propose``
+or ``commit`` (after the real proposer has already changed its state, the
+realistic worst case), return each kind of bad output, or sleep. Installed by
+assigning it to ``llm.engine.spec.proposer`` (every call goes through
+the engine's proposer guard, as for a registered plugin).
+"""
+
+from __future__ import annotations
+
+import random
+import time
+
+import torch
+
+from speculant.proposers.base import Proposals, Proposer
+
+# kind -> what the proposer returns (or does) on a faulty call
+FAULTS = (
+    "raise",  # propose raises after the real proposer ran
+    "raise_before",  # propose raises before the real proposer ran
+    "none",  # returns None
+    "oov_ids",  # token ids >= vocab size
+    "negative_ids",  # token ids < 0 inside lens
+    "float_ids",  # float token ids
+    "negative_lens",
+    "long_lens",  # lens > the decode's budget
+    "wrong_rows",  # one row too many
+    "nan_probs",
+    "unnormalised_probs",
+    "negative_probs",
+    "commit_raise",  # commit raises after the real commit
+    "sleep",  # a slow call (SLEEP_S), output fine
+)
+SLEEP_S = 0.05
+
+
+class FaultyProposer(Proposer):
+    name = "faulty"
+
+    def __init__(self, real: Proposer, faults=FAULTS, rate: float = 0.3, seed: int = 0,
+                 sleep_s: float = 0.0) -> None:
+        self.real = real
+        self.context = real.context
+        self.options = real.options
+        self.capabilities = real.capabilities
+        self.faults = list(faults)
+        self.rate = rate
+        self.rng = random.Random(seed)
+        self.sleep_s = sleep_s
+        self.injected: dict[str, int] = {}
+        self._commit_fault = False
+
+    def _pick(self) -> str | None:
+        if self.faults and self.rng.random() < self.rate:
+            kind = self.rng.choice(self.faults)
+            self.injected[kind] = self.injected.get(kind, 0) + 1
+            return kind
+        return None
+
+    def propose(self, batch) -> Proposals:
+        kind = self._pick()
+        self._commit_fault = kind == "commit_raise"
+        if self.sleep_s or kind == "sleep":
+            time.sleep(self.sleep_s or SLEEP_S)
+        if kind == "raise_before":
+            raise RuntimeError("injected fault before propose")
+        out = self.real.propose(batch)
+        if kind in (None, "commit_raise", "sleep"):
+            return out
+        return corrupt(out, kind, self.context.target.vocab_size, len(batch.decodes))
+
+    def commit(self, batch, num_accepted, scores) -> None:
+        self.real.commit(batch, num_accepted, scores)
+        if self._commit_fault:
+            raise RuntimeError("injected fault in commit")
+
+    def free(self, request_id: str) -> None:
+        self.real.free(request_id)
+
+
+def corrupt(out: Proposals, kind: str, vocab: int, n: int):
+    ids, lens, probs = out.token_ids.clone(), out.lens.clone(), out.probs
+    k = ids.shape[1]
+    if kind == "raise":
+        raise RuntimeError("injected fault after propose")
+    if kind == "none":
+        return None
+    if kind == "wrong_rows":
+        return Proposals(torch.cat([ids, ids[:1]]) if n else torch.zeros(1, k, dtype=torch.long),
+                         torch.cat([lens, lens[:1]]) if n else torch.zeros(1, dtype=torch.long))
+    if kind == "float_ids":
+        return Proposals(ids.float(), lens, probs)
+    if kind == "negative_lens":
+        return Proposals(ids, torch.full_like(lens, -2), probs)
+    if kind == "long_lens":
+        wide = torch.cat([ids, torch.zeros(n, 3, dtype=torch.long)], dim=1)
+        wide_probs = None
+        if probs is not None:
+            wide_probs = torch.cat([probs, torch.zeros(n, 3, probs.shape[2])], dim=1)
+        return Proposals(wide, lens + 3, wide_probs)
+    if kind in ("oov_ids", "negative_ids"):
+        if k:
+            ids[:, 0] = vocab + 5 if kind == "oov_ids" else -7
+            lens = lens.clamp_min(1)
+        return Proposals(ids, lens, probs)
+    if probs is None:  # argmax-verified batch: no probabilities to spoil; spoil the ids instead
+        return corrupt(out, "oov_ids", vocab, n)
+    probs = probs.clone()
+    if kind == "nan_probs":
+        probs[:, :, 0] = float("nan")
+    elif kind == "unnormalised_probs":
+        probs *= 0.5
+    elif kind == "negative_probs":
+        probs[:, :, 0] = -0.25
+    return Proposals(ids, lens, probs)

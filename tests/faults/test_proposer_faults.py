@@ -1,0 +1,131 @@
+"""A faulty proposer never fails a request.
+
+Every built-in proposer runs behind ``FaultyProposer``, which raises or returns
+each kind of bad output at random steps, under load with preemption and random
+aborts. Afterwards the greedy requests equal their solo greedy run (HF
+``generate``, near-tie aware), sampled ones ran to their length, the block
+pools (target and draft) and the proposer's tables are idle, the faults were
+counted in ``get_metrics()["proposer_errors"]``, and the engine (proposer
+included) serves new requests.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+
+import pytest
+from conftest import GREEDY, PROPOSERS, assert_idle, check_serves, make_llm
+from faulty_proposer import FAULTS, SLEEP_S, FaultyProposer
+
+from greedy_compare import check_all_greedy
+from speculant import SamplingParams
+from tiny_models import random_prompts
+
+PROMPTS = random_prompts([6, 9, 13, 17, 20, 8, 11, 15, 19, 10], seed=5)
+SAMPLED = {2, 5, 8}  # indices of seeded sampling requests (they bring draft probabilities)
+
+
+def params(i: int) -> SamplingParams:
+    if i in SAMPLED:
+        return SamplingParams(temperature=0.9, seed=40 + i, max_tokens=12, ignore_eos=True)
+    return GREEDY
+
+
+def drive(llm, prompts, abort_at=(), seed=0, max_steps=3000):
+    """Add every prompt, step to the end aborting a random unfinished request at
+    the given step numbers; return (finished outputs by id, aborted ids)."""
+    eng = llm.engine
+    ids = [eng.add_request(f"r{i}", p, params(i)) for i, p in enumerate(prompts)]
+    rng = random.Random(seed)
+    results, aborted, steps = {}, set(), 0
+    while eng.has_unfinished_requests():
+        steps += 1
+        assert steps <= max_steps, "engine stuck"
+        for out in eng.step():
+            assert out.outputs[0].finish_reason != "error", out.error
+            if out.finished:
+                results[out.request_id] = out
+        if steps in abort_at:
+            live = [i for i in ids if i not in results and i not in aborted]
+            if live:
+                victim = rng.choice(live)
+                assert eng.abort_request(victim)
+                aborted.add(victim)
+    assert set(results) | aborted == set(ids) and not set(results) & aborted
+    return results, aborted
+
+
+def check_outputs(results, llama_dir, hf_reference, what):
+    greedy = [(int(rid[1:]), out) for rid, out in results.items() if int(rid[1:]) not in SAMPLED]
+    ref = hf_reference(llama_dir)
+    check_all_greedy([o.outputs[0].token_ids for _, o in greedy],
+                     [ref.greedy(PROMPTS[i], GREEDY.max_tokens) for i, _ in greedy], what)
+    for rid, out in results.items():
+        assert len(out.outputs[0].token_ids) == 12 and out.outputs[0].finish_reason == "length", rid
+
+
+@pytest.mark.parametrize("proposer", PROPOSERS)
+def test_random_faults_under_load_preemption_and_aborts(proposer, llama_dir, spec_noisy_draft_dir,
+                                                        random_heads_dirs, hf_reference):
+    llm = make_llm(llama_dir, proposer, spec_noisy_draft_dir, random_heads_dirs, num_blocks=20)
+    faulty = FaultyProposer(llm.engine.spec.proposer, rate=0.35, seed=PROPOSERS.index(proposer))
+    llm.engine.spec.proposer = faulty
+    llm.engine.guard.slow_seconds = SLEEP_S / 2  # so the injected slow calls count as slow
+    results, aborted = drive(llm, PROMPTS, abort_at=(4, 9, 15), seed=1)
+    assert len(aborted) == 3
+    assert sum(o.metrics["num_preemptions"] for o in results.values()) > 0, "the pool was meant to preempt"
+    assert sum(faulty.injected.values()) >= 5, faulty.injected
+    assert llm.get_metrics()["proposer_errors"] >= 5
+    assert llm.get_metrics()["slow_proposer_calls"] >= faulty.injected.get("sleep", 0)
+    check_outputs(results, llama_dir, hf_reference, f"{proposer} with faults")
+    assert_idle(llm)
+    faulty.rate = 0.0  # the proposer itself recovered: it proposes again
+    before = llm.get_metrics()["num_draft_tokens"]
+    check_serves(llm, hf_reference, llama_dir)
+    assert llm.get_metrics()["num_draft_tokens"] > before
+
+
+EXPECTED = {
+    "raise": "propose raised RuntimeError", "raise_before": "propose raised RuntimeError",
+    "none": "returned NoneType, not Proposals", "oov_ids": "outside the vocabulary",
+    "negative_ids": "outside the vocabulary", "float_ids": "token_ids must be an integer tensor",
+    "negative_lens": "outside [0, budget]", "long_lens": "outside [0, budget]",
+    "wrong_rows": "one row per decode", "nan_probs": "are not finite", "unnormalised_probs": "do not sum to 1",
+    "negative_probs": "are negative", "commit_raise": "commit raised RuntimeError",
+    "sleep": "threshold",
+}
+
+
+@pytest.mark.parametrize("kind", FAULTS)
+def test_each_fault_kind_is_named_counted_and_harmless(kind, llama_dir, spec_noisy_draft_dir, random_heads_dirs,
+                                                       hf_reference, caplog):
+    llm = make_llm(llama_dir, "draft_model", spec_noisy_draft_dir, random_heads_dirs)
+    llm.engine.spec.proposer = FaultyProposer(llm.engine.spec.proposer, faults=[kind], rate=1.0)
+    llm.engine.guard.slow_seconds = SLEEP_S / 2
+    with caplog.at_level(logging.WARNING, logger="speculant.core.proposer_guard"):
+        results, _ = drive(llm, PROMPTS[:5])
+    check_outputs(results, llama_dir, hf_reference, kind)
+    m = llm.get_metrics()
+    counted = m["slow_proposer_calls"] if kind == "sleep" else m["proposer_errors"]
+    assert counted >= 3, m
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("proposer 'faulty'" in m and EXPECTED[kind] in m for m in messages), messages[:3]
+    if kind not in ("commit_raise", "sleep", "nan_probs", "unnormalised_probs", "negative_probs"):
+        # every row was spoiled, so no proposal was ever scored (probabilities are only checked,
+        # and only matter, on the rows of sampling requests)
+        assert llm.get_metrics()["num_draft_tokens"] == 0
+    assert_idle(llm)
+
+
+def test_slow_proposer_is_counted_and_warned_once(llama_dir, caplog):
+    llm = make_llm(llama_dir, "ngram")
+    llm.engine.guard.slow_seconds = 0.02
+    llm.engine.spec.proposer = FaultyProposer(llm.engine.spec.proposer, faults=[], sleep_s=0.03)
+    with caplog.at_level(logging.WARNING, logger="speculant.core.proposer_guard"):
+        outs = llm.generate(PROMPTS[:2], GREEDY, use_tqdm=False)
+    assert all(len(o.outputs[0].token_ids) == 12 for o in outs)
+    m = llm.get_metrics()
+    assert m["slow_proposer_calls"] >= 5 and m["proposer_errors"] == 0
+    slow = [r.getMessage() for r in caplog.records if "threshold" in r.getMessage()]
+    assert len(slow) == 1 and "proposer 'faulty'" in slow[0] and "num_speculative_tokens" in slow[0], slow
