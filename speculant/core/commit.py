@@ -1,24 +1,25 @@
 """Commit a step in two phases: plan every request's new state, then apply.
 
 Planning runs everything that can fail (stop rules, detokenizing for stop
-strings, top-N log-probs) on a copy of each request; a request whose planning
-raises is reported failed and left untouched. Applying only assigns the planned
-fields, so it cannot fail halfway: after a step either a request advanced by
-exactly what was decided for it, or not at all.
+strings and streaming, top-N log-probs) on a copy of each request; a request
+whose planning raises is reported failed and left untouched. The copy shares the
+request's ``Detokenizer``, which is immutable: planning replaces the copy's.
+Applying only assigns the planned fields, so it cannot fail halfway: after a
+step either a request advanced by exactly what was decided for it, or not at all.
 """
 
 from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 
 from speculant.core.batch import ScheduledRequest, StepBatch
+from speculant.core.detokenizer import TextDecoder
 from speculant.core.request import Request
 from speculant.core.sampler import top_logprobs
-from speculant.core.stop_rules import append_tokens
+from speculant.core.stop_rules import append_tokens, catch_up
 
 
 @dataclass
@@ -56,8 +57,10 @@ class Plan:
     new: Request  # a copy of entry.request holding its state after this step
 
 
-def plan(entry: ScheduledRequest, outcome: Outcome, max_model_len: int,
-         detokenize: Callable[[list[int]], str]) -> Plan:
+def plan(entry: ScheduledRequest, outcome: Outcome, max_model_len: int, decoder: TextDecoder,
+         track_text: bool = False) -> Plan:
+    """``entry``'s request after this step, on a copy. With ``track_text`` its
+    incremental text is brought up to date (streaming), stop strings or not."""
     req = entry.request
     new = copy.copy(req)
     new.token_ids = list(req.token_ids)
@@ -67,7 +70,9 @@ def plan(entry: ScheduledRequest, outcome: Outcome, max_model_len: int,
         n = req.params.logprobs
         entries = [top_logprobs(lp, tok, n) for tok, lp in zip(outcome.tokens, outcome.logprobs)] \
             if n is not None else None
-        append_tokens(new, outcome.tokens, max_model_len, detokenize, entries)
+        append_tokens(new, outcome.tokens, max_model_len, decoder, entries)
+    if track_text and not new.finished:
+        catch_up(new, decoder)
     return Plan(entry, outcome, new)
 
 
@@ -81,5 +86,6 @@ def apply(p: Plan) -> None:
     req.finish_reason = new.finish_reason
     req.stop_reason = new.stop_reason
     req.output_text = new.output_text
+    req.detokenizer = new.detokenizer
     if p.outcome.num_drafted:
         req.spec_stats.record(p.outcome.num_drafted, p.outcome.num_accepted)

@@ -18,6 +18,7 @@ import torch
 from speculant.core.attention.base import AttentionBackend
 from speculant.core.commit import apply
 from speculant.core.config import EngineConfig
+from speculant.core.detokenizer import Detokenizer, TextDecoder
 from speculant.core.inbox import Inbox
 from speculant.core.model_runner import ModelRunner
 from speculant.core.proposer_guard import ProposerGuard
@@ -39,6 +40,7 @@ class LLMEngine:
         backend: AttentionBackend = resolve_backend(config)
         self.runner = ModelRunner(config.model, config.cache, backend)
         self.tokenizer = self.runner.tokenizer
+        self.decoder = TextDecoder.for_tokenizer(self.tokenizer, self._detokenize)
         self.max_model_len = self.runner.max_model_len
         self.scheduler = Scheduler(config.scheduler, self.runner.block_manager, self.max_model_len)
         self.spec: SpecComponents = build_spec_components(config, self.runner)
@@ -54,7 +56,7 @@ class LLMEngine:
         self.num_steps = 0
         self.num_failed_requests = 0
         self.num_fallback_steps = 0  # steps recomputed without speculation or request by request
-        self.stream_text = True  # detokenize unfinished requests every step; LLM.generate turns it off
+        self.stream_text = True  # unfinished requests' text every step (incremental); LLM.generate turns it off
 
     @classmethod
     def from_config_file(cls, path: str, overrides: list[str] | None = None) -> "LLMEngine":
@@ -181,6 +183,7 @@ class LLMEngine:
             req.status = RequestStatus.FINISHED
             req.finish_reason = reason
         self.scheduler.remove(req)
+        req.detokenizer = Detokenizer()  # its text is output_text now
         if self.spec.proposer is not None:
             self.guard.free(self.spec.proposer, req.request_id)
         with self._inbox.lock:
@@ -211,7 +214,7 @@ class LLMEngine:
         if batch.is_empty:
             return []
         parts = StepParts(self.runner, proposer, self.spec.scorer, self.spec.acceptance, self.guard,
-                          self.spec.want_hidden, self._detokenize)
+                          self.spec.want_hidden, self.decoder, self.stream_text)
         try:
             run = run_step(batch, parts)
         except Exception as exc:  # noqa: BLE001 - a fault of the step machinery itself: no one to blame
@@ -257,10 +260,10 @@ class LLMEngine:
     def _stable_text(self, req: Request) -> str:
         """Text of an unfinished request that later steps will only extend:
         a trailing partial character (U+FFFD) and any tail that could still
-        become the start of a stop string are held back."""
-        text = self._detokenize(req.output_token_ids).rstrip("\ufffd")
+        become the start of a stop string are held back. Read from the
+        request's incremental text, which planning keeps up to date."""
         hold = max((len(s) for s in req.params.stop), default=1) - 1
-        return text[: len(text) - hold] if hold > 0 else text
+        return req.detokenizer.stable_text(hold)
 
     def reset_metrics(self) -> None:
         """Forget the counters of finished requests and step timings."""

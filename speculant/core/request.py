@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from speculant.core.detokenizer import Detokenizer
 from speculant.core.sampling_params import SamplingParams
 
 
@@ -94,6 +95,7 @@ class Request:
     error: str | None = None  # why the engine dropped it (finish_reason "error")
     logprobs: list[dict[int, float]] | None = None
     output_text: str = ""
+    detokenizer: Detokenizer = field(default_factory=Detokenizer)  # incremental output text
     num_preemptions: int = 0
     spec_stats: SpecStats = field(default_factory=SpecStats)
 

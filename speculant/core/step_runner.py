@@ -20,11 +20,11 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Callable
 
 from speculant.core.acceptance import AcceptanceMethod
 from speculant.core.batch import ScheduledRequest, StepBatch
 from speculant.core.commit import Outcome, Plan, outcomes_of, plan
+from speculant.core.detokenizer import TextDecoder
 from speculant.core.model_runner import ModelRunner
 from speculant.core.proposer_guard import ProposerGuard
 from speculant.core.step import StepTimes, Timer, decide, propose, score
@@ -44,7 +44,8 @@ class StepParts:
     acceptance: AcceptanceMethod | None
     guard: ProposerGuard
     want_hidden: bool
-    detokenize: Callable[[list[int]], str]
+    decoder: TextDecoder
+    track_text: bool = False  # keep unfinished requests' text up to date (streaming)
 
 
 @dataclass
@@ -124,7 +125,7 @@ def _planned(batch: StepBatch, outcomes: list[Outcome | None], errors: dict[int,
         if outcome is None:
             continue
         try:
-            plans.append(plan(entry, outcome, max_len, parts.detokenize))
+            plans.append(plan(entry, outcome, max_len, parts.decoder, parts.track_text))
         except Exception as exc:  # noqa: BLE001
             errors[idx] = failure(entry, "committing its tokens", exc)
             logger.warning("%s", errors[idx], exc_info=(type(exc), exc, exc.__traceback__))
