@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from speculant.core.acceptance import AcceptanceMethod, AcceptedTokens, accepted_prefix_len, assemble_accepted
+from speculant.core.acceptance import (AcceptanceMethod, AcceptedTokens, DraftLayout, accepted_prefix_len,
+                                       assemble_accepted)
 from speculant.core.capabilities import AcceptanceCapabilities
 from speculant.core.sampler import draw_uniforms, sample_from_probs
 
@@ -45,95 +46,116 @@ class RejectionSampler(AcceptanceMethod):
 
     def accept(
         self,
-        target_logprobs: torch.Tensor,  # [n, k_max + 1, V] filtered target log-probs
-        draft_token_ids: torch.Tensor,  # [n, k_max] long, PLACEHOLDER_TOKEN_ID past lens
-        draft_probs: torch.Tensor | None,  # [n, k_max, V] filtered draft probs, or None (one-hot)
-        lens: torch.Tensor,  # [n] long, proposals per row
+        target_logprobs: torch.Tensor,  # [n + T, V] filtered target log-probs, flat
+        draft_token_ids: torch.Tensor,  # [T] long
+        cu_num_draft_tokens: torch.Tensor,  # [n + 1] long
+        draft_probs: torch.Tensor | None,  # [T, V] filtered draft probs, or None (one-hot)
         greedy: torch.Tensor,  # [n] bool, temperature == 0 rows
         generators: list[torch.Generator],  # [n] one per row
     ) -> AcceptedTokens:
-        check_accept_inputs(target_logprobs, draft_token_ids, draft_probs, lens, greedy, generators)
-        n, k_max = draft_token_ids.shape
-        token_ids = draft_token_ids.clamp_min(0)  # [n, k_max]; placeholders are masked by lens
-        counts = [0 if g else int(l) + 1 for l, g in zip(lens.tolist(), greedy.tolist())]
-        uniforms = draw_uniforms(generators, counts, k_max + 1, target_logprobs.device)  # [n, k_max + 1]
+        check_accept_inputs(target_logprobs, draft_token_ids, cu_num_draft_tokens, draft_probs, greedy, generators)
+        layout = DraftLayout.of(cu_num_draft_tokens, draft_token_ids.shape[0])
+        num_tokens = draft_token_ids.shape[0]
+        # uniforms laid out like the target rows: row i's lens[i] + 1 draws at cu_num_logits[i]..
+        uniforms = row_uniforms(generators, layout, greedy, target_logprobs.shape[0])  # [n + T]
 
-        p_draft = target_logprobs[:, :k_max].gather(2, token_ids.unsqueeze(2)).squeeze(2).exp()  # [n, k_max]
+        p_draft = target_logprobs[layout.logit_rows, draft_token_ids].exp()  # [T]
         if draft_probs is None:
             q_draft = torch.ones_like(p_draft)
         else:
-            q_draft = draft_probs.gather(2, token_ids.unsqueeze(2)).squeeze(2)  # [n, k_max]
+            q_draft = draft_probs[torch.arange(num_tokens, device=draft_probs.device), draft_token_ids]  # [T]
         # u < p/q without dividing: q = 0 accepts iff p > 0, and p >= q always accepts (u < 1).
-        sampled_ok = uniforms[:, :k_max] * q_draft < p_draft  # [n, k_max]
-        argmax = target_argmax(target_logprobs, greedy)  # [n, k_max + 1]
-        accept = torch.where(greedy.unsqueeze(1), token_ids == argmax[:, :k_max], sampled_ok)
-        num_accepted = accepted_prefix_len(accept, lens)  # [n]
+        sampled_ok = uniforms[layout.logit_rows] * q_draft < p_draft  # [T]
+        argmax = target_argmax(target_logprobs, greedy.repeat_interleave(layout.lens + 1,
+                                                                          output_size=target_logprobs.shape[0]))
+        accept = torch.where(greedy[layout.token_rows], draft_token_ids == argmax[layout.logit_rows], sampled_ok)
+        num_accepted = accepted_prefix_len(accept, layout)  # [n]
 
-        final = argmax[torch.arange(n, device=argmax.device), num_accepted]  # [n]; greedy rows are done
+        final_rows = layout.cu_num_logits[:-1] + num_accepted  # [n] target row of the emitted token
+        final = argmax[final_rows]  # [n]; greedy rows are done
         rows = (~greedy).nonzero().squeeze(1)  # [m] sampling rows
         if rows.numel() > 0:
-            pos = num_accepted[rows]  # [m]
-            dist = self._final_distribution(target_logprobs, token_ids, draft_probs, lens, rows, pos)
-            final[rows] = sample_from_probs(dist, uniforms[rows, lens[rows]])
-        return assemble_accepted(draft_token_ids, num_accepted, final)
+            dist = self._final_distribution(target_logprobs, draft_token_ids, draft_probs, layout, rows,
+                                            num_accepted[rows], final_rows[rows])
+            final[rows] = sample_from_probs(dist, uniforms[layout.cu_num_logits[1:][rows] - 1])
+        return assemble_accepted(draft_token_ids, layout, num_accepted, final)
 
     @staticmethod
     def _final_distribution(
-        target_logprobs: torch.Tensor,  # [n, k_max + 1, V]
-        token_ids: torch.Tensor,  # [n, k_max] long, placeholders clamped to 0
-        draft_probs: torch.Tensor | None,  # [n, k_max, V] or None
-        lens: torch.Tensor,  # [n]
+        target_logprobs: torch.Tensor,  # [n + T, V]
+        draft_token_ids: torch.Tensor,  # [T] long
+        draft_probs: torch.Tensor | None,  # [T, V] or None
+        layout: DraftLayout,
         rows: torch.Tensor,  # [m] sampling rows
         pos: torch.Tensor,  # [m] position of the token to emit (= num_accepted)
+        target_rows: torch.Tensor,  # [m] target row at that position
     ) -> torch.Tensor:  # [m, V] unnormalized distribution to sample from
         """Residual max(0, p - q) for rejected rows, p itself for bonus rows."""
-        p = target_logprobs[rows, pos].exp()  # [m, V]
-        k_max = token_ids.shape[1]
-        if k_max == 0:
+        p = target_logprobs[target_rows].exp()  # [m, V]
+        num_tokens = draft_token_ids.shape[0]
+        if num_tokens == 0:
             return p
-        rejected = pos < lens[rows]  # [m]
-        qpos = pos.clamp_max(k_max - 1)  # [m]; bonus rows read a dummy position, unused
+        rejected = pos < layout.lens[rows]  # [m]
+        # the rejected proposal's flat index; bonus rows read a dummy entry, unused
+        qidx = (layout.cu_num_draft_tokens[rows] + pos).clamp_max(num_tokens - 1)  # [m]
         if draft_probs is None:  # one-hot q: the residual is p without the rejected token
-            residual = p.scatter(1, token_ids[rows, qpos].unsqueeze(1), 0.0)
+            residual = p.scatter(1, draft_token_ids[qidx].unsqueeze(1), 0.0)
         else:
-            residual = (p - draft_probs[rows, qpos]).clamp_min(0.0)
+            residual = (p - draft_probs[qidx]).clamp_min(0.0)
         use_residual = rejected & (residual.sum(dim=1) > 0)  # [m]
         return torch.where(use_residual.unsqueeze(1), residual, p)
 
 
+def row_uniforms(
+    generators: list[torch.Generator],  # [n]
+    layout: DraftLayout,
+    greedy: torch.Tensor,  # [n] bool
+    num_rows: int,  # n + T
+) -> torch.Tensor:  # [n + T] float64; sampling row i's draws at its target rows, 1.0 elsewhere
+    """Each sampling row's ``lens[i] + 1`` uniforms, placed like its target rows."""
+    out = torch.ones(num_rows, dtype=torch.float64, device=layout.lens.device)
+    sampling = [i for i, g in enumerate(greedy.tolist()) if not g]
+    if sampling:
+        lens = layout.lens.tolist()
+        drawn = draw_uniforms([generators[i] for i in sampling], [lens[i] + 1 for i in sampling], out.device)
+        out[(~greedy).repeat_interleave(layout.lens + 1, output_size=num_rows)] = drawn
+    return out
+
+
 def check_accept_inputs(
-    target_logprobs: torch.Tensor,  # [n, k_max + 1, V]
-    draft_token_ids: torch.Tensor,  # [n, k_max]
-    draft_probs: torch.Tensor | None,  # [n, k_max, V] or None
-    lens: torch.Tensor,  # [n]
+    target_logprobs: torch.Tensor,  # [n + T, V]
+    draft_token_ids: torch.Tensor,  # [T]
+    cu_num_draft_tokens: torch.Tensor,  # [n + 1]
+    draft_probs: torch.Tensor | None,  # [T, V] or None
     greedy: torch.Tensor,  # [n] bool
     generators: list[torch.Generator],  # [n]
 ) -> None:
     """Assert the shapes and ranges every acceptance method relies on."""
-    assert target_logprobs.dim() == 3 and draft_token_ids.dim() == 2, "expected [n, k+1, V] and [n, k]"
-    n, k_max = draft_token_ids.shape
-    vocab = target_logprobs.shape[2]
-    assert target_logprobs.shape[:2] == (n, k_max + 1), (
-        f"target_logprobs {tuple(target_logprobs.shape)} does not match draft_token_ids {(n, k_max)}")
-    assert draft_probs is None or draft_probs.shape == (n, k_max, vocab), (
-        f"draft_probs {tuple(draft_probs.shape)} should be {(n, k_max, vocab)}")
-    assert lens.shape == (n,) and greedy.shape == (n,) and greedy.dtype == torch.bool
+    assert target_logprobs.dim() == 2 and draft_token_ids.dim() == 1 and cu_num_draft_tokens.dim() == 1, \
+        "expected flat [n + T, V], [T] and [n + 1]"
+    n, num_tokens = cu_num_draft_tokens.shape[0] - 1, draft_token_ids.shape[0]
+    vocab = target_logprobs.shape[1]
+    assert target_logprobs.shape[0] == n + num_tokens, (
+        f"target_logprobs has {target_logprobs.shape[0]} rows, expected {n} decodes + {num_tokens} proposals")
+    assert draft_probs is None or tuple(draft_probs.shape) == (num_tokens, vocab), (
+        f"draft_probs {tuple(draft_probs.shape)} should be {(num_tokens, vocab)}")
+    assert greedy.shape == (n,) and greedy.dtype == torch.bool
     assert len(generators) == n, f"{len(generators)} generators for {n} rows"
-    assert bool(((lens >= 0) & (lens <= k_max)).all()), f"lens must be in [0, {k_max}]: {lens.tolist()}"
-    in_lens = torch.arange(k_max, device=lens.device).unsqueeze(0) < lens.unsqueeze(1)  # [n, k_max]
-    in_vocab = (draft_token_ids >= 0) & (draft_token_ids < vocab)
-    assert bool((in_vocab | ~in_lens).all()), "a proposal inside lens is not a token id of the vocabulary"
+    assert int(cu_num_draft_tokens[0]) == 0 and int(cu_num_draft_tokens[-1]) == num_tokens and \
+        bool((cu_num_draft_tokens.diff() >= 0).all()), f"bad cu_num_draft_tokens {cu_num_draft_tokens.tolist()}"
+    assert bool(((draft_token_ids >= 0) & (draft_token_ids < vocab)).all()), \
+        "a proposal is not a token id of the vocabulary"
 
 
 def target_argmax(
-    target_logprobs: torch.Tensor,  # [n, k_max + 1, V]
-    greedy: torch.Tensor,  # [n] bool
-) -> torch.Tensor:  # [n, k_max + 1] long; meaningful on greedy rows only (0 elsewhere)
-    """The greedy token at every position, computed only when a greedy row needs it."""
+    target_logprobs: torch.Tensor,  # [R, V]
+    greedy: torch.Tensor,  # [R] bool, rows of greedy requests
+) -> torch.Tensor:  # [R] long; meaningful on greedy rows only (0 elsewhere)
+    """The greedy token at every row, computed only where a greedy request needs it."""
     if not bool(greedy.any()):
-        return torch.zeros(target_logprobs.shape[:2], dtype=torch.long, device=target_logprobs.device)
+        return torch.zeros(target_logprobs.shape[0], dtype=torch.long, device=target_logprobs.device)
     if bool(greedy.all()):
         return target_logprobs.argmax(dim=-1)
-    out = torch.zeros(target_logprobs.shape[:2], dtype=torch.long, device=target_logprobs.device)
+    out = torch.zeros(target_logprobs.shape[0], dtype=torch.long, device=target_logprobs.device)
     out[greedy] = target_logprobs[greedy].argmax(dim=-1)
     return out

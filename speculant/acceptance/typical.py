@@ -9,7 +9,8 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from speculant.acceptance.rejection import check_accept_inputs, target_argmax
-from speculant.core.acceptance import AcceptanceMethod, AcceptedTokens, accepted_prefix_len, assemble_accepted
+from speculant.core.acceptance import (AcceptanceMethod, AcceptedTokens, DraftLayout, accepted_prefix_len,
+                                       assemble_accepted)
 from speculant.core.sampler import draw_uniforms, sample_from_probs
 from speculant.core.capabilities import AcceptanceCapabilities
 
@@ -59,40 +60,43 @@ class TypicalAcceptance(AcceptanceMethod):
 
     def accept(
         self,
-        target_logprobs: torch.Tensor,  # [n, k_max + 1, V] filtered target log-probs
-        draft_token_ids: torch.Tensor,  # [n, k_max] long, PLACEHOLDER_TOKEN_ID past lens
-        draft_probs: torch.Tensor | None,  # [n, k_max, V] or None; ignored
-        lens: torch.Tensor,  # [n] long, proposals per row
+        target_logprobs: torch.Tensor,  # [n + T, V] filtered target log-probs, flat
+        draft_token_ids: torch.Tensor,  # [T] long
+        cu_num_draft_tokens: torch.Tensor,  # [n + 1] long
+        draft_probs: torch.Tensor | None,  # [T, V] or None; ignored
         greedy: torch.Tensor,  # [n] bool, temperature == 0 rows
         generators: list[torch.Generator],  # [n] one per row
     ) -> AcceptedTokens:
-        check_accept_inputs(target_logprobs, draft_token_ids, draft_probs, lens, greedy, generators)
-        n, k_max = draft_token_ids.shape
-        token_ids = draft_token_ids.clamp_min(0)  # [n, k_max]; placeholders are masked by lens
+        check_accept_inputs(target_logprobs, draft_token_ids, cu_num_draft_tokens, draft_probs, greedy, generators)
+        layout = DraftLayout.of(cu_num_draft_tokens, draft_token_ids.shape[0])
 
         rows = (~greedy).nonzero().squeeze(1)  # [m] sampling rows
-        argmax = target_argmax(target_logprobs, greedy)  # [n, k_max + 1]
-        accept = token_ids == argmax[:, :k_max]  # [n, k_max]; the greedy rule
-        if rows.numel() > 0:
-            accept[rows] = self.typical_mask(target_logprobs[rows, :k_max], token_ids[rows])
-        num_accepted = accepted_prefix_len(accept, lens)  # [n]
+        argmax = target_argmax(target_logprobs, greedy.repeat_interleave(layout.lens + 1,
+                                                                          output_size=target_logprobs.shape[0]))
+        accept = draft_token_ids == argmax[layout.logit_rows]  # [T]; the greedy rule
+        sampled = (~greedy)[layout.token_rows]  # [T] proposals of sampling rows
+        if bool(sampled.any()):
+            accept[sampled] = self.typical_mask(target_logprobs[layout.logit_rows[sampled]],
+                                                draft_token_ids[sampled])
+        num_accepted = accepted_prefix_len(accept, layout)  # [n]
 
-        final = argmax[torch.arange(n, device=argmax.device), num_accepted]  # [n]; greedy rows are done
+        final_rows = layout.cu_num_logits[:-1] + num_accepted  # [n]
+        final = argmax[final_rows]  # [n]; greedy rows are done
         if rows.numel() > 0:
-            uniforms = draw_uniforms([generators[i] for i in rows.tolist()], [1] * rows.numel(), 1,
-                                     target_logprobs.device)  # [m, 1]
-            p = target_logprobs[rows, num_accepted[rows]].exp()  # [m, V]
-            final[rows] = sample_from_probs(p, uniforms[:, 0])
-        return assemble_accepted(draft_token_ids, num_accepted, final)
+            uniforms = draw_uniforms([generators[i] for i in rows.tolist()], [1] * rows.numel(),
+                                     target_logprobs.device)  # [m]
+            p = target_logprobs[final_rows[rows]].exp()  # [m, V]
+            final[rows] = sample_from_probs(p, uniforms)
+        return assemble_accepted(draft_token_ids, layout, num_accepted, final)
 
     def typical_mask(
         self,
-        logprobs: torch.Tensor,  # [n, k, V] target log-probs at the proposal positions
-        token_ids: torch.Tensor,  # [n, k] long, valid ids
-    ) -> torch.Tensor:  # [n, k] bool: the proposal passes the typical-acceptance rule
-        probs = logprobs.exp()  # [n, k, V]
+        logprobs: torch.Tensor,  # [m, V] target log-probs at the proposals' positions
+        token_ids: torch.Tensor,  # [m] long, valid ids
+    ) -> torch.Tensor:  # [m] bool: the proposal passes the typical-acceptance rule
+        probs = logprobs.exp()  # [m, V]
         finite = logprobs.clamp_min(torch.finfo(logprobs.dtype).min)  # filtered tokens: 0 * min = 0
-        entropy = -(probs * finite).sum(dim=-1)  # [n, k] in nats
+        entropy = -(probs * finite).sum(dim=-1)  # [m] in nats
         threshold = (self.options.posterior_alpha * torch.exp(-entropy)).clamp_max(
-            self.options.posterior_threshold)  # [n, k]
-        return probs.gather(2, token_ids.unsqueeze(2)).squeeze(2) > threshold
+            self.options.posterior_threshold)  # [m]
+        return probs.gather(1, token_ids.unsqueeze(1)).squeeze(1) > threshold

@@ -28,46 +28,37 @@ def prefill_spans(runner: ModelRunner, batch: StepBatch) -> list[QuerySpan]:
     ]
 
 
-def decode_tokens(entry: ScheduledRequest, proposals: Proposals, row: int) -> list[int]:
-    """The decode's last token followed by its proposals."""
-    return [entry.request.token_ids[-1]] + proposals.row(row)
+def decode_tokens(batch: StepBatch, proposals: Proposals) -> list[list[int]]:
+    """Each decode's last token followed by its proposals (one host copy)."""
+    return [[d.request.token_ids[-1]] + row for d, row in zip(batch.decodes, proposals.to_lists())]
 
 
 def flat_decode_spans(runner: ModelRunner, batch: StepBatch, proposals: Proposals) -> list[QuerySpan]:
     spans = []
-    for i, d in enumerate(batch.decodes):
-        tokens = decode_tokens(d, proposals, i)
+    for d, tokens in zip(batch.decodes, decode_tokens(batch, proposals)):
         spans.append(QuerySpan(block_table(runner, d), d.start, tokens, list(range(len(tokens)))))
     return spans
 
 
 def gather_scores(out: ForwardOutput, batch: StepBatch, proposals: Proposals) -> Scores:
     """Split a forward's logits (prefill rows first, then 1 + lens[i] rows per
-    decode, in batch order) into ``Scores``."""
+    decode, in batch order) into ``Scores``: the decode rows are already in
+    ``Scores``' flat order, so this slices, it never copies or pads."""
     logits = out.logits  # [R, V]
     num_prefill_rows = sum(1 for p in batch.prefills if p.reports)
-    lens = proposals.lens.tolist()
-    k_max = proposals.token_ids.shape[1]
-    n, vocab = len(batch.decodes), logits.shape[-1]
-    decode_logits = logits.new_zeros(n, k_max + 1, vocab)
+    num_decode_rows = len(batch.decodes) + proposals.num_draft_tokens
+    assert logits.shape[0] == num_prefill_rows + num_decode_rows, \
+        "forward returned an unexpected number of logit rows"
     hidden = out.hidden_states
-    decode_hidden = hidden.new_zeros(n, k_max + 1, hidden.shape[-1]) if hidden is not None else None
-    row = num_prefill_rows
-    for i, length in enumerate(lens):
-        decode_logits[i, : length + 1] = logits[row: row + length + 1]
-        if hidden is not None:
-            decode_hidden[i, : length + 1] = hidden[row: row + length + 1]
-        row += length + 1
-    assert row == logits.shape[0], "forward returned an unexpected number of logit rows"
     return Scores(
         prefill_logits=logits[:num_prefill_rows],
-        decode_logits=decode_logits,
+        decode_logits=logits[num_prefill_rows:],
+        cu_num_logits=proposals.cu_num_logits().to(logits.device),
         prefill_hidden=hidden[:num_prefill_rows] if hidden is not None else None,
-        decode_hidden=decode_hidden,
+        decode_hidden=hidden[num_prefill_rows:] if hidden is not None else None,
     )
 
 
 def score_flat(runner: ModelRunner, batch: StepBatch, proposals: Proposals, want_hidden: bool = False) -> Scores:
     spans = prefill_spans(runner, batch) + flat_decode_spans(runner, batch, proposals)
     return gather_scores(runner.forward(spans, want_hidden), batch, proposals)
-

@@ -47,18 +47,19 @@ class ProposerGuard:
         self._warned_slow = False
 
     def propose(self, proposer: Proposer, batch: StepBatch) -> Proposals:
-        """Checked proposals, one row per decode; never raises."""
+        """Checked proposals, one row per decode, on the target's device; never raises."""
         n = len(batch.decodes)
+        device = proposer.context.target.device
         start = time.perf_counter()
         try:
             out = proposer.propose(batch)
         except Exception as exc:  # noqa: BLE001 - a plugin may raise anything
             self._fault(proposer, f"propose raised {type(exc).__name__}: {exc}",
                         [e.request.request_id for e in batch.entries], exc)
-            return Proposals.empty(n)
+            return Proposals.empty(n, device)
         finally:
             self._check_time(proposer, time.perf_counter() - start, batch)
-        checked = check_proposals(out, batch, self.vocab_size)
+        checked = check_proposals(out, batch, self.vocab_size, device)
         if checked.problems:
             rows = range(n) if checked.structural else checked.bad_rows
             ids = [batch.decodes[i].request.request_id for i in rows]

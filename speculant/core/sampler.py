@@ -29,18 +29,18 @@ def request_generator(request: Request, stream: int = 0) -> torch.Generator:
 
 
 def draw_uniforms(
-    generators: list[torch.Generator],  # [n]
-    counts: list[int],  # [n] uniforms to draw from each generator
-    width: int,  # columns of the result, >= max(counts)
+    generators: list[torch.Generator],  # [m]
+    counts: list[int],  # [m] uniforms to draw from each generator
     device: torch.device,
-) -> torch.Tensor:  # [n, width] float64; columns past counts[i] are 1.0 (never used)
+) -> torch.Tensor:  # [sum(counts)] float64, generator i's draws at sum(counts[:i]) onwards
     """Draw ``counts[i]`` uniforms in [0, 1) from ``generators[i]`` and nothing else,
-    so a row's draws do not depend on which rows share its batch."""
-    out = torch.ones(len(counts), width, dtype=torch.float64)
-    for i, (gen, count) in enumerate(zip(generators, counts)):
-        if count:
-            out[i, :count] = torch.rand(count, generator=gen, dtype=torch.float64, device=gen.device).cpu()
-    return out.to(device)
+    so a row's draws do not depend on which rows share its batch. Drawn on each
+    generator's device (the CPU for ``request_generator``), moved once."""
+    parts = [torch.rand(count, generator=gen, dtype=torch.float64, device=gen.device).cpu()
+             for gen, count in zip(generators, counts) if count]
+    if not parts:
+        return torch.zeros(0, dtype=torch.float64, device=device)
+    return torch.cat(parts).to(device)
 
 
 def sample_from_probs(
@@ -88,8 +88,8 @@ def sample(logits: torch.Tensor,  # [R, V] raw target logits, one row per reques
         # the same generator stream and draw as an acceptance method's final token,
         # so a request samples the same token whether or not its batch speculates
         uniforms = draw_uniforms([request_generator(requests[i], ACCEPT_STREAM) for i in rows],
-                                 [1] * len(rows), 1, logits.device)
-        drawn = sample_from_probs(logprobs[rows].exp(), uniforms[:, 0]).tolist()
+                                 [1] * len(rows), logits.device)
+        drawn = sample_from_probs(logprobs[rows].exp(), uniforms).tolist()
         for i, tok in zip(rows, drawn):
             tokens[i] = tok
     return SampledTokens(tokens, logprobs)

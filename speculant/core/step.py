@@ -50,11 +50,13 @@ class Decisions:
     num_drafted: list[int] = field(default_factory=list)  # per decode: proposals verified
 
 
-def propose(proposer: Proposer | None, batch: StepBatch, guard: ProposerGuard | None = None) -> Proposals:
-    """Checked proposals (``proposal_checks``); a faulty proposer yields none
-    for the affected decodes (``proposer_guard``), it never raises."""
+def propose(proposer: Proposer | None, batch: StepBatch, guard: ProposerGuard | None = None,
+            device: torch.device | str = "cpu") -> Proposals:
+    """Checked proposals on the target's ``device`` (``proposal_checks``); a
+    faulty proposer yields none for the affected decodes (``proposer_guard``),
+    it never raises."""
     if proposer is None:
-        return Proposals.empty(len(batch.decodes))
+        return Proposals.empty(len(batch.decodes), device)
     # called even when no decode speculates: a proposer with its own KV cache
     # must see this step's prefill chunks to stay in sync
     guard = guard or ProposerGuard(proposer.context.target.vocab_size)
@@ -81,8 +83,10 @@ def decide(acceptance: AcceptanceMethod | None, batch: StepBatch, proposals: Pro
     if not requests:
         return out
     out.num_drafted = proposals.lens.tolist()
-    if acceptance is None or proposals.token_ids.shape[1] == 0:
-        sampled = sample(scores.decode_logits[:, 0], requests)
+    cu = scores.cu_num_logits  # [n + 1]: decode i's target rows are cu[i]:cu[i + 1]
+    if acceptance is None or proposals.num_draft_tokens == 0:
+        first = scores.decode_logits if proposals.num_draft_tokens == 0 else scores.decode_logits[cu[:-1]]
+        sampled = sample(first, requests)
         for i, tok in enumerate(sampled.token_ids):
             out.decode_tokens.append([tok])
             out.decode_logprobs.append([sampled.logprobs[i] if sampled.logprobs is not None else None])
@@ -90,25 +94,24 @@ def decide(acceptance: AcceptanceMethod | None, batch: StepBatch, proposals: Pro
         return out
     if verifies_by_argmax(requests):
         # no distribution is needed: verify on the raw logits' argmax (what plain
-        # greedy decoding picks), skipping the [n, k + 1, V] log-softmax
-        accepted = greedy_accept(scores.decode_logits, proposals.token_ids, proposals.lens)
+        # greedy decoding picks), skipping the log-softmax over every row
+        accepted = greedy_accept(scores.decode_logits, proposals.token_ids, proposals.cu_num_draft_tokens)
         for ids, a in zip(accepted.token_ids.tolist(), accepted.num_accepted.tolist()):
             out.decode_tokens.append(ids[: a + 1])
             out.decode_logprobs.append([None] * (a + 1))
             out.num_accepted.append(a)
         return out
-    n, kp1, vocab = scores.decode_logits.shape
+    num_rows = scores.decode_logits.shape[0]  # n + T real rows, no padding to filter
     t = sampling_tensors([r.params for r in requests], scores.decode_logits.device)
-    rep = {name: v.repeat_interleave(kp1) for name, v in t.items()}
-    target_lp = filtered_logprobs(scores.decode_logits.reshape(n * kp1, vocab), **rep).view(n, kp1, vocab)
-    draft_probs = proposals.probs
+    rep = {name: v.repeat_interleave(cu.diff(), output_size=num_rows) for name, v in t.items()}
+    target_lp = filtered_logprobs(scores.decode_logits, **rep)  # [n + T, V]
     accepted: AcceptedTokens = acceptance.accept(
-        target_lp, proposals.token_ids, draft_probs, proposals.lens,
+        target_lp, proposals.token_ids, proposals.cu_num_draft_tokens, proposals.probs,
         t["temperature"] == 0, [request_generator(r, ACCEPT_STREAM) for r in requests])
     ids = accepted.token_ids.tolist()
-    for i, a in enumerate(accepted.num_accepted.tolist()):
+    for i, (row, a) in enumerate(zip(cu[:-1].tolist(), accepted.num_accepted.tolist())):
         out.decode_tokens.append(ids[i][: a + 1])
-        out.decode_logprobs.append([target_lp[i, j] for j in range(a + 1)])
+        out.decode_logprobs.append([target_lp[row + j] for j in range(a + 1)])
         out.num_accepted.append(a)
     return out
 

@@ -65,7 +65,7 @@ def failure(entry: ScheduledRequest, stage: str, exc: BaseException) -> str:
 
 def run_step(batch: StepBatch, parts: StepParts) -> StepRun:
     timer, times = Timer(), StepTimes()
-    proposals = propose(parts.proposer, batch, parts.guard)
+    proposals = propose(parts.proposer, batch, parts.guard, parts.runner.device)
     times.propose_s = timer.lap()
     return _compute(batch, proposals, parts, timer, times)
 
@@ -80,11 +80,11 @@ def _compute(batch: StepBatch, proposals: Proposals, parts: StepParts, timer: Ti
         return _planned(batch, outcomes_of(batch, decisions), {}, scores, parts, times, "")
     except Exception as exc:  # noqa: BLE001 - any fault: retry, then isolate
         first = exc
-    if bool((proposals.lens > 0).any()):
+    if proposals.num_draft_tokens > 0:
         logger.warning("step of %d requests failed with speculation (%s: %s); retrying it without",
                        len(batch.entries), type(first).__name__, first,
                        exc_info=(type(first), first, first.__traceback__))
-        empty = Proposals.empty(len(batch.decodes))
+        empty = Proposals.empty(len(batch.decodes), parts.runner.device)
         try:
             scores = score(parts.scorer, parts.runner, batch, empty, parts.want_hidden)
             decisions = decide(parts.acceptance, batch, empty, scores)
@@ -106,7 +106,7 @@ def _isolated(batch: StepBatch, parts: StepParts) -> tuple[list[Outcome | None],
     num_prefills = len(batch.prefills)
     for idx, entry in enumerate(batch.entries):
         sub = StepBatch(prefills=[entry]) if idx < num_prefills else StepBatch(decodes=[entry])
-        empty = Proposals.empty(len(sub.decodes))
+        empty = Proposals.empty(len(sub.decodes), parts.runner.device)
         try:
             scores = score(parts.scorer, parts.runner, sub, empty, parts.want_hidden)
             outcomes.append(outcomes_of(sub, decide(parts.acceptance, sub, empty, scores))[0])

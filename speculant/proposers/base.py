@@ -28,41 +28,74 @@ class NoOptions(BaseModel):
 
 @dataclass(frozen=True)
 class Proposals:
-    """Proposed tokens for the decodes of one step, row i for batch.decodes[i].
+    """Proposed tokens for the decodes of one step, flat: decode i (row i of
+    ``batch.decodes``) proposes ``lens[i]`` tokens (0..its num_spec_tokens),
+    ``token_ids[cu_num_draft_tokens[i]:cu_num_draft_tokens[i + 1]]``.
 
-    Row i holds ``lens[i]`` real tokens (0..num_spec_tokens of that decode),
-    then ``PLACEHOLDER_TOKEN_ID``.
+    Every tensor lives on the target's device (``context.target.device``); the
+    engine moves a plugin's output there after checking it. Nothing is padded:
+    ``probs`` has one row per proposed token. Proposers that fill a padded
+    ``[n, k]`` table can hand it to ``from_padded``.
     """
 
-    token_ids: torch.Tensor  # [num_decodes, k_max] long
-    lens: torch.Tensor  # [num_decodes] long
-    probs: torch.Tensor | None = None  # [num_decodes, k_max, V] float32 draft probs, or None
+    token_ids: torch.Tensor  # [num_draft_tokens] long
+    cu_num_draft_tokens: torch.Tensor  # [num_decodes + 1] long: 0, then running sums of lens
+    probs: torch.Tensor | None = None  # [num_draft_tokens, V] float32 draft probs, or None
 
-    def __post_init__(self) -> None:
-        assert self.token_ids.dim() == 2 and self.lens.dim() == 1
-        assert self.token_ids.shape[0] == self.lens.shape[0]
-        if self.probs is not None:
-            assert self.probs.shape[:2] == self.token_ids.shape
+    @property
+    def num_decodes(self) -> int:
+        return self.cu_num_draft_tokens.shape[0] - 1
+
+    @property
+    def num_draft_tokens(self) -> int:
+        return self.token_ids.shape[0]
+
+    @property
+    def lens(self) -> torch.Tensor:  # [num_decodes] long
+        return self.cu_num_draft_tokens.diff()
+
+    @property
+    def device(self) -> torch.device:
+        return self.token_ids.device
+
+    def cu_num_logits(self) -> torch.Tensor:  # [num_decodes + 1] long
+        """Offsets of each decode's ``1 + lens[i]`` rows in ``Scores.decode_logits``."""
+        n = self.num_decodes
+        return self.cu_num_draft_tokens + torch.arange(n + 1, device=self.cu_num_draft_tokens.device)
 
     @classmethod
     def empty(cls, num_decodes: int, device: torch.device | str = "cpu") -> "Proposals":
-        return cls(
-            token_ids=torch.full((num_decodes, 0), PLACEHOLDER_TOKEN_ID, dtype=torch.long, device=device),
-            lens=torch.zeros(num_decodes, dtype=torch.long, device=device),
-        )
+        return cls(token_ids=torch.zeros(0, dtype=torch.long, device=device),
+                   cu_num_draft_tokens=torch.zeros(num_decodes + 1, dtype=torch.long, device=device))
 
     @classmethod
     def from_lists(cls, rows: list[list[int]], device: torch.device | str = "cpu") -> "Proposals":
-        k_max = max((len(r) for r in rows), default=0)
-        ids = torch.full((len(rows), k_max), PLACEHOLDER_TOKEN_ID, dtype=torch.long)
-        for i, r in enumerate(rows):
-            if r:
-                ids[i, : len(r)] = torch.tensor(r, dtype=torch.long)
-        lens = torch.tensor([len(r) for r in rows], dtype=torch.long)
-        return cls(token_ids=ids.to(device), lens=lens.to(device))
+        flat = [t for r in rows for t in r]
+        lens = torch.tensor([0] + [len(r) for r in rows], dtype=torch.long)
+        return cls(token_ids=torch.tensor(flat, dtype=torch.long, device=device),
+                   cu_num_draft_tokens=lens.cumsum(0).to(device))
+
+    @classmethod
+    def from_padded(cls, token_ids: torch.Tensor,  # [n, k]; entries past lens[i] are ignored
+                    lens: torch.Tensor,  # [n]
+                    probs: torch.Tensor | None = None,  # [n, k, V] or None
+                    ) -> "Proposals":
+        """The flat form of a padded table: one mask selects the real entries
+        (row-major, so each row's proposals stay in order). Nothing is checked
+        here; the engine checks every proposer's output (``proposal_checks``)."""
+        keep = torch.arange(token_ids.shape[-1], device=token_ids.device) < lens.unsqueeze(-1)  # [n, k]
+        cu = torch.cat([lens.new_zeros(1), lens.cumsum(0)])
+        return cls(token_ids=token_ids[keep], cu_num_draft_tokens=cu,
+                   probs=probs[keep] if probs is not None else None)
+
+    def to_lists(self) -> list[list[int]]:
+        """Each decode's proposals as a list (one device-to-host copy)."""
+        flat, cu = self.token_ids.tolist(), self.cu_num_draft_tokens.tolist()
+        return [flat[a:b] for a, b in zip(cu[:-1], cu[1:])]
 
     def row(self, i: int) -> list[int]:
-        return self.token_ids[i, : int(self.lens[i])].tolist()
+        a, b = self.cu_num_draft_tokens[i:i + 2].tolist()
+        return self.token_ids[a:b].tolist()
 
 
 @dataclass(frozen=True)
@@ -105,7 +138,7 @@ class Proposer(ABC):
         """Called after acceptance with the number of proposals kept per decode
         (row order = ``batch.decodes``) and the step's target ``Scores`` (with
         hidden states when the proposer declares ``needs_target_hidden_states``:
-        ``scores.decode_hidden[i, num_accepted[i]]`` produced decode i's newest
+        ``scores.decode_hidden[scores.cu_num_logits[i] + num_accepted[i]]`` produced decode i's newest
         token, ``scores.prefill_hidden`` the newest token of each prefill that
         ``reports``). Only called when the step's computation succeeded.
         Stateless proposers keep nothing, so the base does nothing."""

@@ -14,7 +14,6 @@ import json
 from pathlib import Path
 from typing import Literal
 
-import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from speculant.core.attention.base import QuerySpan
@@ -24,8 +23,8 @@ from speculant.core.config import CacheConfig, EngineConfig, ModelConfig
 from speculant.core.gguf_source import resolve_model_source
 from speculant.core.model_runner import ModelRunner
 from speculant.proposers.draft_tokenizer import check_draft_tokenizer
-from speculant.proposers.drafting import draw_proposals
-from speculant.proposers.base import PLACEHOLDER_TOKEN_ID, Proposals, Proposer, ProposerContext
+from speculant.proposers.drafting import DraftSteps, draw_proposals
+from speculant.proposers.base import Proposals, Proposer, ProposerContext
 from speculant.scorers.base import Scores
 
 
@@ -132,24 +131,19 @@ class DraftModelProposer(Proposer):
             self._computed[req.request_id] = req.num_tokens
         k_max = max((batch.decodes[i].num_spec_tokens for i in active), default=0)
         n = len(batch.decodes)
-        ids = torch.full((n, k_max), PLACEHOLDER_TOKEN_ID, dtype=torch.long)
-        lens = torch.zeros(n, dtype=torch.long)
+        steps = DraftSteps(n, self.context.target.device)
         if not spans:
-            return Proposals(ids, lens, None)
+            return steps.build()
         logits = self.runner.forward(spans).logits  # [len(active), V]
         threshold = self.options.confidence_threshold
-        probs = None
         rows = active
+        drafted = [0] * n
         for step in range(k_max):
             decs = [batch.decodes[i] for i in rows]
             draw = draw_proposals(logits, [d.request for d in decs], step, with_confidence=threshold > 0)
-            index = torch.tensor(rows, dtype=torch.long)
-            ids[index, step] = torch.tensor(draw.tokens, dtype=torch.long)
-            if draw.probs is not None:
-                if probs is None:
-                    probs = torch.zeros(n, k_max, self.runner.vocab_size)
-                probs[index, step] = draw.probs.to(probs.device, probs.dtype)
-            lens[index] = step + 1
+            steps.add(step, rows, draw.tokens, draw.probs)
+            for i in rows:
+                drafted[i] = step + 1
             # extend only rows that want more proposals and whose last one the draft is confident
             # in: feed proposal `step` at its position
             sure = draw.confidence.tolist() if draw.confidence is not None else [1.0] * len(rows)
@@ -161,11 +155,10 @@ class DraftModelProposer(Proposer):
             spans = [self._span(batch.decodes[i].request.request_id, [tok],
                                 batch.decodes[i].request.num_tokens + step, [0]) for i, tok in nxt]
             logits = self.runner.forward(spans).logits
-        drafted = lens.tolist()
         for i in active:
             d = batch.decodes[i]
             self._pending[d.request.request_id] = (d.request.num_tokens, drafted[i])
-        return Proposals(ids, lens, probs)
+        return steps.build()
 
     def commit(self, batch: StepBatch, num_accepted: list[int], scores: Scores) -> None:
         for d, a in zip(batch.decodes, num_accepted):

@@ -58,7 +58,7 @@ class NgramProposer(Proposer):
             propose_continuation(d.request.token_ids, d.num_spec_tokens, self.options.min_n, self.options.max_n)
             for d in batch.decodes
         ]
-        return Proposals.from_lists(rows)
+        return Proposals.from_lists(rows, self.context.target.device)
 
 
 def propose_continuation(tokens: list[int], num_tokens: int, min_n: int, max_n: int) -> list[int]:

@@ -20,19 +20,22 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Scores:
-    """Target outputs for one step.
+    """Target outputs for one step, flat and on the target's device.
 
     ``prefill_logits`` has one row per prefill entry that reports
     (``ScheduledRequest.reports``: terminal chunks, and the chunk that ends a
-    preempted request's recompute one token short), in batch order. ``decode_logits[i, j]`` is the target's logits
-    after the decode's last token and its first j proposals, for
-    j = 0..lens[i]; rows past lens[i] are unspecified.
+    preempted request's recompute one token short), in batch order.
+    ``decode_logits`` holds each decode's ``1 + lens[i]`` rows back to back,
+    decode i at ``cu_num_logits[i]:cu_num_logits[i + 1]`` (no padding): row
+    ``cu_num_logits[i] + j`` is the target's logits after the decode's last
+    token and its first j proposals.
     """
 
     prefill_logits: torch.Tensor  # [num_reporting_prefills, V]
-    decode_logits: torch.Tensor  # [num_decodes, k_max + 1, V]
+    decode_logits: torch.Tensor  # [num_decodes + num_draft_tokens, V]
+    cu_num_logits: torch.Tensor  # [num_decodes + 1] long, Proposals.cu_num_logits()
     prefill_hidden: torch.Tensor | None = None  # [num_reporting_prefills, H]
-    decode_hidden: torch.Tensor | None = None  # [num_decodes, k_max + 1, H]
+    decode_hidden: torch.Tensor | None = None  # [num_decodes + num_draft_tokens, H], rows as decode_logits
 
 
 class Scorer(ABC):

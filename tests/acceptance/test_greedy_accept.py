@@ -9,9 +9,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from flat_inputs import accept_padded, greedy_padded
 from speculant.acceptance.rejection import RejectionSampler
 from speculant.acceptance.typical import TypicalAcceptance
-from speculant.core.acceptance import greedy_accept, verifies_by_argmax
+from speculant.core.acceptance import verifies_by_argmax
 from speculant.core.sampling_params import SamplingParams
 from speculant.proposers.base import PLACEHOLDER_TOKEN_ID
 
@@ -35,9 +36,9 @@ def test_same_tokens_as_every_method_on_greedy_rows(seed, method):
     logits, ids, lens = random_batch(seed)
     n = ids.shape[0]
     gens = [torch.Generator().manual_seed(i) for i in range(n)]
-    expected = method(method.Options()).accept(logits.log_softmax(dim=-1), ids, None, lens,
-                                                torch.ones(n, dtype=torch.bool), gens)
-    got = greedy_accept(logits, ids, lens)
+    expected = accept_padded(method(method.Options()), logits.log_softmax(dim=-1), ids, None, lens,
+                             torch.ones(n, dtype=torch.bool), gens)
+    got = greedy_padded(logits, ids, lens)
     assert torch.equal(got.num_accepted, expected.num_accepted)
     assert torch.equal(got.token_ids, expected.token_ids)
 
@@ -49,7 +50,7 @@ def test_crafted_rows():
         logits[:, pos, tok] = 3.0
     ids = torch.tensor([[2, 0, 4], [2, 3, 4], [P, P, P]])
     lens = torch.tensor([3, 3, 0])
-    out = greedy_accept(logits, ids, lens)
+    out = greedy_padded(logits, ids, lens)
     assert out.num_accepted.tolist() == [3, 1, 0]
     assert out.token_ids.tolist() == [[2, 0, 4, 1], [2, 0, P, P], [2, P, P, P]]
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from flat_inputs import accept_padded
 from speculant.acceptance.rejection import RejectionSampler, sample_from_probs
 from speculant.proposers.base import PLACEHOLDER_TOKEN_ID
 
@@ -29,7 +30,7 @@ def run(target_probs, draft_ids, draft_probs=None, lens=None, greedy=None, seeds
     greedy = torch.zeros(n, dtype=torch.bool) if greedy is None else torch.as_tensor(greedy, dtype=torch.bool)
     q = None if draft_probs is None else torch.as_tensor(draft_probs, dtype=torch.float32)
     gens = generators(range(n) if seeds is None else seeds)
-    return RejectionSampler().accept(target, ids, q, lens, greedy, gens)
+    return accept_padded(RejectionSampler(), target, ids, q, lens, greedy, gens)
 
 
 def test_declares_lossless_sampling_without_draft_probs():
@@ -93,8 +94,8 @@ def test_greedy_rows_match_argmax_and_draw_nothing(case, draft_kind):
     draft = None if draft_kind == "one_hot" else torch.full((1, 3, 5), 0.2)
     gen = torch.Generator().manual_seed(7)
     state = gen.get_state()
-    out = RejectionSampler().accept(logprobs(probs).unsqueeze(0), torch.tensor([ids]), draft,
-                                    torch.tensor([lens]), torch.tensor([True]), [gen])
+    out = accept_padded(RejectionSampler(), logprobs(probs).unsqueeze(0), torch.tensor([ids]), draft,
+                        torch.tensor([lens]), torch.tensor([True]), [gen])
     assert out.num_accepted.tolist() == [num_accepted]
     assert out.token_ids[0].tolist() == tokens
     assert torch.equal(gen.get_state(), state)
@@ -135,12 +136,13 @@ def test_row_result_is_independent_of_batch_composition(draft_kind):
     target, ids, draft, lens, greedy = random_batch(n=9, k=4, vocab=11, seed=3)
     draft = None if draft_kind == "one_hot" else draft
     seeds = [100 + i for i in range(9)]
-    batched = RejectionSampler().accept(target, ids, draft, lens, greedy, generators(seeds))
+    batched = accept_padded(RejectionSampler(), target, ids, draft, lens, greedy, generators(seeds))
     for i in range(9):
         k_i = int(lens[i])  # alone, with no padding beyond its own proposals
-        alone = RejectionSampler().accept(
-            target[i:i + 1, :k_i + 1], ids[i:i + 1, :k_i], None if draft is None else draft[i:i + 1, :k_i],
-            lens[i:i + 1], greedy[i:i + 1], generators(seeds[i:i + 1]))
+        alone = accept_padded(
+            RejectionSampler(), target[i:i + 1, :k_i + 1], ids[i:i + 1, :k_i],
+            None if draft is None else draft[i:i + 1, :k_i], lens[i:i + 1], greedy[i:i + 1],
+            generators(seeds[i:i + 1]))
         assert alone.num_accepted.item() == batched.num_accepted[i].item()
         emitted = int(batched.num_accepted[i]) + 1
         assert alone.token_ids[0, :emitted].tolist() == batched.token_ids[i, :emitted].tolist()
@@ -150,9 +152,9 @@ def test_row_result_is_independent_of_batch_composition(draft_kind):
 def test_seeds_change_sampled_rows():
     target, ids, draft, lens, greedy = random_batch(n=64, k=3, vocab=11, seed=5)
     greedy[:] = False
-    first = RejectionSampler().accept(target, ids, draft, lens, greedy, generators(range(64)))
-    again = RejectionSampler().accept(target, ids, draft, lens, greedy, generators(range(64)))
-    other = RejectionSampler().accept(target, ids, draft, lens, greedy, generators(range(64, 128)))
+    first = accept_padded(RejectionSampler(), target, ids, draft, lens, greedy, generators(range(64)))
+    again = accept_padded(RejectionSampler(), target, ids, draft, lens, greedy, generators(range(64)))
+    other = accept_padded(RejectionSampler(), target, ids, draft, lens, greedy, generators(range(64, 128)))
     assert torch.equal(first.token_ids, again.token_ids)
     assert not torch.equal(first.token_ids, other.token_ids)
 
@@ -190,7 +192,7 @@ def one_step(sampler, first_target, first_draft, next_target, next_draft, after_
     target = torch.stack([first_target, next_target(x0), after_target(x0, x1)], dim=1)
     draft = None if one_hot else torch.stack([first_draft, next_draft(x0)], dim=1)
     gens = generators(range(seed0, seed0 + n))
-    return sampler.accept(logprobs(target), ids, draft, lens, torch.zeros(n, dtype=torch.bool), gens)
+    return accept_padded(sampler, logprobs(target), ids, draft, lens, torch.zeros(n, dtype=torch.bool), gens)
 
 
 def sample_two_tokens(one_hot: bool) -> torch.Tensor:  # [N, 2]

@@ -9,6 +9,7 @@ import pytest
 import torch
 from pydantic import ValidationError
 
+from flat_inputs import accept_padded
 from speculant.acceptance import TypicalAcceptance, TypicalOptions
 from speculant.proposers.base import PLACEHOLDER_TOKEN_ID
 
@@ -30,7 +31,8 @@ def run(target_probs, draft_ids, lens=None, greedy=None, seeds=None, **options):
     lens = torch.full((n,), k, dtype=torch.long) if lens is None else torch.as_tensor(lens, dtype=torch.long)
     greedy = torch.zeros(n, dtype=torch.bool) if greedy is None else torch.as_tensor(greedy, dtype=torch.bool)
     method = TypicalAcceptance(TypicalOptions(**options))
-    return method.accept(target, ids, None, lens, greedy, generators(range(n) if seeds is None else seeds))
+    return accept_padded(method, target, ids, None, lens, greedy,
+                         generators(range(n) if seeds is None else seeds))
 
 
 def test_declares_lossy_sampling_method():
@@ -126,8 +128,8 @@ def test_greedy_rows_match_argmax_and_draw_nothing(ids, lens, num_accepted, toke
     target = [[.2, .3, .25, .25], [.25, .2, .3, .25], [.3, .25, .2, .25]]
     gen = torch.Generator().manual_seed(3)
     state = gen.get_state()
-    out = TypicalAcceptance().accept(logprobs([target]), torch.tensor([ids]), None, torch.tensor([lens]),
-                                     torch.tensor([True]), [gen])
+    out = accept_padded(TypicalAcceptance(), logprobs([target]), torch.tensor([ids]), None, torch.tensor([lens]),
+                        torch.tensor([True]), [gen])
     assert out.num_accepted.tolist() == [num_accepted]
     assert out.token_ids[0].tolist() == tokens
     assert torch.equal(gen.get_state(), state)
@@ -141,11 +143,11 @@ def test_row_result_is_independent_of_batch_composition():
     ids = torch.where(torch.arange(k) < lens.unsqueeze(1), torch.randint(0, vocab, (n, k), generator=g), P)
     greedy = torch.arange(n) % 4 == 0
     seeds = list(range(50, 50 + n))
-    batched = TypicalAcceptance().accept(target, ids, None, lens, greedy, generators(seeds))
+    batched = accept_padded(TypicalAcceptance(), target, ids, None, lens, greedy, generators(seeds))
     for i in range(n):
         k_i = int(lens[i])
-        alone = TypicalAcceptance().accept(target[i:i + 1, :k_i + 1], ids[i:i + 1, :k_i], None, lens[i:i + 1],
-                                           greedy[i:i + 1], generators(seeds[i:i + 1]))
+        alone = accept_padded(TypicalAcceptance(), target[i:i + 1, :k_i + 1], ids[i:i + 1, :k_i], None,
+                              lens[i:i + 1], greedy[i:i + 1], generators(seeds[i:i + 1]))
         emitted = int(batched.num_accepted[i]) + 1
         assert alone.num_accepted.item() == emitted - 1
         assert alone.token_ids[0, :emitted].tolist() == batched.token_ids[i, :emitted].tolist()

@@ -81,38 +81,52 @@ class FaultyProposer(Proposer):
         self.real.free(request_id)
 
 
+def padded(out: Proposals) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """The flat proposals as a padded table (ids [n, k], lens [n], probs [n, k, V])."""
+    rows = out.to_lists()
+    k = max((len(r) for r in rows), default=0)
+    ids = torch.full((len(rows), k), -1, dtype=torch.long)
+    keep = torch.arange(k).unsqueeze(0) < out.lens.cpu().unsqueeze(1)
+    ids[keep] = out.token_ids.cpu()
+    probs = None
+    if out.probs is not None:
+        probs = torch.zeros(len(rows), k, out.probs.shape[1])
+        probs[keep] = out.probs.cpu()
+    return ids, out.lens.cpu(), probs
+
+
 def corrupt(out: Proposals, kind: str, vocab: int, n: int):
-    ids, lens, probs = out.token_ids.clone(), out.lens.clone(), out.probs
-    k = ids.shape[1]
+    ids, cu, probs = out.token_ids.clone(), out.cu_num_draft_tokens.clone(), out.probs
     if kind == "raise":
         raise RuntimeError("injected fault after propose")
     if kind == "none":
         return None
-    if kind == "wrong_rows":
-        return Proposals(torch.cat([ids, ids[:1]]) if n else torch.zeros(1, k, dtype=torch.long),
-                         torch.cat([lens, lens[:1]]) if n else torch.zeros(1, dtype=torch.long))
+    if kind == "wrong_rows":  # one (empty) row too many
+        return Proposals(ids, torch.cat([cu, cu[-1:]]))
     if kind == "float_ids":
-        return Proposals(ids.float(), lens, probs)
-    if kind == "negative_lens":
-        return Proposals(ids, torch.full_like(lens, -2), probs)
-    if kind == "long_lens":
-        wide = torch.cat([ids, torch.zeros(n, 3, dtype=torch.long)], dim=1)
+        return Proposals(ids.float(), cu, probs)
+    if kind == "negative_lens":  # every row -2 long: offsets that decrease
+        return Proposals(ids, -2 * torch.arange(n + 1, device=cu.device), probs)
+    if kind == "long_lens":  # 3 more tokens than the budget allows, built the padded way
+        table, lens, table_probs = padded(out)
+        wide = torch.cat([table, torch.zeros(n, 3, dtype=torch.long)], dim=1)
         wide_probs = None
-        if probs is not None:
-            wide_probs = torch.cat([probs, torch.zeros(n, 3, probs.shape[2])], dim=1)
-        return Proposals(wide, lens + 3, wide_probs)
+        if table_probs is not None:
+            wide_probs = torch.cat([table_probs, torch.zeros(n, 3, table_probs.shape[2])], dim=1)
+        return Proposals.from_padded(wide, lens + 3, wide_probs)
     if kind in ("oov_ids", "negative_ids"):
-        if k:
-            ids[:, 0] = vocab + 5 if kind == "oov_ids" else -7
+        table, lens, table_probs = padded(out)
+        if table.shape[1]:  # every row's first proposal spoiled (rows that proposed nothing get one)
+            table[:, 0] = vocab + 5 if kind == "oov_ids" else -7
             lens = lens.clamp_min(1)
-        return Proposals(ids, lens, probs)
+        return Proposals.from_padded(table, lens, table_probs)
     if probs is None:  # argmax-verified batch: no probabilities to spoil; spoil the ids instead
         return corrupt(out, "oov_ids", vocab, n)
     probs = probs.clone()
     if kind == "nan_probs":
-        probs[:, :, 0] = float("nan")
+        probs[:, 0] = float("nan")
     elif kind == "unnormalised_probs":
         probs *= 0.5
     elif kind == "negative_probs":
-        probs[:, :, 0] = -0.25
-    return Proposals(ids, lens, probs)
+        probs[:, 0] = -0.25
+    return Proposals(ids, cu, probs)

@@ -90,7 +90,7 @@ EXPECTED = {
     "raise": "propose raised RuntimeError", "raise_before": "propose raised RuntimeError",
     "none": "returned NoneType, not Proposals", "oov_ids": "outside the vocabulary",
     "negative_ids": "outside the vocabulary", "float_ids": "token_ids must be an integer tensor",
-    "negative_lens": "outside [0, budget]", "long_lens": "outside [0, budget]",
+    "negative_lens": "never decrease", "long_lens": "outside [0, budget]",
     "wrong_rows": "one row per decode", "nan_probs": "are not finite", "unnormalised_probs": "do not sum to 1",
     "negative_probs": "are negative", "commit_raise": "commit raised RuntimeError",
     "sleep": "threshold",

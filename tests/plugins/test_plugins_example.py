@@ -14,7 +14,7 @@ from speculant.core.batch import ScheduledRequest, StepBatch
 from speculant.core.config import ConfigError, EngineConfig, load_config
 from speculant.core.request import Request
 from speculant.core.sampling_params import SamplingParams
-from speculant.proposers.base import PLACEHOLDER_TOKEN_ID, ProposerContext
+from speculant.proposers.base import ProposerContext
 
 
 class WordTokenizer:
@@ -78,7 +78,7 @@ def test_propose_reads_the_batch(example_installed, tmp_path):
     proposals = proposer.propose(batch)
     assert proposals.lens.tolist() == [3, 0, 0]
     assert proposals.row(0) == ids("c d e")
-    assert proposals.token_ids[1].tolist() == [PLACEHOLDER_TOKEN_ID] * 3
+    assert proposals.to_lists() == [ids("c d e"), [], []]  # flat: nothing stored for empty rows
     assert proposals.probs is None  # one-hot: the proposed tokens are the draft
 
 

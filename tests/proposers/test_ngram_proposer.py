@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 import time
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -13,8 +14,10 @@ from pydantic import ValidationError
 from speculant.core.batch import ScheduledRequest, StepBatch
 from speculant.core.request import Request
 from speculant.core.sampling_params import SamplingParams
-from speculant.proposers.base import PLACEHOLDER_TOKEN_ID
 from speculant.proposers.ngram import NgramOptions, NgramProposer, propose_continuation
+
+
+CPU_CONTEXT = SimpleNamespace(target=SimpleNamespace(device=torch.device("cpu")))  # all ngram reads
 
 
 def decode(tokens: list[int], k: int, request_id: str = "r") -> ScheduledRequest:
@@ -85,27 +88,24 @@ def test_propose_returns_one_row_per_decode():
         decode([5, 6, 5, 6, 5], 0, "c"),  # no budget
         decode([5, 6, 7, 8, 5], 4, "d"),
     ])
-    proposer = NgramProposer(NgramOptions(), None)
+    proposer = NgramProposer(NgramOptions(), CPU_CONTEXT)
     proposals = proposer.propose(batch)
     assert proposals.lens.tolist() == [2, 0, 0, 4]
-    assert proposals.token_ids.tolist() == [
-        [3, 1, PLACEHOLDER_TOKEN_ID, PLACEHOLDER_TOKEN_ID],
-        [PLACEHOLDER_TOKEN_ID] * 4,
-        [PLACEHOLDER_TOKEN_ID] * 4,
-        [6, 7, 8, 5],
-    ]
+    assert proposals.token_ids.tolist() == [3, 1, 6, 7, 8, 5]  # flat, decode after decode
+    assert proposals.cu_num_draft_tokens.tolist() == [0, 2, 2, 2, 6]
+    assert proposals.to_lists() == [[3, 1], [], [], [6, 7, 8, 5]]
     assert proposals.probs is None
 
 
 def test_reads_generated_tokens_too():
     d = decode([1, 2, 3], 2)
     d.request.token_ids.extend([1, 2])  # generated after the prompt
-    assert NgramProposer(NgramOptions(), None).propose(StepBatch(decodes=[d])).row(0) == [3, 1]
+    assert NgramProposer(NgramOptions(), CPU_CONTEXT).propose(StepBatch(decodes=[d])).row(0) == [3, 1]
 
 
 def test_empty_batch():
-    proposals = NgramProposer(NgramOptions(), None).propose(StepBatch())
-    assert proposals.token_ids.shape == (0, 0) and proposals.lens.shape == (0,)
+    proposals = NgramProposer(NgramOptions(), CPU_CONTEXT).propose(StepBatch())
+    assert proposals.token_ids.shape == (0,) and proposals.lens.shape == (0,)
 
 
 def test_capabilities():
@@ -138,8 +138,8 @@ def test_fast_on_long_contexts():
     rng = random.Random(1)
     decodes = [decode([1 if i % 2 else rng.randrange(2, 500) for i in range(4000)], 4, str(j))
                for j in range(32)]
-    proposer = NgramProposer(NgramOptions(min_n=2, max_n=3), None)
+    proposer = NgramProposer(NgramOptions(min_n=2, max_n=3), CPU_CONTEXT)
     start = time.perf_counter()
     proposals = proposer.propose(StepBatch(decodes=decodes))
     assert time.perf_counter() - start < 0.5
-    assert proposals.token_ids.shape[0] == 32 and torch.all(proposals.lens <= 4)
+    assert proposals.num_decodes == 32 and torch.all(proposals.lens <= 4)

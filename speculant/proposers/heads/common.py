@@ -24,8 +24,8 @@ from speculant.core.batch import StepBatch
 from speculant.core.capabilities import ProposerCapabilities
 from speculant.core.config import EngineConfig
 from speculant.core.request import Request
-from speculant.proposers.base import PLACEHOLDER_TOKEN_ID, Proposals, Proposer, ProposerContext
-from speculant.proposers.drafting import draw_proposals
+from speculant.proposers.base import Proposals, Proposer, ProposerContext
+from speculant.proposers.drafting import DraftSteps, draw_proposals
 from speculant.scorers.base import Scores
 
 HEADS_CAPABILITIES = ProposerCapabilities(
@@ -132,13 +132,10 @@ class HiddenStateProposer(Proposer):
     def propose(self, batch: StepBatch) -> Proposals:
         rows = [i for i, d in enumerate(batch.decodes)
                 if d.num_spec_tokens > 0 and d.request.request_id in self._hidden]
-        n = len(batch.decodes)
         k_max = max((batch.decodes[i].num_spec_tokens for i in rows), default=0)
-        ids = torch.full((n, k_max), PLACEHOLDER_TOKEN_ID, dtype=torch.long)
-        lens = torch.zeros(n, dtype=torch.long)
-        probs = None
+        draws = DraftSteps(len(batch.decodes), self.context.target.device)
         if not rows:
-            return Proposals(ids, lens, probs)
+            return draws.build()
         requests = [batch.decodes[i].request for i in rows]
         hidden = torch.stack([self._hidden[r.request_id] for r in requests])
         last = torch.tensor([r.token_ids[-1] for r in requests], dtype=torch.long, device=hidden.device)
@@ -148,16 +145,11 @@ class HiddenStateProposer(Proposer):
             draw = draw_proposals(logits.float(), requests, step)
             tokens = draw.tokens
             keep = [j for j, i in enumerate(rows) if batch.decodes[i].num_spec_tokens > step]
-            index = torch.tensor([rows[j] for j in keep], dtype=torch.long)
-            ids[index, step] = torch.tensor([tokens[j] for j in keep], dtype=torch.long)
-            if draw.probs is not None:
-                if probs is None:
-                    probs = torch.zeros(n, k_max, self.context.target.vocab_size)
-                probs[index, step] = draw.probs[keep].to(probs.device, probs.dtype)
-            lens[index] = step + 1
+            draws.add(step, [rows[j] for j in keep], [tokens[j] for j in keep],
+                      draw.probs[keep] if draw.probs is not None else None)
             if step + 1 < k_max:
                 logits = steps.send(torch.tensor(tokens, dtype=torch.long, device=hidden.device))
-        return Proposals(ids, lens, probs)
+        return draws.build()
 
     def commit(self, batch: StepBatch, num_accepted: list[int], scores: Scores) -> None:
         assert scores.prefill_hidden is not None and scores.decode_hidden is not None, \
@@ -166,8 +158,9 @@ class HiddenStateProposer(Proposer):
         reporting = [p.request for p in batch.prefills if p.reports]
         for req, hidden in zip(reporting, scores.prefill_hidden):
             self._hidden[req.request_id] = hidden
-        for i, (d, a) in enumerate(zip(batch.decodes, num_accepted)):
-            self._hidden[d.request.request_id] = scores.decode_hidden[i, a]
+        first_rows = scores.cu_num_logits[:-1].tolist()
+        for d, row, a in zip(batch.decodes, first_rows, num_accepted):
+            self._hidden[d.request.request_id] = scores.decode_hidden[row + a]
 
     def free(self, request_id: str) -> None:
         self._hidden.pop(request_id, None)
