@@ -49,7 +49,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import common  # noqa: E402
+import common
 
 FULL = dict(model="bench", decode_prompt=64, decode_tokens=128, decode_reps=3,
             num_requests=32, prompt_range=(16, 256), output_range=(16, 128), throughput_reps=2,
@@ -342,7 +342,7 @@ def bench_hf_cb(hf, tok, prompts, outs, reps, llm, token_ids) -> dict[str, Any]:
                 got = run(mgr, prompts, outs)
                 times.append(common.since(t0))
                 log(f"throughput hf continuous batching rep {rep + 1}/{reps}: {times[-1][0]:.1f}s")
-    except Exception as exc:  # report, don't lose the other results
+    except Exception as exc:  # noqa: BLE001 - report, don't lose the other results
         return {"unavailable": f"{type(exc).__name__}: {exc}"}
     assert [len(t) for t in got] == outs, "HF continuous batching output lengths differ from max_new_tokens"
     token_ids["hf_continuous_batching"] = got
@@ -429,7 +429,8 @@ def report(res: dict[str, Any]) -> str:
     m = res["model"]
     sp = m["spec"]
     shape = (f"hidden {sp['hidden']}, {sp['layers']} layers, {sp['heads']} heads ({sp['kv_heads']} KV), "
-             f"MLP {sp['intermediate']}, vocab {sp['vocab']}, {'tied' if sp['tie_embeddings'] else 'untied'} embeddings")
+             f"MLP {sp['intermediate']}, vocab {sp['vocab']}, "
+             f"{'tied' if sp['tie_embeddings'] else 'untied'} embeddings")
     lines.append(f"Model: random Llama, {m['num_params_m']}M params ({shape}), float32; "
                  f"{m['weight_bytes_per_decode_step'] / 1e6:.0f} MB read per decode step; "
                  f"read bandwidth {res['bandwidth_gb_s']:.1f} GB/s ({res['bandwidth_source']}) -> bound "

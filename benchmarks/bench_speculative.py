@@ -40,21 +40,27 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import torch  # noqa: E402
-from transformers import AutoTokenizer  # noqa: E402
+import torch
+from transformers import AutoTokenizer
 
-import oracle_proposer  # noqa: E402
-from common import (RESULTS_DIR, base_arg_parser, environment, markdown_table,  # noqa: E402
-                    measure_read_bandwidth, token_prompts, write_json)
-from spec_common import ensure_target_and_draft, median, percentile, wait_for_quiet  # noqa: E402
-
-from speculant.core.attention.base import QuerySpan  # noqa: E402
-from speculant.core.batch import ScheduledRequest, StepBatch  # noqa: E402
-from speculant.core.engine import LLMEngine  # noqa: E402
-from speculant.core.request import Request, RequestStatus  # noqa: E402
-from speculant.core.sampling_params import SamplingParams  # noqa: E402
-from speculant.llm import config_from_kwargs  # noqa: E402
-from speculant.proposers.base import Proposals  # noqa: E402
+import oracle_proposer
+from common import (
+    RESULTS_DIR,
+    base_arg_parser,
+    environment,
+    markdown_table,
+    measure_read_bandwidth,
+    token_prompts,
+    write_json,
+)
+from spec_common import ensure_target_and_draft, median, percentile, wait_for_quiet
+from speculant.core.attention.base import QuerySpan
+from speculant.core.batch import ScheduledRequest, StepBatch
+from speculant.core.engine import LLMEngine
+from speculant.core.request import Request, RequestStatus
+from speculant.core.sampling_params import SamplingParams
+from speculant.llm import config_from_kwargs
+from speculant.proposers.base import Proposals
 
 ALPHAS = (0.5, 0.7, 0.9)
 KS = (2, 4, 6)
@@ -554,9 +560,11 @@ def render_markdown(res: dict[str, Any]) -> str:
              f"Total run {res['total_s']:.0f} s.", ""]
     m = res["models"]
     lines += ["## Models", "", markdown_table(
-        ["model", "params (M)", "hidden x layers", "tied emb.", "bytes read / decode step (MB)", "bandwidth bound (ms)"],
+        ["model", "params (M)", "hidden x layers", "tied emb.", "bytes read / decode step (MB)",
+         "bandwidth bound (ms)"],
         [[name, d["num_params_m"], f"{d['hidden']} x {d['layers']}", d["tied_embeddings"],
-          f2(d["weight_bytes_per_decode_step"] / 1e6, 0), f2(d["bandwidth_bound_ms"], 1)] for name, d in m.items()]), ""]
+          f2(d["weight_bytes_per_decode_step"] / 1e6, 0), f2(d["bandwidth_bound_ms"], 1)]
+         for name, d in m.items()]), ""]
     # forward times
     t_auto, t_def = fwd["target"]["auto"], fwd["target"]["default"]
     sizes = list(t_auto["by_query_tokens_ms"])
@@ -670,7 +678,8 @@ def evaluate_targets(res: dict[str, Any]) -> list[dict[str, Any]]:
          "measured": f"min {min(eff_nom):.2f}, median {median(eff_nom):.2f}",
          "pass": min(eff_nom) >= TARGETS["efficiency_bs1"]},
         {"target": "draft_model proposer: realized ÷ bound (with k·T_draft, realized E) ≥ 0.85",
-         "measured": ", ".join(f"k={r['k']}: {r['efficiency_realized']:.2f}" for r in res["speculation"]["draft_model"]),
+         "measured": ", ".join(f"k={r['k']}: {r['efficiency_realized']:.2f}"
+                               for r in res["speculation"]["draft_model"]),
          "pass": all(r["efficiency_realized"] >= TARGETS["efficiency_bs1"] for r in res["speculation"]["draft_model"])},
         {"target": "MQA ≤ 0.7× batch-expansion time at bs=8",
          "measured": f"{be8['mqa_over_be']:.2f}×", "pass": be8["mqa_over_be"] <= TARGETS["mqa_over_be_bs8"]},
@@ -771,8 +780,9 @@ def run_pyspy(argv: list[str], rate: int) -> None:
         sys.exit("py-spy is not on PATH (pip install py-spy)")
     with tempfile.TemporaryDirectory() as tmp:
         raw = Path(tmp) / "profile.txt"
-        cmd = ["py-spy", "record", "--idle", "--nonblocking", "--rate", str(rate), "--format", "raw", "-o", str(raw), "--",
-               sys.executable, str(Path(__file__).resolve()), *[a for a in argv if a != "--pyspy"]]
+        cmd = ["py-spy", "record", "--idle", "--nonblocking", "--rate", str(rate), "--format", "raw",
+               "-o", str(raw), "--", sys.executable, str(Path(__file__).resolve()),
+               *[a for a in argv if a != "--pyspy"]]
         subprocess.run(cmd, check=True)
         stages, total, leaves = profile_engine.fold(raw, "_profiled_runs (")
         # re-attribute proposer samples (profile_engine has no proposer stage)

@@ -38,9 +38,10 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -270,7 +271,7 @@ def measure_read_bandwidth(num_bytes: int = 1 << 30, repeat: int = 7) -> dict[st
     try:
         for n in sorted({1, os.cpu_count() or 1}):
             torch.set_num_threads(n)
-            times += time_calls(lambda: x.sum(), repeat, warmup=1)
+            times += time_calls(x.sum, repeat, warmup=1)
     finally:
         torch.set_num_threads(threads)
         del x

@@ -31,9 +31,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
 from arch_zoo import VERIFIED, build_arch_model, noisy_copy  # noqa: E402
-from tiny_models import build_tokenizer, random_prompts  # noqa: E402
-
 from speculant import LLM, SamplingParams  # noqa: E402
+from tiny_models import build_tokenizer, random_prompts  # noqa: E402
 
 MAX_TOKENS = 20
 SPEC = {
@@ -129,7 +128,7 @@ def main() -> None:
             for dtype in args.dtypes.split(","):
                 try:
                     results["archs"][arch][dtype] = run_arch(arch, root, root / "tok", dtype)
-                except Exception as exc:  # report, keep measuring the others
+                except Exception as exc:  # noqa: BLE001 - report, keep measuring the others
                     results["archs"][arch][dtype] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
                 print(arch, dtype, json.dumps(results["archs"][arch][dtype])[:300], flush=True)
     results["seconds"] = round(time.time() - t0, 1)

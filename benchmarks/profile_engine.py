@@ -54,15 +54,16 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import common  # noqa: E402
+import common
 
 # (stage, frame markers): a sample goes to the first stage one of whose markers
 # appears in any frame of its stack; order matters (innermost ideas first).
 STAGES = [
     ("draft model", ["(speculant/proposers/draft_model.py", "(transformers/generation/candidate_generator.py"]),
-    ("linear", ["OneDNNLinear.forward", "Linear.forward (torch/nn/modules/linear.py", "forward (torch/nn/modules/linear.py",
-                "forward (speculant/core/linear_backend.py"]),
-    ("attention", ["speculant_attention (", "sdpa_attention_forward (", "paged_attention_forward", "eager_attention_forward"]),
+    ("linear", ["OneDNNLinear.forward", "Linear.forward (torch/nn/modules/linear.py",
+                "forward (torch/nn/modules/linear.py", "forward (speculant/core/linear_backend.py"]),
+    ("attention", ["speculant_attention (", "sdpa_attention_forward (", "paged_attention_forward",
+                   "eager_attention_forward"]),
     ("metadata", ["build (speculant/core/attention/span_tensors.py", "build_metadata (",
                   "slot_mapping (speculant/core/model_runner.py"]),
     ("model other", ["forward (transformers/models/"]),
@@ -133,7 +134,8 @@ def run_workload(args) -> None:
             t0 = time.perf_counter()
             for _ in range(args.repeat):
                 model.generate(x, do_sample=False, max_new_tokens=cfg["tokens"], **extra)
-        print(f"hf {args.workload}: {(time.perf_counter() - t0) / args.repeat:.2f}s per run of {cfg['tokens']} tokens", file=sys.stderr)
+        print(f"hf {args.workload}: {(time.perf_counter() - t0) / args.repeat:.2f}s per run of {cfg['tokens']} tokens",
+              file=sys.stderr)
         return
     from speculant import LLM, SamplingParams
 
@@ -200,14 +202,15 @@ def main() -> None:
         sys.exit("no samples under the generate call; is py-spy allowed to trace (ptrace)?")
     if args.out:
         common.write_json(args.out, {
-            "workload": args.workload, "target": args.target, "draft": args.draft, "k": args.k, "repeat": args.repeat, "quick": args.quick, "threads": args.threads, "load_avg_start": load,
+            "workload": args.workload, "target": args.target, "draft": args.draft, "k": args.k, "repeat": args.repeat,
+            "quick": args.quick, "threads": args.threads, "load_avg_start": load,
             "rate_hz": args.rate, "samples": total, "stages": dict(stages.most_common()),
             "top_frames": dict(leaves.most_common(args.top)), "env": common.environment()})
     print(f"\n{args.workload}: {total} samples at {args.rate}/s (~{total / args.rate:.1f}s), "
           f"load average {load} at start\n")
     rows = [[name, n, f"{100 * n / total:.1f}%"] for name, n in stages.most_common()]
     print(common.markdown_table(["stage", "samples", "share"], rows))
-    print(f"\nhottest leaf frames (Python level; native work shows as its caller):\n")
+    print("\nhottest leaf frames (Python level; native work shows as its caller):\n")
     rows = [[f"`{frame[:110]}`", f"{100 * n / total:.1f}%"] for frame, n in leaves.most_common(args.top)]
     print(common.markdown_table(["frame", "share"], rows))
 

@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import RESULTS_DIR, REPO_ROOT, environment, token_prompts, write_json  # noqa: E402
+from common import REPO_ROOT, RESULTS_DIR, environment, token_prompts, write_json
 
 
 def rss_mb() -> float:

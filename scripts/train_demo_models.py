@@ -12,7 +12,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from demo_training.cli import main  # noqa: E402
+from demo_training.cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

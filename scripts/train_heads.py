@@ -112,7 +112,7 @@ def train(args: argparse.Namespace) -> dict:
     lm_head = model.get_output_embeddings().requires_grad_(False)
     opt = torch.optim.AdamW(heads.parameters(), lr=args.lr, weight_decay=0.0)
     num = train_ex[0].shape[0]
-    for step in range(args.steps):
+    for _ in range(args.steps):
         idx = torch.randint(0, num, (args.batch_size,))
         logits = head_logits(args.kind, heads, lm_head, train_ex[0][idx], train_ex[1][idx])  # [k, B, V]
         loss = torch.nn.functional.cross_entropy(logits.reshape(-1, vocab), train_ex[2][idx].T.reshape(-1))

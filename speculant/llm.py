@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Mapping
-from typing import Any, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 from tqdm.auto import tqdm
 
@@ -61,7 +61,8 @@ def prompt_list(prompts: Any) -> list[Prompt]:
                         f"{type(prompts).__name__}: {hint}")
     if isinstance(prompts, (list, tuple)) and prompts and not isinstance(prompts[0], (str, list, tuple)) \
             and hasattr(type(prompts[0]), "__index__"):
-        return [prompts]  # one prompt of token ids; the engine checks every item
+        # one prompt of token ids; the engine checks every item
+        return [prompts if isinstance(prompts, list) else list(prompts)]
     return list(prompts)
 
 
@@ -85,7 +86,7 @@ class LLM:
         self.tokenizer = self.engine.tokenizer
 
     @classmethod
-    def from_config(cls, path: str, overrides: list[str] | None = None) -> "LLM":
+    def from_config(cls, path: str, overrides: list[str] | None = None) -> LLM:
         return cls(config=load_config(path, overrides))
 
     def generate(
@@ -136,7 +137,7 @@ class LLM:
         """Queue every prompt, or none: a bad prompt aborts the ones queued before it."""
         ids: list[str] = []
         try:
-            for i, (prompt, p) in enumerate(zip(prompts, params)):
+            for prompt, p in zip(prompts, params):
                 ids.append(self.engine.add_request(None, prompt, p))
         except (ValueError, TypeError) as exc:
             for rid in ids:

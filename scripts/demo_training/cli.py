@@ -45,7 +45,8 @@ def parse_args(argv):
     p.add_argument("stage", choices=["tokenizer", "target", "draft", "export", "eval", "all", "measure"])
     g = p.add_argument_group("common")
     g.add_argument("--work-dir", default=str(ROOT / ".train"), help="checkpoints, logs, data (default: .train/)")
-    g.add_argument("--models-dir", default=str(ROOT / "models"), help="where export writes demo-target/ and demo-draft/")
+    g.add_argument("--models-dir", default=str(ROOT / "models"),
+                   help="where export writes demo-target/ and demo-draft/")
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--data-seed", type=int, default=None,
                    help="seed of the training-window order (default: --seed); the corpus split always uses --seed")
@@ -64,7 +65,8 @@ def parse_args(argv):
     g = p.add_argument_group("training (both models)")
     g.add_argument("--size", default="t12m", choices=sorted(sizes.TARGET_SIZES))
     g.add_argument("--draft-size", default="d1m", choices=sorted(sizes.DRAFT_SIZES))
-    g.add_argument("--steps", type=int, default=None, help="target schedule length (default: planned, see --plan-minutes)")
+    g.add_argument("--steps", type=int, default=None,
+                   help="target schedule length (default: planned, see --plan-minutes)")
     g.add_argument("--draft-steps", type=int, default=None)
     g.add_argument("--plan-minutes", type=float, default=90.0,
                    help="when --steps is not given: size the target schedule to this much wall time, "
@@ -295,7 +297,10 @@ def stage_eval(a, paths: Paths) -> dict:
     _, heldout, meta = tokenizer.load_arrays(paths.data)
     t_dir = Path(a.target_dir) if a.target_dir else paths.target_out
     d_dir = Path(a.draft_dir) if a.draft_dir else paths.draft_out
-    load = lambda d: AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32).eval()
+
+    def load(d):
+        return AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32).eval()
+
     t0 = time.time()
     with torch.no_grad():
         result = evaluate.evaluate_pair(load(t_dir), load(d_dir), tokenizer.load_tokenizer(t_dir), heldout,

@@ -38,7 +38,10 @@ def pick_prompts(heldout: np.ndarray, docs: list[dict], n: int, prompt_len: int,
         prompts.append(heldout[s:s + prompt_len])
         refs.append(heldout[s + prompt_len:s + need])
         paths.append(d["path"])
-    as_t = lambda xs: torch.from_numpy(np.stack(xs).astype(np.int64))
+
+    def as_t(xs):
+        return torch.from_numpy(np.stack(xs).astype(np.int64))
+
     return as_t(prompts), as_t(refs), paths
 
 

@@ -51,7 +51,10 @@ def verify(src_dir: Path, out_dir: Path, heldout: np.ndarray, seq_len: int, n_wi
     b = torch.from_numpy(np.stack([heldout[i * seq_len:i * seq_len + seq_len + 1] for i in idx]).astype(np.int64))
     a = ref(input_ids=b[:, :-1]).logits
     c = got(input_ids=b[:, :-1]).logits
-    loss = lambda lg: F.cross_entropy(lg.reshape(-1, lg.size(-1)), b[:, 1:].reshape(-1)).item()
+
+    def loss(lg):
+        return F.cross_entropy(lg.reshape(-1, lg.size(-1)), b[:, 1:].reshape(-1)).item()
+
     files = {p.name: p.stat().st_size for p in sorted(out_dir.iterdir()) if p.is_file()}
     return {
         "loaded_dtypes": sorted(dtypes),

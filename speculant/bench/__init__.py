@@ -24,7 +24,7 @@ Modules: ``speculant_runs`` and ``heads`` (Speculant rows), ``hf_runs`` and
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 DEFAULT_PROMPTS = (
     "def fibonacci(n):\n    ",
@@ -37,7 +37,17 @@ DEFAULT_PROMPTS = (
     "def merge(a, b):\n    result = []\n    i = j = 0\n    while i < len(a) and j < len(b):\n",
 )
 
-QUICK = {"max_tokens": 8, "num_prompts": 2, "repeats": 1, "concurrency": [1], "hf_batched": False}
+
+
+class QuickSettings(TypedDict):
+    max_tokens: int
+    num_prompts: int
+    repeats: int
+    concurrency: list[int]
+    hf_batched: bool
+
+
+QUICK: QuickSettings = {"max_tokens": 8, "num_prompts": 2, "repeats": 1, "concurrency": [1], "hf_batched": False}
 
 ITL_NOTE = ("ITL: per generated token after the first, at concurrency 1; a step (or generate() "
             "callback) that emits n tokens counts as n gaps of step_time / n. Null at concurrency > 1.")
@@ -64,7 +74,8 @@ def _mark_matches(rows: list[dict[str, Any]]) -> None:
 
 def run_bench(target: str, draft: str | None = None, *, prompts: list[str] | None = None, max_tokens: int = 64,
               k: int = 4, repeats: int = 3, concurrency: list[int] | None = None, hf: bool = True,
-              hf_batched: bool = True, heads: dict[str, str] | None = None, confidence: float = 0.4, log=print) -> dict[str, Any]:
+              hf_batched: bool = True, heads: dict[str, str] | None = None, confidence: float = 0.4,
+              log=print) -> dict[str, Any]:
     """Run every row; ``heads`` maps ``medusa`` / ``mlp_speculator`` to trained
     head directories. Raises ``ValueError`` (naming the option) for bad heads."""
     from transformers import AutoTokenizer
@@ -95,7 +106,8 @@ def run_bench(target: str, draft: str | None = None, *, prompts: list[str] | Non
     return {
         "env": env,
         "settings": {"target": str(target), "draft": str(draft) if draft else None, "max_tokens": max_tokens,
-                     "k": k, "draft_confidence": confidence, "repeats": repeats, "concurrency": concurrency, "num_prompts": len(texts),
+                     "k": k, "draft_confidence": confidence, "repeats": repeats, "concurrency": concurrency,
+                     "num_prompts": len(texts),
                      "greedy": True, "ignore_eos": True, "hf_batched": hf_batched,
                      "medusa": (heads or {}).get("medusa"), "mlp_speculator": (heads or {}).get("mlp_speculator")},
         "notes": [ITL_NOTE, "tokens/s: generated tokens / wall time (prefill included), median over repeats."],

@@ -92,7 +92,7 @@ def run_continuous_batching(model, requests: list[list[int]], max_tokens: int, r
                 rates.append(sum(len(t) for t in token_ids) / secs if secs > 0 else 0.0)
     except CBUnsupported:
         raise
-    except Exception as exc:  # noqa: BLE001 - any failure inside transformers is a reason, not a crash
+    except Exception as exc:  # any failure inside transformers is a reason, not a crash
         raise CBUnsupported(f"{type(exc).__name__}: {exc}") from exc
     lengths = sorted({len(t) for t in token_ids})
     if lengths != [max_tokens]:

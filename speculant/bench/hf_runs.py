@@ -87,7 +87,10 @@ def _load(path: str):
 def _run_bs1(model, prompts, max_tokens, repeats, pad_id, extra) -> dict[str, Any]:
     import torch
 
-    rates, gaps, token_ids, num_tokens = [], [], [], 0
+    rates: list[float] = []
+    gaps: list[float] = []
+    token_ids: list[list[int]] = []
+    num_tokens = 0
     for rep in range(repeats + 1):  # the first pass is an untimed warm-up
         total_t, total_n, token_ids = 0.0, 0, []
         for p in (prompts[:1] if rep == 0 else prompts):
@@ -169,7 +172,7 @@ def run_hf(target: str, draft: str | None, prompts: list[list[int]], *, max_toke
             requests = [prompts[i % len(prompts)] for i in range(c)]
             try:
                 if c <= 1:
-                    kw = dict(extra)
+                    kw = dict(extra or {})  # None only for skipped methods
                     if kw.pop("assistant", False):
                         kw["assistant_model"] = assistant
                     res = _run_bs1(model, prompts, max_tokens, repeats, pad_id, kw)

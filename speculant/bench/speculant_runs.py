@@ -49,8 +49,9 @@ def speculant_methods(k: int, draft: str | None, confidence: float = 0.4) -> lis
         if draft is None:
             methods.append(Method(name, skip="skipped: no --draft given"))
         else:
+            options = {"model": str(draft), "confidence_threshold": confidence}
             methods.append(Method(name, {"proposer": "draft_model", "num_speculative_tokens": k, "scorer": scorer,
-                                         "proposer_options": {"model": str(draft), "confidence_threshold": confidence}}))
+                                         "proposer_options": options}))
     return methods
 
 

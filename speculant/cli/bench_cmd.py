@@ -97,12 +97,11 @@ def run(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    quick = QUICK if args.quick else {}
     if args.quick:
         prompts = prompts[:QUICK["num_prompts"]]
-    max_tokens = args.max_tokens or quick.get("max_tokens", 64)
-    repeats = args.repeats or quick.get("repeats", 3)
-    concurrency = args.concurrency or quick.get("concurrency", [1, 32])
+    max_tokens = args.max_tokens or (QUICK["max_tokens"] if args.quick else 64)
+    repeats = args.repeats or (QUICK["repeats"] if args.quick else 3)
+    concurrency = args.concurrency or (QUICK["concurrency"] if args.quick else [1, 32])
     log = lambda msg: print(msg, file=sys.stderr)  # noqa: E731 - progress to stderr, table to stdout
     try:
         result = run_bench(args.target, args.draft, prompts=prompts, max_tokens=max_tokens, k=args.k,

@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from speculant.core.config import ConfigError
 
@@ -73,6 +73,11 @@ def _summary(out, seconds: float, speculative: bool) -> dict:
     return summary
 
 
+def _write_out(text: str) -> None:
+    sys.stdout.write(text)
+    sys.stdout.flush()
+
+
 def run(args: argparse.Namespace) -> int:
     from speculant.cli.generate_cmd import _build
     from speculant.core.sampling_params import SamplingParams
@@ -107,8 +112,7 @@ def run(args: argparse.Namespace) -> int:
             continue
         conversation.append({"role": "user", "content": line})
         try:
-            reply, summary = stream_reply(llm, conversation, params,
-                                          lambda s: (sys.stdout.write(s), sys.stdout.flush()))
+            reply, summary = stream_reply(llm, conversation, params, _write_out)
         except (ValueError, TypeError, RuntimeError) as exc:
             print(f"\nerror: {exc}", file=sys.stderr)
             conversation.pop()

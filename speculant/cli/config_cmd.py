@@ -10,11 +10,14 @@ import argparse
 import json
 import re
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from speculant.core.config import ConfigError, EngineConfig, load_config
+
+if TYPE_CHECKING:
+    from speculant.plugins.registry import Kind
 
 _BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
 
@@ -81,7 +84,8 @@ def resolution_notes(config: EngineConfig) -> list[str]:
 
     spec = config.speculative
     registry = get_registry()
-    wanted = [("attention_backend", "model.attention_backend", resolve_attention_backend_name(config, registry))]
+    wanted: list[tuple[Kind, str, str | None]] = [
+        ("attention_backend", "model.attention_backend", resolve_attention_backend_name(config, registry))]
     if spec.enabled:
         wanted += [("proposer", "speculative.proposer", spec.proposer), ("scorer", "speculative.scorer", spec.scorer),
                    ("acceptance", "speculative.acceptance", spec.acceptance)]

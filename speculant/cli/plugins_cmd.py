@@ -40,9 +40,17 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     matrix.set_defaults(func=run_matrix)
 
 
-def option_fields(cls: type) -> dict[str, Any]:
+# ``cls: Any``: a registered plugin class, whose ``Options`` model and
+# ``capabilities`` dataclass the registry checked (``validate_class``) but
+# whose static type there is only ``type``.
+def option_fields(cls: Any) -> dict[str, Any]:
     """Option name -> default (or ``"(required)"``) of a plugin's Options model."""
     return {name: "(required)" if f.is_required() else f.default for name, f in cls.Options.model_fields.items()}
+
+
+def capability_fields(cls: Any) -> dict[str, Any]:
+    """The plugin class's capabilities as a dict."""
+    return dataclasses.asdict(cls.capabilities)
 
 
 def registration_dict(reg: Registration) -> dict[str, Any]:
@@ -50,7 +58,7 @@ def registration_dict(reg: Registration) -> dict[str, Any]:
         "kind": reg.kind,
         "name": reg.name,
         "class": reg.qualname,
-        "capabilities": dataclasses.asdict(reg.cls.capabilities),
+        "capabilities": capability_fields(reg.cls),
         "options": option_fields(reg.cls),
     }
 
@@ -90,7 +98,7 @@ def render_listing(loaded: LoadedPlugins) -> str:
         lines += [f"{src.name}: {origin}{target}", f"  hooks: {', '.join(info.hooks)}"]
         for reg in info.registrations:
             lines.append(f"  {KIND_LABELS[reg.kind]} {reg.name!r}: {reg.qualname}")
-            lines.append(f"      capabilities: {_flags(dataclasses.asdict(reg.cls.capabilities))}")
+            lines.append(f"      capabilities: {_flags(capability_fields(reg.cls))}")
             lines.append(f"      options: {_flags(option_fields(reg.cls))}")
     if not loaded.plugins:
         lines.append("no plugin loaded")

@@ -10,13 +10,17 @@ key path, the value received, what is allowed and how to fix it.
 
 from __future__ import annotations
 
-import tomllib
+import sys
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # Python 3.10: the same parser, published as tomli before it joined the standard library
+    import tomli as tomllib
 
 MAX_SEED = 2**63 - 1
 """Largest ``model.seed`` (``torch.Generator.manual_seed`` takes [0, 2**63 - 1])."""
@@ -115,7 +119,7 @@ class EngineConfig(StrictModel):
     speculative: SpeculativeConfig = Field(default_factory=SpeculativeConfig)
 
     @model_validator(mode="after")
-    def _check_budget(self) -> "EngineConfig":
+    def _check_budget(self) -> EngineConfig:
         if self.scheduler.max_num_batched_tokens < self.scheduler.max_num_seqs:
             raise ValueError(
                 f"scheduler.max_num_batched_tokens={self.scheduler.max_num_batched_tokens} is below "
@@ -161,8 +165,8 @@ def format_validation_error(err: ValidationError, root: type[BaseModel] = Engine
             problems.append(f"{path}: required key is missing")
         else:
             msg = e["msg"].removeprefix("Value error, ")
-            hint = _FIELD_HINTS.get(path) if e["type"] in _BOUND_ERRORS else _TYPE_HINTS.get(e["type"])
-            problems.append(f"{path} = {e.get('input')!r}: {msg}" + (f"; {hint}" if hint else ""))
+            fix = _FIELD_HINTS.get(path) if e["type"] in _BOUND_ERRORS else _TYPE_HINTS.get(e["type"])
+            problems.append(f"{path} = {e.get('input')!r}: {msg}" + (f"; {fix}" if fix else ""))
     return problems
 
 

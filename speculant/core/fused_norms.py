@@ -14,25 +14,37 @@ upcast, a bfloat16 model) fail the probe and keep their own forward.
 from __future__ import annotations
 
 import types
+from collections.abc import Callable
+from typing import Protocol, TypeGuard
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 
-def _fused_forward(self: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
+class _RMSNormLike(Protocol):
+    """A module ``_looks_like_rms_norm`` accepted."""
+
+    weight: torch.Tensor
+    variance_epsilon: float
+    forward: Callable[[torch.Tensor], torch.Tensor]
+
+    def __call__(self, hidden_states: torch.Tensor) -> torch.Tensor: ...
+
+
+def _fused_forward(self: _RMSNormLike, hidden_states: torch.Tensor) -> torch.Tensor:
     # hidden_states: [..., H] -> [..., H]
     return F.rms_norm(hidden_states, (self.weight.shape[0],), self.weight, self.variance_epsilon)
 
 
-def _looks_like_rms_norm(module: nn.Module) -> bool:
+def _looks_like_rms_norm(module: nn.Module) -> TypeGuard[_RMSNormLike]:
     weight = getattr(module, "weight", None)
     return (type(module).__name__.endswith("RMSNorm") and isinstance(weight, torch.Tensor)
             and weight.dim() == 1 and isinstance(getattr(module, "variance_epsilon", None), float))
 
 
 @torch.inference_mode()
-def _probe(module: nn.Module) -> bool:
+def _probe(module: _RMSNormLike) -> bool:
     """The fused call equals the module's own forward on random inputs of 1 and 5 rows."""
     gen = torch.Generator(device="cpu").manual_seed(0)
     hidden = module.weight.shape[0]

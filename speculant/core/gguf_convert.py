@@ -87,8 +87,9 @@ def convert(source: Path, out: Path, dtype: str, option: str) -> None:
             f"({describe}): {type(exc).__name__}: {str(exc).rstrip('.')}. Use a GGUF of an architecture and "
             "quantization types transformers' GGUF support dequantizes (see its GGUF documentation), or the "
             "model's original Hugging Face checkpoint") from exc
-    if getattr(model, "hf_quantizer", None) is not None:
-        model.hf_quantizer.remove_quantization_config(model)
+    quantizer = getattr(model, "hf_quantizer", None)
+    if quantizer is not None:
+        quantizer.remove_quantization_config(model)
     packed = sorted({str(p.dtype) for p in model.parameters() if not p.is_floating_point()})
     if packed:  # weights left in GGUF blocks would be saved as raw bytes
         raise UnsupportedModelError(f"{option} = {str(source)!r} ({inspect_gguf(source, option)}): transformers "

@@ -169,8 +169,8 @@ def entry_problem(entry: Path, digest: str, dtype: str) -> str | None:
 def _entry_by_signature(folder: Path, signature: dict, dtype: str) -> Path | None:
     """The verified entry whose marker lists this exact file (path, size, mtime, inode)."""
     for marker in folder.glob(f"*-{dtype}/{MARKER}"):
-        data = read_marker(marker.parent)
-        digest = data.get("source_sha256") if data else None
+        data = read_marker(marker.parent) or {}
+        digest = data.get("source_sha256")
         if (isinstance(digest, str) and isinstance(data.get("sources"), list) and signature in data["sources"]
                 and marker.parent.name == f"{digest[:16]}-{dtype}"
                 and entry_problem(marker.parent, digest, dtype) is None):
@@ -180,8 +180,8 @@ def _entry_by_signature(folder: Path, signature: dict, dtype: str) -> Path | Non
 
 def _remember_source(entry: Path, signature: dict) -> None:
     """Add this file's signature to the entry's marker, so its next load skips hashing."""
-    data = read_marker(entry)
-    known = data.get("sources") if data else None
+    data = read_marker(entry) or {}
+    known = data.get("sources")
     if not isinstance(known, list) or signature in known:
         return
     data["sources"] = ([signature] + known)[:MAX_SOURCES]

@@ -14,8 +14,8 @@ from __future__ import annotations
 import logging
 import threading
 from collections import deque
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Callable, Iterator
 
 logger = logging.getLogger(__name__)
 
@@ -60,5 +60,5 @@ class Inbox:
             op = self._ops.popleft()
             try:
                 op()
-            except Exception:  # noqa: BLE001 - one bad change must not block the others
+            except Exception:  # one bad change must not block the others
                 logger.exception("applying a queued engine change failed")

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
+from typing import TypeGuard
 
 import torch
 import torch.nn.functional as F
@@ -164,11 +165,17 @@ def linear_weight_of(layer: nn.Module) -> torch.Tensor | None:
     subclasses may override ``forward`` (quantized or adapter layers) or read
     ``.weight`` directly (``nn.MultiheadAttention``'s ``out_proj``).
     """
-    if type(layer) is nn.Linear:
-        return layer.weight
-    if type(layer) is Conv1D:
-        return layer.weight.t()
-    return None
+    return _dense_weight(layer) if _packable(layer) else None
+
+
+def _packable(layer: nn.Module) -> TypeGuard[nn.Linear | Conv1D]:
+    """An exact ``nn.Linear`` or ``Conv1D`` (see ``linear_weight_of``)."""
+    return type(layer) is nn.Linear or type(layer) is Conv1D
+
+
+def _dense_weight(layer: nn.Linear | Conv1D) -> torch.Tensor:
+    # [out, in]: Conv1D stores its weight [in, out]
+    return layer.weight.t() if type(layer) is Conv1D else layer.weight
 
 
 def probe_error(layer: nn.Module, packed: OneDNNLinear) -> float:
@@ -188,13 +195,13 @@ def probe_error(layer: nn.Module, packed: OneDNNLinear) -> float:
     return worst
 
 
-def _linear_slots(model: nn.Module) -> list[tuple[str, nn.Module, str, nn.Module]]:
+def _linear_slots(model: nn.Module) -> list[tuple[str, nn.Module, str, nn.Linear | Conv1D]]:
     """Every (qualified name, parent, attribute, layer) holding a layer that
     ``linear_weight_of`` accepts; a layer held by several parents appears once per parent."""
     slots = []
     for parent_name, parent in model.named_modules(remove_duplicate=False):
         for attr, child in parent.named_children():
-            if linear_weight_of(child) is not None:
+            if _packable(child):
                 name = f"{parent_name}.{attr}" if parent_name else attr
                 slots.append((name, parent, attr, child))
     return slots
@@ -209,7 +216,7 @@ def _shared_weight_ids(model: nn.Module) -> set[int]:
     return {pid for pid, count in holders.items() if count > 1}
 
 
-def _check_backend(backend: str, slots: list) -> None:
+def _check_backend(backend: str, slots: list[tuple[str, nn.Module, str, nn.Linear | Conv1D]]) -> None:
     """Raise ``LinearBackendError`` for an unknown value, or 'onednn' that cannot run."""
     if backend not in LINEAR_BACKENDS:
         raise LinearBackendError(
@@ -218,7 +225,7 @@ def _check_backend(backend: str, slots: list) -> None:
     if backend != "onednn":
         return
     for name, _, _, layer in slots:
-        reason = onednn_unavailable_reason(linear_weight_of(layer))
+        reason = onednn_unavailable_reason(_dense_weight(layer))
         if reason is not None:
             raise LinearBackendError(
                 f"model.linear_backend = 'onednn' cannot run layer '{name}': {reason}. "
@@ -227,9 +234,9 @@ def _check_backend(backend: str, slots: list) -> None:
                 "CPU with model.dtype = 'float32' or 'bfloat16'.")
 
 
-def _try_pack(layer: nn.Module, dense_max_rows: int) -> tuple[OneDNNLinear | None, float, str]:
+def _try_pack(layer: nn.Linear | Conv1D, dense_max_rows: int) -> tuple[OneDNNLinear | None, float, str]:
     """Pack and probe one layer: (packed or None, probe error, why not packed)."""
-    weight = linear_weight_of(layer)  # [out, in]
+    weight = _dense_weight(layer)  # [out, in]
     reason = onednn_unavailable_reason(weight)
     if reason is not None:
         return None, 0.0, reason

@@ -34,10 +34,12 @@ class SharedGemm:
 
     def part(self, index: int, x: torch.Tensor) -> torch.Tensor:
         # x: [..., in] -> [..., sizes[index]]
-        if self._input is not x or self._parts[index] is None:
-            self._parts = list(self.merged(x).split(self.sizes, dim=-1))
-            self._input = x
-        out, self._parts[index] = self._parts[index], None
+        out = self._parts[index]
+        if self._input is not x or out is None:
+            fresh = self.merged(x).split(self.sizes, dim=-1)
+            self._parts, self._input = list(fresh), x
+            out = fresh[index]
+        self._parts[index] = None
         if all(p is None for p in self._parts):
             self._input = None  # all handed out: hold no activations between forwards
         return out
@@ -71,7 +73,7 @@ def _merge(layers: list[OneDNNLinear]) -> SharedGemm | None:
     dense_rows = layers[0].dense_max_numel // layers[0].in_features
     with torch.no_grad():
         weight = torch.cat([m.weight for m in layers])  # [sum(out), in]
-        bias = None if layers[0].bias is None else torch.cat([m.bias for m in layers])
+        bias = None if layers[0].bias is None else torch.cat([m.bias for m in layers if m.bias is not None])
         merged = OneDNNLinear(weight, bias, dense_rows)
         reference = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None, dtype=weight.dtype)
         reference.weight.copy_(weight)
@@ -87,8 +89,9 @@ def merge_sibling_linears(model: nn.Module) -> int:
     merged = 0
     for parent in list(model.modules()):
         for names in SIBLINGS:
-            layers = [getattr(parent, n, None) for n in names]
-            if not all(isinstance(m, OneDNNLinear) for m in layers):
+            found = [getattr(parent, n, None) for n in names]
+            layers = [m for m in found if isinstance(m, OneDNNLinear)]
+            if len(layers) != len(names):
                 continue
             shared = _merge(layers)
             if shared is None:

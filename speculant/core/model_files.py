@@ -61,7 +61,8 @@ def check_safetensors_file(path: Path, option: str = "model.path") -> int:
 def _check_tensor(option: str, path: Path, name: str, info: object, data_size: int) -> None:
     offsets = info.get("data_offsets") if isinstance(info, dict) else None
     shape = info.get("shape") if isinstance(info, dict) else None
-    if not (isinstance(offsets, list) and len(offsets) == 2 and all(type(o) is int for o in offsets)
+    if not (isinstance(info, dict)
+            and isinstance(offsets, list) and len(offsets) == 2 and all(type(o) is int for o in offsets)
             and isinstance(shape, list) and all(type(d) is int and d >= 0 for d in shape)):
         raise _fail(option, path, f"has a corrupt header entry for tensor {name!r}: {info!r}")
     begin, end = offsets

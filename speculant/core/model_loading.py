@@ -4,13 +4,16 @@ and refuse model features that our attention does not implement."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
-from transformers import (MODEL_FOR_CAUSAL_LM_MAPPING, AutoConfig, AutoModelForCausalLM, AutoTokenizer,
-                          PretrainedConfig)
+from transformers import MODEL_FOR_CAUSAL_LM_MAPPING, AutoConfig, AutoModelForCausalLM, AutoTokenizer, PretrainedConfig
 
 from speculant.core.attention.hf_seam import register_seam
 from speculant.core.model_files import SafetensorError, check_weight_files, weight_load_error
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 _DTYPES = {"float32": torch.float32, "float64": torch.float64,
            "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -62,8 +65,8 @@ def _layer_problems(cfg: PretrainedConfig, max_model_len: int) -> list[str]:
                       f"set model.max_model_len <= {window} or use a model without a window")
     layer_types = list(dict.fromkeys(str(t) for t in (getattr(cfg, "layer_types", None) or [])))
     if not layer_types:  # no per-layer list: the window, if any and switched on, applies everywhere
-        on = window is not None and getattr(cfg, "use_sliding_window", True)
-        return [window_problem] if on and window < max_model_len else []
+        on = getattr(cfg, "use_sliding_window", True)
+        return [window_problem] if window is not None and on and window < max_model_len else []
     problems = []
     for kind in layer_types:
         if kind == "full_attention":
@@ -82,7 +85,7 @@ def _layer_problems(cfg: PretrainedConfig, max_model_len: int) -> list[str]:
     return problems
 
 
-def unsupported_model_error(option: str, config: PretrainedConfig, problems: list[str]) -> "UnsupportedModelError":
+def unsupported_model_error(option: str, config: PretrainedConfig, problems: list[str]) -> UnsupportedModelError:
     """The one refusal message: which model, every feature, and that nothing was loaded half-way."""
     path = getattr(config, "_name_or_path", "") or "?"
     return UnsupportedModelError(
@@ -108,7 +111,7 @@ def default_max_model_len(config: PretrainedConfig) -> int:
 
 
 def load_hf_model(path: str, dtype: str, device: torch.device, max_model_len: int | None,
-                  option: str = "model.path") -> tuple[torch.nn.Module, int]:
+                  option: str = "model.path") -> tuple[PreTrainedModel, int]:
     """Load the model with our attention; return it and the resolved max_model_len."""
     model_dir = check_model_dir(path, option)
     config = AutoConfig.from_pretrained(model_dir)
@@ -136,7 +139,9 @@ def load_hf_model(path: str, dtype: str, device: torch.device, max_model_len: in
                 f"{option} = {path!r} ({config.model_type}) does not route attention through transformers' "
                 f"AttentionInterface, which speculant needs ({how}); use a model that does") from exc
         raise
-    model.to(device).eval()
+    # transformers types PreTrainedModel.to as functools.wraps(nn.Module.to), whose
+    # signature keeps the unbound `self`, so the device reads as the wrong argument
+    model.to(device).eval()  # type: ignore[arg-type]
     model.requires_grad_(False)
     return model, max_model_len
 

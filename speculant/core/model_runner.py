@@ -14,18 +14,23 @@ from dataclasses import dataclass
 import torch
 
 from speculant.core.attention.base import AttentionBackend, QuerySpan
-from speculant.core.attention.span_tensors import SpanTensors
 from speculant.core.attention.context import ForwardContext, forward_context
-from speculant.core.config import CacheConfig, ModelConfig
-from speculant.core.kv_cache import BlockManager
-from speculant.core.fused_norms import fuse_rms_norms
-from speculant.core.gguf_source import resolve_model_source
-from speculant.core.linear_backend import pack_linear_layers
-from speculant.core.merged_linears import merge_sibling_linears
 from speculant.core.attention.hf_seam import SEAM_NAME
 from speculant.core.attention.seam_probe import probe_attention, seam_refusals
-from speculant.core.model_loading import (eos_token_ids, load_hf_model, load_tokenizer, resolve_device,
-                                          unsupported_model_error)
+from speculant.core.attention.span_tensors import SpanTensors
+from speculant.core.config import CacheConfig, ModelConfig
+from speculant.core.fused_norms import fuse_rms_norms
+from speculant.core.gguf_source import resolve_model_source
+from speculant.core.kv_cache import BlockManager
+from speculant.core.linear_backend import pack_linear_layers
+from speculant.core.merged_linears import merge_sibling_linears
+from speculant.core.model_loading import (
+    eos_token_ids,
+    load_hf_model,
+    load_tokenizer,
+    resolve_device,
+    unsupported_model_error,
+)
 from speculant.core.resource_checks import total_memory_bytes
 from speculant.core.seam_selftest import SeamSelfTestError, seam_self_test
 
@@ -117,7 +122,8 @@ class ModelRunner:
         problems = seam_refusals(calls, num_layers if isinstance(num_layers, int) else None, self.max_model_len)
         if problems:
             raise unsupported_model_error(option, self.model.config, problems)
-        return [(c.key_shape[1], c.key_shape[3]) for c in sorted(calls, key=lambda c: c.layer)]
+        shapes = {c.layer: (c.key_shape[1], c.key_shape[3]) for c in calls}
+        return [shapes[i] for i in range(len(calls))]  # seam_refusals passed: layers 0..L-1, once each
 
     def _self_test(self, option: str) -> float:
         try:
@@ -175,7 +181,8 @@ class ModelRunner:
         assert spans, "forward needs at least one span"
         assert max(s.end for s in spans) <= self.max_model_len, "scheduler let a position reach max_model_len"
         st = SpanTensors.build(spans, self.block_size, self.device)
-        keep, offset = [], 0
+        keep: list[int] = []
+        offset = 0
         for span in spans:
             keep.extend(offset + i for i in span.logits_at)
             offset += span.num_tokens
@@ -186,7 +193,11 @@ class ModelRunner:
             with forward_context(ctx):
                 out = self.model(input_ids=st.token_ids.unsqueeze(0), position_ids=st.positions.unsqueeze(0),
                                  use_cache=False, logits_to_keep=keep_t)
-            hidden = self._captured_hidden[0, keep_t] if want_hidden else None
+            hidden = None
+            if want_hidden:
+                if self._captured_hidden is None:
+                    raise RuntimeError("the base model's forward hook captured no hidden states")
+                hidden = self._captured_hidden[0, keep_t]
         finally:
             self._capture = False
             self._captured_hidden = None

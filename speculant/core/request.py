@@ -47,7 +47,7 @@ class SpecStats:
             if i < num_accepted:
                 self.accepted_per_position[i] += 1
 
-    def merge(self, other: "SpecStats") -> None:
+    def merge(self, other: SpecStats) -> None:
         self.num_steps += other.num_steps
         self.num_draft_tokens += other.num_draft_tokens
         self.num_accepted_tokens += other.num_accepted_tokens
@@ -170,7 +170,7 @@ class RequestOutput:
     """Same as ``outputs[0].error``: set when the request failed."""
 
     @classmethod
-    def from_request(cls, req: Request) -> "RequestOutput":
+    def from_request(cls, req: Request) -> RequestOutput:
         out = CompletionOutput(
             index=0,
             text=req.output_text,

@@ -106,7 +106,7 @@ def memory_problems(config: EngineConfig, cfg: dict, device: str) -> list[str]:
     per_block = 2 * layers * kv_heads * head_dim * DTYPE_BYTES[dtype] * cache.block_size
     where = "RAM" if device == "cpu" else f"{device} memory"
     if cache.num_blocks is not None:
-        need = cache.num_blocks * per_block
+        need: float = cache.num_blocks * per_block
         value = f"cache.num_blocks = {cache.num_blocks}"
         how = (f"{cache.num_blocks} blocks x {per_block} bytes (2 x {layers} layers x {kv_heads} KV heads x "
                f"{head_dim} head dim x {DTYPE_BYTES[dtype]} bytes ({dtype}) x {cache.block_size} tokens)")

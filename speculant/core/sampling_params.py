@@ -13,6 +13,7 @@ import math
 import numbers
 import operator
 from dataclasses import dataclass, field
+from typing import SupportsIndex
 
 MIN_TEMPERATURE = 1e-5
 """Temperatures in ``(0, MIN_TEMPERATURE)`` are treated as greedy (stored as
@@ -108,9 +109,11 @@ def _int(option: str, value: object, fix: str) -> int:
     """``value`` as a Python int: ints and integer-like objects (numpy ints), not bools or floats."""
     if isinstance(value, bool):
         raise _type_error(option, value, "an integer (a bool is not accepted as a number)", fix)
+    if not isinstance(value, SupportsIndex):
+        raise _type_error(option, value, "an integer", fix)
     try:
         return operator.index(value)
-    except TypeError:
+    except TypeError:  # an __index__ that refuses
         raise _type_error(option, value, "an integer", fix) from None
 
 

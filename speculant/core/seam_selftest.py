@@ -12,9 +12,14 @@ within the rounding noise of the dtype, or the model is refused.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from speculant.core.attention.base import QuerySpan
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 # max |ours - transformers| / max(1, max |logit|); float32 noise measured on the
 # architecture matrix is ~1e-6, a real fault (wrong position, missing K/V,
@@ -28,12 +33,12 @@ class SeamSelfTestError(ValueError):
     """The engine's attention path disagrees with transformers' on this model."""
 
 
-def _reference_logits(model: torch.nn.Module, ids: list[int], device: torch.device) -> torch.Tensor:
+def _reference_logits(model: PreTrainedModel, ids: list[int], device: torch.device) -> torch.Tensor:
     out = model(input_ids=torch.tensor([ids], device=device), use_cache=False)
     return out.logits[0].float()  # [len(ids), V]
 
 
-def _swap_to_reference(model: torch.nn.Module) -> str:
+def _swap_to_reference(model: PreTrainedModel) -> str:
     """Switch the model to transformers' own attention; return the name used."""
     for name in ("eager", "sdpa"):
         try:

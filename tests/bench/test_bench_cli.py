@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 
 import pytest
-from tiny_models import build_model
 
 from speculant.cli import main
+from tiny_models import build_model
 
 SPECULANT_METHODS = {"no_spec", "ngram", "draft_mqa", "draft_batch_expansion"}
 HF_METHODS = {"generate", "assisted", "prompt_lookup"}

@@ -63,7 +63,7 @@ BAD_TOML = {
 @pytest.mark.parametrize("name", list(BAD_TOML))
 def test_bad_toml_value(name, tmp_path):
     section, line, words = BAD_TOML[name]
-    text = f'[model]\npath = "m"\n' + (f"{line}\n" if section == "model" else f"[{section}]\n{line}\n")
+    text = '[model]\npath = "m"\n' + (f"{line}\n" if section == "model" else f"[{section}]\n{line}\n")
     with pytest.raises(ConfigError) as err:
         load_config(write(tmp_path, "engine.toml", text))
     assert len(err.value.problems) == 1, err.value.problems

@@ -15,13 +15,13 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 pytest.importorskip("gguf")
 
-from greedy_compare import HFReference, check_all_greedy  # noqa: E402
-from speculant import LLM, SamplingParams  # noqa: E402
-from speculant.core import gguf_source  # noqa: E402
-from speculant.core.config import ConfigError, build_config  # noqa: E402
-from speculant.core.model_files import ModelFileError  # noqa: E402
-from speculant.core.model_loading import UnsupportedModelError  # noqa: E402
-from tiny_gguf import tiny_llama, write_tiny_gguf  # noqa: E402
+from greedy_compare import HFReference, check_all_greedy
+from speculant import LLM, SamplingParams
+from speculant.core import gguf_source
+from speculant.core.config import ConfigError, build_config
+from speculant.core.model_files import ModelFileError
+from speculant.core.model_loading import UnsupportedModelError
+from tiny_gguf import tiny_llama, write_tiny_gguf
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from speculant import LLM
+from speculant.core import model_runner
 from speculant.core.attention.seam_probe import AttentionCall, seam_refusals
 from speculant.core.attention.torch_ref import TorchAttentionBackend
 from speculant.core.model_loading import UnsupportedModelError
-from speculant.core import model_runner
 
 
 def call(layer, kv_len=3, **kwargs) -> AttentionCall:

@@ -103,7 +103,7 @@ def test_stream_equals_a_batch_generate(engine, llama_dir):
     from speculant import LLM
 
     streams = {}
-    for i, (p, m) in enumerate(zip(PROMPTS, MAX_TOKENS)):
+    for p, m in zip(PROMPTS, MAX_TOKENS):
         rid = engine.add_request(None, p, greedy(m))
         streams[rid] = Stream(rid)
     drain(engine, streams)

@@ -12,9 +12,9 @@ import threading
 import time
 
 import pytest
+
 from conftest import assert_idle, make_llm
 from faulty_proposer import FaultyProposer
-
 from speculant import SamplingParams
 from tiny_models import random_prompts
 

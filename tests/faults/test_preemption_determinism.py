@@ -13,8 +13,8 @@ the target alone after each recompute, and 4 of these 6 outputs differed.
 from __future__ import annotations
 
 import pytest
-from conftest import make_llm
 
+from conftest import make_llm
 from speculant import SamplingParams
 from tiny_models import random_prompts
 

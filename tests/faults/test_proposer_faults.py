@@ -15,9 +15,9 @@ import logging
 import random
 
 import pytest
+
 from conftest import GREEDY, PROPOSERS, assert_idle, check_serves, make_llm
 from faulty_proposer import FAULTS, SLEEP_S, FaultyProposer
-
 from greedy_compare import check_all_greedy
 from speculant import SamplingParams
 from tiny_models import random_prompts

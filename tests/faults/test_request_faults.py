@@ -9,12 +9,12 @@ engine's step machinery itself (a fault no request can be blamed for).
 from __future__ import annotations
 
 import pytest
-from conftest import GREEDY, assert_idle, check_serves, make_llm
 
 import speculant.core.commit as commit_mod
 import speculant.core.engine as engine_mod
 import speculant.core.step_runner as step_runner
 import speculant.proposers.draft_model as draft_mod
+from conftest import GREEDY, assert_idle, check_serves, make_llm
 from greedy_compare import check_all_greedy
 from speculant import SamplingParams
 from speculant.core.step import score

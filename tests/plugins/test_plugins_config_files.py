@@ -77,8 +77,9 @@ def test_toml_and_yaml_give_the_same_config(tmp_path, test_plugin):
 
 
 def test_round_trip_of_nested_options(tmp_path, test_plugin):
-    from speculant.cli.config_cmd import dump_toml
     import tomllib
+
+    from speculant.cli.config_cmd import dump_toml
 
     data = {"speculative": {"proposer_options": {"paths": ["a b", "c\"d"], "weights": {"x y": 0.5, "z": True}},
                             "num_speculative_tokens": 2}}

@@ -216,7 +216,8 @@ def test_register_plugin_in_process(fresh_plugins, make_class):
     try:
         assert info.source.describe() == "plugin 'inproc-plugin' (registered in this process)"
         assert get_registry().get("proposer", "inproc") is cls
-        with pytest.raises(PluginRejected, match="proposer name 'inproc'.*is already registered by plugin 'inproc-plugin'"):
+        with pytest.raises(PluginRejected,
+                           match="proposer name 'inproc'.*is already registered by plugin 'inproc-plugin'"):
             register_plugin(Plugin(), "again")
     finally:
         unregister_plugin("inproc-plugin")

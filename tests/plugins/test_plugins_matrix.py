@@ -42,7 +42,8 @@ def _builtin_cells():
     if not cells:
         errors = "; ".join(str(e) for e in loaded.errors) or "no load errors"
         return [pytest.param(None, id="no-cells")], f"{why} ({errors})"
-    return [pytest.param(c, id=f"{c.proposer}-{c.scorer}-{c.acceptance}-chunked_{'on' if c.enable_chunked_prefill else 'off'}")
+    return [pytest.param(c, id=f"{c.proposer}-{c.scorer}-{c.acceptance}-"
+                                 f"chunked_{'on' if c.enable_chunked_prefill else 'off'}")
             for c in cells], ""
 
 
@@ -163,7 +164,8 @@ def test_matrix_cli(fresh_plugins, make_class, fake_plugin, capsys):
         assert "| m_lookup | m_mqa | m_exact | ✅ | ✅ |" in out
         assert main(["plugins", "matrix", "--json", "--backend", "m_attn"]) == 0
         cells = json.loads(capsys.readouterr().out)
-        assert {(c["proposer"], c["enable_chunked_prefill"]) for c in cells} >= {("m_lookup", False), ("m_lookup", True)}
+        chunked = {(c["proposer"], c["enable_chunked_prefill"]) for c in cells}
+        assert chunked >= {("m_lookup", False), ("m_lookup", True)}
         assert main(["plugins", "matrix", "--backend", "no_such_backend"]) == 1
         assert "no attention backend named 'no_such_backend'" in capsys.readouterr().err
     finally:

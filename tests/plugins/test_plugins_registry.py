@@ -7,7 +7,7 @@ import re
 import pytest
 from pydantic import BaseModel, ConfigDict
 
-from speculant.plugins.registry import PluginSource, Registry, RegistrationError, UnknownPluginError
+from speculant.plugins.registry import PluginSource, RegistrationError, Registry, UnknownPluginError
 
 
 class LooseOptions(BaseModel):  # allows unknown keys: must be refused

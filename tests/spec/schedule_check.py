@@ -46,7 +46,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from greedy_compare import NEAR_TIE_RTOL, HFReference
-
 from speculant import LLM, SamplingParams
 
 # Issue 13 item 4 (fixed): a preempted request used to re-prefill prompt + output and
@@ -106,7 +105,7 @@ class Final:
     stop_reason: str | int | None
 
     @classmethod
-    def of(cls, out) -> "Final":
+    def of(cls, out) -> Final:
         o = out.outputs[0]
         return cls(list(o.token_ids), o.text, o.finish_reason, o.stop_reason)
 

@@ -11,10 +11,9 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from greedy_compare import HFGreedy, check_all_greedy
-
 from speculant import LLM, SamplingParams
 
 

@@ -38,8 +38,8 @@ import pytest
 import torch
 from hypothesis import HealthCheck, event, given, note, settings
 from hypothesis import strategies as st
-from schedule_check import Req, ScheduleChecker, Setup
 
+from schedule_check import Req, ScheduleChecker, Setup
 from speculant import LLM, SamplingParams
 from tiny_models import copy_model, random_prompts, set_eos_token
 

@@ -16,8 +16,8 @@ speculation, were never affected.
 from __future__ import annotations
 
 import pytest
-from schedule_check import Req, ScheduleChecker, Setup
 
+from schedule_check import Req, ScheduleChecker, Setup
 from speculant import SamplingParams
 from tiny_models import random_prompts
 

@@ -5,8 +5,8 @@ bookkeeping follows the shorter proposal runs."""
 from __future__ import annotations
 
 import pytest
-from spec_helpers import StepProbe, run, token_ids
 
+from spec_helpers import StepProbe, run, token_ids
 from speculant import LLM, SamplingParams
 from speculant.core.config import ConfigError
 from tiny_models import random_prompts

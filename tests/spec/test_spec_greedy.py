@@ -16,9 +16,9 @@ mixing prefill chunks and speculating decodes is one forward.
 from __future__ import annotations
 
 import pytest
+
 from greedy_compare import check_all_greedy
 from spec_helpers import StepProbe, check_against, run, token_ids
-
 from speculant import LLM, SamplingParams
 from tiny_models import random_prompts
 

@@ -33,9 +33,9 @@ import shutil
 
 import pytest
 import torch
-from spec_helpers import run
 from transformers import AutoModelForCausalLM
 
+from spec_helpers import run
 from speculant import LLM, SamplingParams
 from speculant.proposers.ngram import propose_continuation
 from tiny_models import build_model

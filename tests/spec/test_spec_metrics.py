@@ -6,8 +6,8 @@ from __future__ import annotations
 import math
 
 import pytest
-from spec_helpers import StepProbe, check_against, run
 
+from spec_helpers import StepProbe, check_against, run
 from speculant import LLM, SamplingParams
 from tiny_models import random_prompts
 

@@ -5,8 +5,8 @@ sampling valid, proposals accepted)."""
 from __future__ import annotations
 
 import pytest
-from spec_helpers import StepProbe, check_against, run, token_ids
 
+from spec_helpers import StepProbe, check_against, run, token_ids
 from speculant import LLM, SamplingParams
 from tiny_models import random_prompts
 

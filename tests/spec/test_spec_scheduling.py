@@ -10,9 +10,7 @@ exactly that: "every running request needs at least one token per step").
 
 from __future__ import annotations
 
-import pytest
 from spec_helpers import StepProbe, run
-
 from speculant import LLM, SamplingParams
 from tiny_models import random_prompts
 

@@ -12,8 +12,8 @@ last, and whose scores the engine uses, alternates by step.
 from __future__ import annotations
 
 import torch
-from spec_helpers import StepProbe, run
 
+from spec_helpers import StepProbe, run
 from speculant import LLM, SamplingParams
 from speculant.core.step import decide
 from speculant.scorers.base import Scorer

@@ -13,9 +13,9 @@ were emitted than kept.
 from __future__ import annotations
 
 import pytest
+
 from greedy_compare import check_all_greedy, check_greedy
 from spec_helpers import StepProbe, run, token_ids
-
 from speculant import LLM, SamplingParams
 from tiny_models import random_prompts
 

@@ -81,6 +81,7 @@ class CpuKernelAttentionBackend(TorchAttentionBackend):
                     key_cache: torch.Tensor, value_cache: torch.Tensor,  # [num_blocks, block_size, H_kv, D]
                     spans: SpanTensors, ids: torch.Tensor,  # [n] long
                     scaling: float, out: torch.Tensor) -> None:  # [T, H, D]
+        assert self._lib is not None, "kernel spans are only built with the library loaded"
         _, block_size, num_kv_heads, head_dim = key_cache.shape
         status = self._lib.speculant_paged_attention(
             query.data_ptr(), key_cache.data_ptr(), value_cache.data_ptr(), out.data_ptr(),

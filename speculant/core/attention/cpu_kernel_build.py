@@ -97,17 +97,16 @@ def untrusted_reason(path: Path) -> str | None:
     return None
 
 
-def _trusted_kernel_dir() -> tuple[Path | None, str | None]:
-    """The cache's ``kernels`` folder (created 0700 if missing), or None and why not."""
+def _trusted_kernel_dir() -> Path | str:
+    """The cache's ``kernels`` folder (created 0700 if missing), or why it cannot be used."""
     root = cache_root()
     folder = root / "kernels"
     try:
         root.mkdir(mode=0o700, parents=True, exist_ok=True)
         folder.mkdir(mode=0o700, exist_ok=True)
     except OSError as err:
-        return None, f"cannot create {folder}: {err}"
-    reason = untrusted_reason(root) or untrusted_reason(folder)
-    return (None, reason) if reason else (folder, None)
+        return f"cannot create {folder}: {err}"
+    return untrusted_reason(root) or untrusted_reason(folder) or folder
 
 
 def _own_regular_file(path: Path) -> bool:
@@ -205,9 +204,9 @@ def load_kernel() -> ctypes.CDLL | None:
         return None
     try:
         name = library_name(cc)
-        folder, why = _trusted_kernel_dir()
-        if folder is None:
-            lib, _status[0] = _load_private(cc, name, why)
+        folder = _trusted_kernel_dir()
+        if isinstance(folder, str):  # why the cache cannot be used
+            lib, _status[0] = _load_private(cc, name, folder)
             return lib
         path = folder / name
         problem = verified_cache_entry(path, folder)

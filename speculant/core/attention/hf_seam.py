@@ -10,6 +10,8 @@ causal softmax over its own keys is refused at load, not ignored here.
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface
@@ -40,7 +42,7 @@ def speculant_attention(
     v = value[0].transpose(0, 1)
     if scaling is None:
         scaling = q.shape[-1] ** -0.5
-    layer = module.layer_idx
+    layer = cast(int, module.layer_idx)  # a plain int attribute (nn.Module's __getattr__ types it Tensor | Module)
     out = ctx.backend.forward(q, k, v, ctx.key_caches[layer], ctx.value_caches[layer], ctx.metadata, scaling)
     return out.unsqueeze(0), None  # [1, T, H, D]
 

@@ -100,8 +100,8 @@ def seam_refusals(calls: list[AttentionCall], num_layers: int | None, max_model_
         if problem not in problems:
             problems.append(problem)
 
-    layers = [c.layer for c in calls]
-    if any(layer is None for layer in layers):
+    layers = [c.layer for c in calls if c.layer is not None]
+    if len(layers) != len(calls):
         add("attention modules without a `layer_idx`, so their KV cache cannot be placed")
     elif len(layers) != len(set(layers)):
         add(f"layers that call attention more than once per forward (layer indices {sorted(layers)}: "

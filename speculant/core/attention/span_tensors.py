@@ -31,7 +31,7 @@ class SpanTensors:
         return self.query_lens.shape[0]
 
     @classmethod
-    def build(cls, spans: list[QuerySpan], block_size: int, device: torch.device) -> "SpanTensors":
+    def build(cls, spans: list[QuerySpan], block_size: int, device: torch.device) -> SpanTensors:
         # plain Python lists first, one tensor per field at the end: for the few
         # tokens of a decode step this is ~3x cheaper than a chain of small tensor ops
         qlens = [s.num_tokens for s in spans]

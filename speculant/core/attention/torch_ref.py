@@ -102,7 +102,8 @@ class TorchAttentionBackend(AttentionBackend):
             wide = scores.dtype in (torch.float32, torch.float64)
             probs = scores.softmax(dim=-1) if wide else scores.float().softmax(dim=-1).to(v.dtype)
             o = torch.matmul(probs, v.transpose(0, 1))  # [H_kv, G*q, D]
-            out[span.rows] = o.view(num_kv_heads, group, n, head_dim).permute(2, 0, 1, 3).reshape(n, num_heads, head_dim)
+            o = o.view(num_kv_heads, group, n, head_dim).permute(2, 0, 1, 3)
+            out[span.rows] = o.reshape(n, num_heads, head_dim)
 
     @staticmethod
     def _span_keys(cache: torch.Tensor,  # [num_blocks, block_size, H_kv, D]

@@ -43,7 +43,7 @@ class RetrievalOptions(BaseModel):
     """Which files of a ``corpus_path`` directory to read."""
 
     @model_validator(mode="after")
-    def _check_range(self) -> "RetrievalOptions":
+    def _check_range(self) -> RetrievalOptions:
         if self.max_match < self.min_match:
             raise ValueError(f"max_match={self.max_match} is below min_match={self.min_match}: "
                              f"set max_match to at least {self.min_match}")
