@@ -357,7 +357,7 @@ def bench_hf_cb(hf, tok, prompts, outs, reps, llm, token_ids) -> dict[str, Any]:
 def bench_forward(cfg: dict, model_dir: Path, hf, backends: list[str]) -> dict[str, Any]:
     from transformers import DynamicCache
 
-    from speculant.core.attention.base import QuerySpan
+    from speculant.core.interfaces import QuerySpan
 
     prefix_len, ts, reps = cfg["prefix"], cfg["query_tokens"], cfg["forward_reps"]
     gen = torch.Generator().manual_seed(3)

@@ -54,13 +54,12 @@ from common import (
     write_json,
 )
 from spec_common import ensure_target_and_draft, median, percentile, wait_for_quiet
-from speculant.core.attention.base import QuerySpan
 from speculant.core.batch import ScheduledRequest, StepBatch
 from speculant.core.engine import LLMEngine
+from speculant.core.interfaces import Proposals, QuerySpan
 from speculant.core.request import Request, RequestStatus
 from speculant.core.sampling_params import SamplingParams
 from speculant.llm import config_from_kwargs
-from speculant.proposers.base import Proposals
 
 ALPHAS = (0.5, 0.7, 0.9)
 KS = (2, 4, 6)
@@ -312,7 +311,7 @@ def scorer_batch(runner, bs: int, ctx: int, k: int, seed: int = 0) -> tuple[Step
         rid = f"__bench_scorer_{bs}_{i}__"
         toks = torch.randint(0, runner.vocab_size, (ctx,), generator=g).tolist()
         req = Request(request_id=rid, prompt=None, prompt_token_ids=toks[:-1], params=greedy(64),
-                      arrival_index=i, seed=0)
+                      seed=0)
         req.token_ids = list(toks)
         req.status = RequestStatus.RUNNING
         req.num_computed_tokens = ctx - 1

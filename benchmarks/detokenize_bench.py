@@ -55,7 +55,7 @@ class Counting:
 
 def new_request(length: int) -> Request:
     params = SamplingParams(max_tokens=length, ignore_eos=True, stop=STOPS)
-    return Request("bench", None, [1], params, arrival_index=0, seed=0)
+    return Request("bench", None, [1], params, seed=0)
 
 
 def full_decode(ids: list[int], run: int, decode: Counting) -> list[str]:

@@ -36,9 +36,8 @@ from typing import ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from speculant.core.capabilities import ProposerCapabilities
+from speculant.core.interfaces import Proposals, Proposer, ProposerCapabilities, ProposerContext
 from speculant.plugins.hookspecs import hookimpl
-from speculant.proposers.base import Proposals, Proposer, ProposerContext
 
 PLUGIN_NAME = "benchmark-oracle"
 

@@ -8,7 +8,8 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from speculant.core.config import ConfigError, EngineConfig, build_config, load_config
+from speculant.core.compat import parse_config
+from speculant.core.config import ConfigError, EngineConfig, read_config
 from speculant.core.engine import LLMEngine
 from speculant.core.request import RequestOutput
 from speculant.core.sampling_params import SamplingParams
@@ -26,6 +27,7 @@ _FLAT_KEYS = {
     "enable_chunked_prefill": ("scheduler", "enable_chunked_prefill"),
 }
 _SECTIONS = ("model", "cache", "scheduler", "speculative")
+KWARGS_SOURCE = "LLM(...) arguments"
 
 Prompt = str | list[int]
 
@@ -45,7 +47,7 @@ def config_from_kwargs(model: str | None, overrides: dict[str, Any]) -> EngineCo
         else:
             allowed = ", ".join(sorted([*_FLAT_KEYS, *_SECTIONS]))
             raise TypeError(f"LLM() got an unknown keyword {key!r}; allowed: {allowed}")
-    return build_config(data, "LLM(...) arguments")
+    return parse_config(data, KWARGS_SOURCE)  # the engine runs the plugin checks
 
 
 def prompt_list(prompts: Any) -> list[Prompt]:
@@ -69,25 +71,39 @@ def prompt_list(prompts: Any) -> list[Prompt]:
 class LLM:
     """Load a model and generate from batches of prompts.
 
-    ``LLM(model="path/to/hf-dir", max_num_seqs=32, speculative={...})`` or
-    ``LLM.from_config("file.toml")``.
+    ``LLM(model="path/to/hf-dir", max_num_seqs=32, speculative={...})``,
+    ``LLM.from_config("file.toml")`` or ``LLM.from_dict({...})``. The config is
+    checked once, by the engine, before anything loads.
     """
 
     def __init__(self, model: str | None = None, *, config: EngineConfig | None = None, **overrides: Any) -> None:
+        source = "<config>"
         if config is None:
             if model is None and "model" not in overrides:
-                raise ConfigError("LLM(...) arguments", ["model: pass LLM(model='path/to/model-dir') or config="])
-            config = config_from_kwargs(model, overrides)
+                raise ConfigError(KWARGS_SOURCE, ["model: pass LLM(model='path/to/model-dir') or config="])
+            config, source = config_from_kwargs(model, overrides), KWARGS_SOURCE
         elif model is not None or overrides:
             raise TypeError("pass either config= or model=/overrides to LLM(), not both")
+        self._start(config, source)
+
+    def _start(self, config: EngineConfig, source: str) -> None:
         self.config = config
-        self.engine = LLMEngine(config)
+        self.engine = LLMEngine(config, source=source)
         self.engine.stream_text = False  # generate() returns finished outputs only
         self.tokenizer = self.engine.tokenizer
 
     @classmethod
+    def from_dict(cls, data: dict[str, Any], source: str = "<dict>") -> LLM:
+        """From a config mapping (sections ``model``, ``cache``, ``scheduler``,
+        ``speculative``); errors name ``source``."""
+        llm = cls.__new__(cls)
+        llm._start(parse_config(data, source), source)
+        return llm
+
+    @classmethod
     def from_config(cls, path: str, overrides: list[str] | None = None) -> LLM:
-        return cls(config=load_config(path, overrides))
+        """From a TOML or YAML file, with ``--set`` style ``key.path=value`` overrides."""
+        return cls.from_dict(read_config(path, overrides), str(path))
 
     def generate(
         self,

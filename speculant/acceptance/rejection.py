@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from speculant.core.acceptance import (AcceptanceMethod, AcceptedTokens, DraftLayout, accepted_prefix_len,
-                                       assemble_accepted)
-from speculant.core.capabilities import AcceptanceCapabilities
+from speculant.core.acceptance import DraftLayout, accepted_prefix_len, assemble_accepted
+from speculant.core.interfaces import AcceptanceCapabilities, AcceptanceMethod, AcceptedTokens
 from speculant.core.sampler import draw_uniforms, sample_from_probs
 
 

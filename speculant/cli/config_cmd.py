@@ -14,10 +14,12 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from speculant.core.config import ConfigError, EngineConfig, load_config
+from speculant.core.compat import load_config, resolve_attention_backend_name
+from speculant.core.config import ConfigError, EngineConfig
+from speculant.plugins.manager import get_registry
 
 if TYPE_CHECKING:
-    from speculant.plugins.registry import Kind
+    from speculant.core.interfaces import Kind
 
 _BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
 
@@ -79,9 +81,6 @@ def format_settings(config: EngineConfig, fmt: str) -> str:
 
 def resolution_notes(config: EngineConfig) -> list[str]:
     """Which class and plugin each name in ``config`` resolved to."""
-    from speculant.core.compat import resolve_attention_backend_name
-    from speculant.plugins.manager import get_registry
-
     spec = config.speculative
     registry = get_registry()
     wanted: list[tuple[Kind, str, str | None]] = [

@@ -36,13 +36,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _build(args, overrides: list[str]):
-    from speculant.core.config import apply_overrides, build_config, load_config
+    from speculant.core.config import apply_overrides
     from speculant.llm import LLM
 
     if args.config:
-        return LLM(config=load_config(args.config, overrides))
-    data = apply_overrides({"model": {"path": args.model}}, overrides)
-    return LLM(config=build_config(data, "--model/--set"))
+        return LLM.from_config(args.config, overrides)
+    return LLM.from_dict(apply_overrides({"model": {"path": args.model}}, overrides), "--model/--set")
 
 
 def _warm_up(llm, args) -> None:

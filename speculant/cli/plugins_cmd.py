@@ -18,8 +18,9 @@ from speculant.core.compat_matrix import (
     render_markdown,
     rewrite_readme,
 )
+from speculant.core.interfaces import PLUGIN_KINDS, UnknownPluginError
 from speculant.plugins.manager import LoadedPlugins, PluginInfo, load_plugins
-from speculant.plugins.registry import KIND_LABELS, Registration, UnknownPluginError
+from speculant.plugins.registry import Registration
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -97,7 +98,7 @@ def render_listing(loaded: LoadedPlugins) -> str:
         target = f" — entry point {src.entry_point} = {src.value}" if src.entry_point else ""
         lines += [f"{src.name}: {origin}{target}", f"  hooks: {', '.join(info.hooks)}"]
         for reg in info.registrations:
-            lines.append(f"  {KIND_LABELS[reg.kind]} {reg.name!r}: {reg.qualname}")
+            lines.append(f"  {PLUGIN_KINDS[reg.kind].label} {reg.name!r}: {reg.qualname}")
             lines.append(f"      capabilities: {_flags(capability_fields(reg.cls))}")
             lines.append(f"      options: {_flags(option_fields(reg.cls))}")
     if not loaded.plugins:

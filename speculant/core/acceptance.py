@@ -1,4 +1,5 @@
-"""The acceptance-method interface.
+"""Helpers every acceptance method shares (the interface is
+``speculant.core.interfaces.AcceptanceMethod``).
 
 Vocabulary, per decode with k proposals:
 - accepted tokens: the longest prefix of the proposals the method keeps;
@@ -17,25 +18,11 @@ prefix logic runs on small index tensors (``DraftLayout``).
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import ClassVar
 
 import torch
-from pydantic import BaseModel
 
-from speculant.core.capabilities import AcceptanceCapabilities
-from speculant.proposers.base import PLACEHOLDER_TOKEN_ID, NoOptions
-
-
-@dataclass(frozen=True)
-class AcceptedTokens:
-    token_ids: torch.Tensor  # [n, max(lens) + 1] long; PLACEHOLDER_TOKEN_ID past num_emitted
-    num_accepted: torch.Tensor  # [n] long, 0..lens[i]
-
-    @property
-    def num_emitted(self) -> torch.Tensor:  # [n]
-        return self.num_accepted + 1
+from speculant.core.interfaces import PLACEHOLDER_TOKEN_ID, AcceptedTokens
 
 
 @dataclass(frozen=True)
@@ -61,29 +48,6 @@ class DraftLayout:
     @property
     def positions(self) -> torch.Tensor:  # [T] long: index of each proposal inside its decode
         return self.logit_rows - self.cu_num_logits[self.token_rows]
-
-
-class AcceptanceMethod(ABC):
-    name: ClassVar[str]
-    capabilities: ClassVar[AcceptanceCapabilities] = AcceptanceCapabilities()
-    Options: ClassVar[type[BaseModel]] = NoOptions
-
-    def __init__(self, options: BaseModel | None = None) -> None:
-        self.options = options
-
-    @abstractmethod
-    def accept(
-        self,
-        target_logprobs: torch.Tensor,  # [n + T, V] filtered target log-probs, flat (Scores.decode_logits rows)
-        draft_token_ids: torch.Tensor,  # [T] long, valid ids
-        cu_num_draft_tokens: torch.Tensor,  # [n + 1] long
-        draft_probs: torch.Tensor | None,  # [T, V] or None (treated as one-hot)
-        greedy: torch.Tensor,  # [n] bool, temperature == 0 rows
-        generators: list[torch.Generator],  # one per decode, seeded per request and step
-    ) -> AcceptedTokens:
-        """Decide, decode by decode, how many proposals to keep and which token
-        to emit after them. Greedy decodes keep proposals equal to the target
-        argmax and emit the argmax after them."""
 
 
 def accepted_prefix_len(

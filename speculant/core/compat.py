@@ -6,6 +6,12 @@ scheduler combination is unsupported, each phrased for the user with the
 option, the value, the reason and the fix. Config validation, the engine and
 the compatibility matrix all call it.
 
+``validate_config`` is the one gate: the engine runs it on the config it is
+given, before anything loads; ``build_config`` and ``load_config`` run it for
+callers that want a checked config without an engine (``speculant config
+check``). ``parse_config`` is the schema alone, for callers that hand the
+config to the engine.
+
 When sampling-only rules are checked: a config serves greedy and sampling
 requests alike, so rules that only bite when a request samples (an acceptance
 method without ``supports_sampling``; a proposer whose proposals have no
@@ -17,6 +23,8 @@ checks ``sampling_reasons`` in ``add_request`` for requests with temperature
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ValidationError
@@ -37,16 +45,33 @@ from speculant.core.config import (
     SchedulerConfig,
     SpeculativeConfig,
     format_validation_error,
+    read_config,
+    resolve_device,
 )
+from speculant.core.interfaces import Kind, UnknownPluginError
 
 if TYPE_CHECKING:
-    from speculant.plugins.registry import Kind, Registry
+    from speculant.plugins.manager import LoadedPlugins
+    from speculant.plugins.registry import Registry
 
 __all__ = [
     "Issue", "backend_issues", "combination_issues", "combination_reasons", "sampling_issues",
-    "sampling_reasons", "auto_attention_backend", "resolve_attention_backend_name", "resolve_device",
-    "config_problems", "data_problems", "validate_config",
+    "sampling_reasons", "auto_attention_backend", "resolve_attention_backend_name", "default_plugins",
+    "config_problems", "data_problems", "validate_config", "parse_config", "build_config", "load_config",
 ]
+
+
+def default_plugins() -> LoadedPlugins:
+    """The loaded plugins (their ``registry`` and load ``errors``), for callers
+    that pass no registry.
+
+    ``speculant.plugins`` sits above core (it imports the built-in plugins,
+    which import core), so core imports it nowhere at module level: this is the
+    one place core reaches up to it, lazily, when a registry was not passed in.
+    """
+    from speculant.plugins.manager import load_plugins
+
+    return load_plugins()
 
 
 def auto_attention_backend(registry: Registry, device: str) -> str | None:
@@ -64,21 +89,12 @@ def resolve_attention_backend_name(config: EngineConfig, registry: Registry | No
     name = config.model.attention_backend
     if name != "auto":
         return name
-    return auto_attention_backend(registry if registry is not None else _registry(), resolve_device(config))
+    registry = registry if registry is not None else default_plugins().registry
+    return auto_attention_backend(registry, resolve_device(config.model.device).type)
 
 
-def resolve_device(config: EngineConfig) -> str:
-    """``model.device`` with ``auto`` resolved (CUDA when available)."""
-    if config.model.device != "auto":
-        return config.model.device
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def _lookup(registry: Registry, kind: Kind, name: str, key: str, shown: str, problems: list[str]) -> type | None:
-    from speculant.plugins.registry import UnknownPluginError
-
+def _lookup(registry: Registry, kind: Kind, name: str, key: str, shown: str,
+            problems: list[str]) -> type[Any] | None:
     try:
         return registry.get(kind, name)
     except UnknownPluginError as err:
@@ -87,7 +103,7 @@ def _lookup(registry: Registry, kind: Kind, name: str, key: str, shown: str, pro
         return None
 
 
-def _options(cls: type | None, values: dict[str, Any], key: str, label: str,
+def _options(cls: type[Any] | None, values: dict[str, Any], key: str, label: str,
              problems: list[str]) -> BaseModel | None:
     if cls is None:
         return None
@@ -101,9 +117,9 @@ def _options(cls: type | None, values: dict[str, Any], key: str, label: str,
         return None
 
 
-def _backend(config: EngineConfig, registry: Registry, problems: list[str]) -> type | None:
+def _backend(config: EngineConfig, registry: Registry, problems: list[str]) -> type[Any] | None:
     """The configured attention backend class, or None after adding why not."""
-    device = resolve_device(config)
+    device = resolve_device(config.model.device).type
     name = resolve_attention_backend_name(config, registry)
     shown = repr(config.model.attention_backend)
     if name is None:
@@ -133,17 +149,15 @@ def config_problems(config: EngineConfig, registry: Registry | None = None, *, s
     spec, chunked = config.speculative, config.scheduler.enable_chunked_prefill
     if not spec.enabled and config.model.attention_backend == "auto":
         return []
-    load_errors = []
+    load_errors: Sequence[object] = []
     if registry is None:
-        from speculant.plugins.manager import load_plugins
-
-        loaded = load_plugins()
+        loaded = default_plugins()
         registry, load_errors = loaded.registry, loaded.errors
     problems: list[str] = []
     backend = _backend(config, registry, problems)
     if backend is not None and not spec.enabled:
         problems += [i.message for i in backend_issues(backend, enable_chunked_prefill=chunked)]
-    if not spec.enabled:
+    if spec.proposer is None:  # speculation off
         return problems + _load_error_note(backend is None, load_errors)
     proposer = _lookup(registry, "proposer", spec.proposer, "speculative.proposer", repr(spec.proposer), problems)
     scorer = _lookup(registry, "scorer", spec.scorer, "speculative.scorer", repr(spec.scorer), problems)
@@ -151,15 +165,15 @@ def config_problems(config: EngineConfig, registry: Registry | None = None, *, s
                          repr(spec.acceptance), problems)
     proposer_opts = _options(proposer, spec.proposer_options, "speculative.proposer_options", "proposer", problems)
     _options(acceptance, spec.acceptance_options, "speculative.acceptance_options", "acceptance", problems)
-    if proposer_opts is not None and check_proposer:
+    if proposer is not None and proposer_opts is not None and check_proposer:
         problems += proposer.validate_against(proposer_opts, config)
-    if None not in (proposer, scorer, acceptance, backend):
-        problems += combination_reasons(proposer, scorer, acceptance, backend, enable_chunked_prefill=chunked,
-                                        num_speculative_tokens=spec.num_speculative_tokens, sampling=sampling)
-    return problems + _load_error_note(None in (proposer, scorer, acceptance, backend), load_errors)
+    if not (proposer and scorer and acceptance and backend):
+        return problems + _load_error_note(True, load_errors)
+    return problems + combination_reasons(proposer, scorer, acceptance, backend, enable_chunked_prefill=chunked,
+                                          num_speculative_tokens=spec.num_speculative_tokens, sampling=sampling)
 
 
-def _load_error_note(name_unresolved: bool, load_errors: list) -> list[str]:
+def _load_error_note(name_unresolved: bool, load_errors: Sequence[object]) -> list[str]:
     """When a name was not found and some plugin failed to load, say so."""
     if not (name_unresolved and load_errors):
         return []
@@ -208,7 +222,24 @@ def validate_config(config: EngineConfig, registry: Registry | None = None, *,
     return config
 
 
-def _registry() -> Registry:
-    from speculant.plugins.manager import get_registry
+def parse_config(data: dict[str, Any], source: str = "<arguments>", registry: Registry | None = None) -> EngineConfig:
+    """``data`` as an ``EngineConfig``, schema only. On failure the
+    ``ConfigError`` lists every schema problem and the registry problems of the
+    valid part (``data_problems``), so one report has them all; a config that
+    parses still needs ``validate_config`` (the engine runs it)."""
+    try:
+        return EngineConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(source, format_validation_error(exc) + data_problems(data, registry)) from None
 
-    return get_registry()
+
+def build_config(data: dict[str, Any], source: str = "<arguments>", registry: Registry | None = None) -> EngineConfig:
+    """``parse_config`` then ``validate_config``: names, plugin options and
+    supported combinations are checked, so an unsupported config never leaves."""
+    return validate_config(parse_config(data, source, registry), registry, source=source)
+
+
+def load_config(path: str | Path, overrides: list[str] | None = None,
+                registry: Registry | None = None) -> EngineConfig:
+    """A config file (TOML or YAML) with ``--set`` style ``overrides``, checked by ``build_config``."""
+    return build_config(read_config(path, overrides), str(path), registry)

@@ -15,12 +15,14 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from speculant.core.compat import Issue, auto_attention_backend, combination_issues
 from speculant.core.config import SpeculativeConfig
+from speculant.core.interfaces import UnknownPluginError
 
-from speculant.plugins.registry import Registry, UnknownPluginError
+if TYPE_CHECKING:
+    from speculant.plugins.registry import Registry
 
 README_START = "<!-- compat-matrix:start -->"
 README_END = "<!-- compat-matrix:end -->"

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -21,6 +21,9 @@ if sys.version_info >= (3, 11):
     import tomllib
 else:  # Python 3.10: the same parser, published as tomli before it joined the standard library
     import tomli as tomllib
+
+if TYPE_CHECKING:
+    import torch
 
 MAX_SEED = 2**63 - 1
 """Largest ``model.seed`` (``torch.Generator.manual_seed`` takes [0, 2**63 - 1])."""
@@ -226,19 +229,18 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
     return data
 
 
-def build_config(data: dict[str, Any], source: str = "<arguments>") -> EngineConfig:
-    """Validate ``data`` into an ``EngineConfig``, including the plugin checks
-    of ``speculant.core.compat`` (names, plugin options, supported
-    combinations), so an unsupported config never reaches the engine."""
-    from speculant.core import compat  # lazy: compat imports this module and loads plugins
-
-    try:
-        config = EngineConfig.model_validate(data)
-    except ValidationError as exc:
-        raise ConfigError(source, format_validation_error(exc) + compat.data_problems(data)) from None
-    return compat.validate_config(config, source=source)
+def read_config(path: str | Path, overrides: list[str] | None = None) -> dict[str, Any]:
+    """A config file's mapping with ``overrides`` applied, not yet validated
+    (``speculant.core.compat.load_config`` validates it)."""
+    return apply_overrides(read_config_file(path), overrides or [])
 
 
-def load_config(path: str | Path, overrides: list[str] | None = None) -> EngineConfig:
-    data = apply_overrides(read_config_file(path), overrides or [])
-    return build_config(data, str(path))
+def resolve_device(device: str) -> torch.device:
+    """``model.device`` as a torch device, ``auto`` resolved (CUDA when torch
+    sees one, else the CPU). Whether an explicit ``cuda`` is present is checked
+    where it matters: at load (``model_loading``) and by ``config check``."""
+    import torch  # lazy: validating a config needs torch only when the device is 'auto'
+
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)

@@ -12,14 +12,16 @@ from __future__ import annotations
 import itertools
 import logging
 import operator
+from typing import TYPE_CHECKING
 
 import torch
 
-from speculant.core.attention.base import AttentionBackend
 from speculant.core.commit import apply
+from speculant.core.compat import default_plugins, sampling_reasons, validate_config
 from speculant.core.config import EngineConfig
 from speculant.core.detokenizer import Detokenizer, TextDecoder
 from speculant.core.inbox import Inbox
+from speculant.core.interfaces import AttentionBackend
 from speculant.core.model_runner import ModelRunner
 from speculant.core.proposer_guard import ProposerGuard
 from speculant.core.request import Request, RequestOutput, RequestStatus, SpecStats
@@ -29,23 +31,27 @@ from speculant.core.spec_components import SpecComponents, build_spec_components
 from speculant.core.step import StepTimes
 from speculant.core.step_runner import StepParts, StepRun, failure, run_step
 
+if TYPE_CHECKING:
+    from speculant.plugins.registry import Registry
+
 logger = logging.getLogger(__name__)
 
 
 class LLMEngine:
-    def __init__(self, config: EngineConfig) -> None:
-        from speculant.core.compat import validate_config
-
-        self.config = validate_config(config)
-        backend: AttentionBackend = resolve_backend(config)
+    def __init__(self, config: EngineConfig, *, registry: Registry | None = None, source: str = "<config>") -> None:
+        """Check ``config`` (the one ``validate_config`` of its path; a
+        ``ConfigError`` names ``source``), then load. ``registry`` defaults to
+        the loaded plugins'."""
+        self.config = validate_config(config, registry, source=source)
+        registry = registry if registry is not None else default_plugins().registry
+        backend: AttentionBackend = resolve_backend(config, registry)
         self.runner = ModelRunner(config.model, config.cache, backend)
         self.tokenizer = self.runner.tokenizer
         self.decoder = TextDecoder.for_tokenizer(self.tokenizer, self._detokenize)
         self.max_model_len = self.runner.max_model_len
         self.scheduler = Scheduler(config.scheduler, self.runner.block_manager, self.max_model_len)
-        self.spec: SpecComponents = build_spec_components(config, self.runner)
+        self.spec: SpecComponents = build_spec_components(config, self.runner, registry)
         self._counter = itertools.count()
-        self._arrivals = itertools.count()
         self._requests: dict[str, Request] = {}  # every unfinished request, queued ones included
         self._aborting: set[str] = set()  # aborts waiting in the inbox
         self._inbox = Inbox()  # its lock guards _requests, _aborting, the counters and _seed_gen
@@ -57,12 +63,6 @@ class LLMEngine:
         self.num_failed_requests = 0
         self.num_fallback_steps = 0  # steps recomputed without speculation or request by request
         self.stream_text = True  # unfinished requests' text every step (incremental); LLM.generate turns it off
-
-    @classmethod
-    def from_config_file(cls, path: str, overrides: list[str] | None = None) -> "LLMEngine":
-        from speculant.core.config import load_config
-
-        return cls(load_config(path, overrides))
 
     # --- requests ------------------------------------------------------------
     def add_request(self, request_id: str | None, prompt: str | list[int],
@@ -86,7 +86,7 @@ class LLMEngine:
             seed = params.seed if params.seed is not None else int(
                 torch.randint(0, 2**62, (1,), generator=self._seed_gen))
             req = Request(request_id=request_id, prompt=text, prompt_token_ids=token_ids, params=params,
-                          arrival_index=next(self._arrivals), seed=seed, eos_token_ids=self.runner.eos_token_ids)
+                          seed=seed, eos_token_ids=self.runner.eos_token_ids)
             self._requests[request_id] = req
             self._inbox.submit(lambda: self.scheduler.add(req))
         return request_id
@@ -133,8 +133,6 @@ class LLMEngine:
     def _check_sampling(self, params: SamplingParams) -> None:
         if self.spec.proposer is None or params.greedy:
             return
-        from speculant.core.compat import sampling_reasons
-
         reasons = sampling_reasons(type(self.spec.proposer), type(self.spec.acceptance))
         if reasons:
             raise ValueError(f"temperature={params.temperature} is not supported by this speculative "

@@ -10,11 +10,9 @@ may lay decodes out differently; they all reuse ``prefill_spans`` and
 
 from __future__ import annotations
 
-from speculant.core.attention.base import QuerySpan
 from speculant.core.batch import ScheduledRequest, StepBatch
+from speculant.core.interfaces import Proposals, QuerySpan, Scores
 from speculant.core.model_runner import ForwardOutput, ModelRunner
-from speculant.proposers.base import Proposals
-from speculant.scorers.base import Scores
 
 
 def block_table(runner: ModelRunner, entry: ScheduledRequest) -> list[int]:

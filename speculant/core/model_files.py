@@ -102,3 +102,11 @@ def weight_load_error(exc: Exception, model_dir: str | Path, option: str = "mode
     ``from_pretrained`` raised despite :func:`check_weight_files`."""
     return ModelFileError(f"{option}: cannot read the weights in {str(model_dir)!r} "
                           f"({type(exc).__name__}: {exc}); {FIX}")
+
+
+def read_text_config(model_dir: str | Path) -> dict:
+    """The language model's settings from ``model_dir/config.json``: its
+    ``text_config`` section when it has one (multimodal wrappers), else the
+    whole file. Read without loading the model, for checks at config time."""
+    data = json.loads((Path(model_dir) / "config.json").read_text())
+    return data.get("text_config", data)

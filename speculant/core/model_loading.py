@@ -93,12 +93,11 @@ def unsupported_model_error(option: str, config: PretrainedConfig, problems: lis
         "implement: " + "; ".join(problems) + ". Refusing to load rather than compute wrong outputs.")
 
 
-def resolve_device(device: str) -> torch.device:
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if device == "cuda" and not torch.cuda.is_available():
+def require_device(device: torch.device) -> torch.device:
+    """``device`` if torch can use it (``config.resolve_device`` resolves ``auto``)."""
+    if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError("model.device = 'cuda' but torch sees no CUDA device; set model.device = 'cpu' or 'auto'")
-    return torch.device(device)
+    return device
 
 
 def default_max_model_len(config: PretrainedConfig) -> int:

@@ -13,14 +13,14 @@ from dataclasses import dataclass
 
 import torch
 
-from speculant.core.attention.base import AttentionBackend, QuerySpan
 from speculant.core.attention.context import ForwardContext, forward_context
 from speculant.core.attention.hf_seam import SEAM_NAME
 from speculant.core.attention.seam_probe import probe_attention, seam_refusals
 from speculant.core.attention.span_tensors import SpanTensors
-from speculant.core.config import CacheConfig, ModelConfig
+from speculant.core.config import CacheConfig, ModelConfig, resolve_device
 from speculant.core.fused_norms import fuse_rms_norms
 from speculant.core.gguf_source import resolve_model_source
+from speculant.core.interfaces import AttentionBackend, QuerySpan
 from speculant.core.kv_cache import BlockManager
 from speculant.core.linear_backend import pack_linear_layers
 from speculant.core.merged_linears import merge_sibling_linears
@@ -28,7 +28,7 @@ from speculant.core.model_loading import (
     eos_token_ids,
     load_hf_model,
     load_tokenizer,
-    resolve_device,
+    require_device,
     unsupported_model_error,
 )
 from speculant.core.resource_checks import total_memory_bytes
@@ -73,7 +73,7 @@ class ForwardOutput:
 class ModelRunner:
     def __init__(self, model_cfg: ModelConfig, cache_cfg: CacheConfig, backend: AttentionBackend,
                  *, path_option: str = "model.path", tokenizer_option: str = "model.tokenizer") -> None:
-        self.device = resolve_device(model_cfg.device)
+        self.device = require_device(resolve_device(model_cfg.device))
         self.backend = backend
         self.block_size = cache_cfg.block_size
         # a GGUF checkpoint becomes its cached HF directory (gguf_source.py); a directory stays as it is

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from speculant.core.batch import StepBatch
-from speculant.proposers.base import Proposals
+from speculant.core.interfaces import Proposals
 
 PROB_SUM_TOLERANCE = 1e-3
 

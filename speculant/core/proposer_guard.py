@@ -20,11 +20,11 @@ import time
 from typing import TYPE_CHECKING
 
 from speculant.core.batch import StepBatch
+from speculant.core.interfaces import Proposals, Proposer
 from speculant.core.proposal_checks import check_proposals
-from speculant.proposers.base import Proposals, Proposer
 
 if TYPE_CHECKING:
-    from speculant.scorers.base import Scores
+    from speculant.core.interfaces import Scores
 
 logger = logging.getLogger(__name__)
 

@@ -84,7 +84,6 @@ class Request:
     prompt: str | None
     prompt_token_ids: list[int]
     params: SamplingParams
-    arrival_index: int
     seed: int  # effective seed: params.seed, or one drawn from the engine's seed
     eos_token_ids: frozenset[int] = frozenset()
     token_ids: list[int] = field(default_factory=list)

@@ -19,7 +19,7 @@ import json
 import os
 from pathlib import Path
 
-from speculant.core.config import EngineConfig
+from speculant.core.config import EngineConfig, resolve_device
 
 DTYPE_BYTES = {"float32": 4, "float64": 8, "bfloat16": 2, "float16": 2}
 _POSITION_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")
@@ -80,12 +80,6 @@ def _gib(n: float) -> str:
     return f"{n / (1 << 30):.2f} GiB"
 
 
-def _device(config: EngineConfig) -> str:
-    from speculant.core.compat import resolve_device
-
-    return resolve_device(config)
-
-
 def device_problems(config: EngineConfig) -> list[str]:
     if config.model.device != "cuda":
         return []
@@ -140,4 +134,5 @@ def resource_problems(config: EngineConfig) -> list[str]:
         check_weight_files(config.model.path)
     except (ModelFileError, OSError) as exc:
         problems.append(str(exc))
-    return problems + memory_problems(config, cfg, _device(config))  # no CUDA: memory unknown, skipped
+    device = resolve_device(config.model.device).type
+    return problems + memory_problems(config, cfg, device)  # no CUDA: memory unknown, skipped

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from speculant.core.attention.base import QuerySpan
+from speculant.core.interfaces import QuerySpan
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel

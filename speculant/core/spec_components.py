@@ -1,19 +1,29 @@
 """Resolve the configured plugins (attention backend, proposer, scorer,
-acceptance method) from the registry and build them.
+acceptance method) from a registry and build them.
 
 Core never names a concrete proposer or scorer: names come from the config
-and classes from the plugin registry.
+and classes from the registry the engine passes in. A proposer sees the target
+through a ``TargetView`` (``target_view``), never the model runner itself.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from speculant.core.acceptance import AcceptanceMethod
-from speculant.core.attention.base import AttentionBackend
-from speculant.core.config import EngineConfig
-from speculant.proposers.base import Proposer, ProposerContext
-from speculant.scorers.base import Scorer
+import torch
+
+from speculant.core.compat import resolve_attention_backend_name
+from speculant.core.config import CacheConfig, EngineConfig, ModelConfig
+from speculant.core.interfaces import AcceptanceMethod, AttentionBackend, Proposer, ProposerContext, Scorer, TargetView
+from speculant.core.model_runner import ModelRunner
+
+if TYPE_CHECKING:
+    from speculant.plugins.registry import Registry
+
+FINAL_NORM_PATHS = ("norm", "final_layernorm", "final_layer_norm", "ln_f", "norm_f", "decoder.final_layer_norm")
+"""Where transformers' decoder stacks keep the norm before the LM head (llama-likes, phi, gpt_neox /
+stablelm, gpt2, ..., opt), relative to ``model.base_model``."""
 
 
 @dataclass
@@ -27,16 +37,7 @@ class SpecComponents:
         return self.proposer is not None and self.proposer.capabilities.needs_target_hidden_states
 
 
-def _registry():
-    from speculant.plugins.manager import get_registry
-
-    return get_registry()
-
-
-def resolve_backend(config: EngineConfig) -> AttentionBackend:
-    from speculant.core.compat import resolve_attention_backend_name
-
-    registry = _registry()
+def resolve_backend(config: EngineConfig, registry: Registry) -> AttentionBackend:
     name = resolve_attention_backend_name(config, registry)
     if name is None:
         raise ValueError(f"model.attention_backend = 'auto': no registered attention backend runs on "
@@ -44,18 +45,44 @@ def resolve_backend(config: EngineConfig) -> AttentionBackend:
     return registry.get("attention_backend", name)()
 
 
-def build_spec_components(config: EngineConfig, runner) -> SpecComponents:
+def final_norm(model: torch.nn.Module) -> torch.nn.Module | None:
+    """The norm the model applies before its LM head, or None where it has none we know of."""
+    for path in FINAL_NORM_PATHS:
+        module: object = model.base_model
+        for part in path.split("."):
+            module = getattr(module, part, None)
+        if isinstance(module, torch.nn.Module):
+            return module
+    return None
+
+
+def target_view(runner: ModelRunner) -> TargetView:
+    """What a proposer may read about the target (``ProposerContext.target``),
+    and a factory for its own runner on the target's backend and KV geometry."""
+
+    def new_runner(model: ModelConfig, option: str = "speculative.proposer_options.model") -> ModelRunner:
+        # never more blocks than the target: a draft's cache covers at most the target's positions
+        cache = CacheConfig(block_size=runner.block_size, num_blocks=runner.num_blocks)
+        return ModelRunner(model, cache, runner.backend, path_option=option, tokenizer_option=option)
+
+    return TargetView(
+        tokenizer=runner.tokenizer, vocab_size=runner.vocab_size, device=runner.device, dtype=runner.model.dtype,
+        max_model_len=runner.max_model_len, block_size=runner.block_size, num_blocks=runner.num_blocks,
+        output_embedding=runner.model.get_output_embeddings(), final_norm=final_norm(runner.model),
+        new_runner=new_runner)
+
+
+def build_spec_components(config: EngineConfig, runner: ModelRunner, registry: Registry) -> SpecComponents:
     spec = config.speculative
-    if not spec.enabled:
+    if spec.proposer is None:  # speculation off
         return SpecComponents()
-    registry = _registry()
     proposer_cls = registry.get("proposer", spec.proposer)
     scorer_cls = registry.get("scorer", spec.scorer)
     acceptance_cls = registry.get("acceptance", spec.acceptance)
     proposer = proposer_cls(proposer_cls.Options.model_validate(spec.proposer_options),
-                            ProposerContext(config=config, target=runner))
+                            ProposerContext(config=config, target=target_view(runner)))
     return SpecComponents(
         proposer=proposer,
-        scorer=scorer_cls(scorer_cls.Options()),
+        scorer=scorer_cls(),
         acceptance=acceptance_cls(acceptance_cls.Options.model_validate(spec.acceptance_options)),
     )

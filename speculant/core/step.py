@@ -15,15 +15,14 @@ from dataclasses import dataclass, field
 
 import torch
 
-from speculant.core.acceptance import AcceptanceMethod, AcceptedTokens, greedy_accept, verifies_by_argmax
+from speculant.core.acceptance import greedy_accept, verifies_by_argmax
 from speculant.core.batch import StepBatch
+from speculant.core.interfaces import AcceptanceMethod, AcceptedTokens, Proposals, Proposer, Scorer, Scores
 from speculant.core.layout import score_flat
 from speculant.core.logits_processing import filtered_logprobs, sampling_tensors
 from speculant.core.model_runner import ModelRunner
 from speculant.core.proposer_guard import ProposerGuard
 from speculant.core.sampler import ACCEPT_STREAM, request_generator, sample
-from speculant.proposers.base import Proposals, Proposer
-from speculant.scorers.base import Scorer, Scores
 
 
 @dataclass

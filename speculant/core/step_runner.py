@@ -21,15 +21,13 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-from speculant.core.acceptance import AcceptanceMethod
 from speculant.core.batch import ScheduledRequest, StepBatch
 from speculant.core.commit import Outcome, Plan, outcomes_of, plan
 from speculant.core.detokenizer import TextDecoder
+from speculant.core.interfaces import AcceptanceMethod, Proposals, Proposer, Scorer, Scores
 from speculant.core.model_runner import ModelRunner
 from speculant.core.proposer_guard import ProposerGuard
 from speculant.core.step import StepTimes, Timer, decide, propose, score
-from speculant.proposers.base import Proposals, Proposer
-from speculant.scorers.base import Scorer, Scores
 
 logger = logging.getLogger(__name__)
 

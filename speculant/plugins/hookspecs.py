@@ -4,15 +4,18 @@ A plugin is a module (or any object) whose functions are decorated with
 ``hookimpl`` and named after the hooks below. Each hook receives a
 ``register`` callback; the plugin calls it once per class it contributes::
 
-    from speculant.plugins import hookimpl
+    from speculant.plugin_api import hookimpl
 
     @hookimpl
     def register_proposers(register):
         register(MyProposer)
 
-The host collects what was registered, validates each class (right base
-class, a ``name``, ``capabilities`` of the right kind, an ``Options`` model
-that forbids unknown keys) and files it in the registry under its ``name``.
+The hooks are the ``hook`` column of ``speculant.core.interfaces.PLUGIN_KINDS``
+(one per plugin kind; a test keeps the two in step). The host calls them
+through the plugin manager, collects what was registered, validates each
+class (right base class, a ``name``, ``capabilities`` of the right kind, an
+``Options`` model that forbids unknown keys) and files it in the registry
+under its ``name``.
 An implementation may omit the ``register`` argument only if it registers
 nothing, and must not take arguments the spec does not name.
 
@@ -41,7 +44,7 @@ class lets plugins use it as a class decorator too."""
 
 @hookspec
 def register_proposers(register: RegisterCallback) -> None:
-    """Contribute proposers: subclasses of ``speculant.proposers.base.Proposer``.
+    """Contribute proposers: subclasses of ``speculant.plugin_api.Proposer``.
 
     Called once per plugin at load time. Call ``register(cls)`` for each
     proposer class; ``cls.name`` is the value users put in
@@ -54,7 +57,7 @@ def register_proposers(register: RegisterCallback) -> None:
 
 @hookspec
 def register_scorers(register: RegisterCallback) -> None:
-    """Contribute scorers: subclasses of ``speculant.scorers.base.Scorer``.
+    """Contribute scorers: subclasses of ``speculant.plugin_api.Scorer``.
 
     Called once per plugin at load time. Call ``register(cls)`` for each
     scorer class; ``cls.name`` is the value of ``speculative.scorer`` and
@@ -65,7 +68,7 @@ def register_scorers(register: RegisterCallback) -> None:
 @hookspec
 def register_acceptance_methods(register: RegisterCallback) -> None:
     """Contribute acceptance methods: subclasses of
-    ``speculant.core.acceptance.AcceptanceMethod``.
+    ``speculant.plugin_api.AcceptanceMethod``.
 
     Called once per plugin at load time. Call ``register(cls)`` for each
     class; ``cls.name`` is the value of ``speculative.acceptance``,
@@ -77,18 +80,10 @@ def register_acceptance_methods(register: RegisterCallback) -> None:
 @hookspec
 def register_attention_backends(register: RegisterCallback) -> None:
     """Contribute attention backends: subclasses of
-    ``speculant.core.attention.base.AttentionBackend``.
+    ``speculant.plugin_api.AttentionBackend``.
 
     Called once per plugin at load time. Call ``register(cls)`` for each
     backend; ``cls.name`` is the value of ``model.attention_backend`` and
     ``cls.capabilities`` an ``AttentionBackendCapabilities`` (which devices
     it runs on, whether it takes multi-token queries over a cached prefix).
     """
-
-
-HOOK_NAMES: tuple[str, ...] = (
-    "register_proposers",
-    "register_scorers",
-    "register_acceptance_methods",
-    "register_attention_backends",
-)

@@ -13,7 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from typing import TypeVar
 
-from speculant.plugins.registry import Kind, Registration, Registry
+from speculant.core.interfaces import Kind
+from speculant.plugins.registry import Registration, Registry
 
 T = TypeVar("T")
 
@@ -55,7 +56,7 @@ class DiscoveringList(Sequence[T]):
     def __len__(self) -> int:
         return len(self._all())
 
-    def __getitem__(self, index):  # type: ignore[override]
+    def __getitem__(self, index):
         return self._all()[index]
 
     def __iter__(self) -> Iterator[T]:

@@ -18,7 +18,9 @@ third-party code.
 
 Each plugin is registered with pluggy and then checked with
 ``pm.check_pending()`` at once, so a misspelled hook is an error attributed to
-that plugin. A plugin either loads completely or not at all: an import
+that plugin. Its hooks are then called through the plugin manager, restricted
+to that plugin (``pm.subset_hook_caller``), so what it registers is attributed
+to it too. A plugin either loads completely or not at all: an import
 failure, a hook the specs do not define, a hook that raises, or a class the
 registry refuses
 (invalid, or a name another plugin already holds) rejects that plugin with a
@@ -37,19 +39,15 @@ from importlib.metadata import EntryPoint, entry_points
 
 import pluggy
 
+from speculant import __version__
+from speculant.core.interfaces import PLUGIN_KINDS, Kind
 from speculant.plugins import hookspecs
 from speculant.plugins.lazy import DiscoveringList, LazyRegistry
-from speculant.plugins.registry import BUILTIN_PLUGIN_MODULE, Kind, PluginSource, Registration, Registry
+from speculant.plugins.registry import BUILTIN_PLUGIN_MODULE, PluginSource, Registration, Registry
 
 ENTRY_POINT_GROUP = "speculant.plugins"
 ALLOW_LIST_ENV = "SPECULANT_PLUGINS"
-
-HOOK_KINDS: dict[str, Kind] = {
-    "register_proposers": "proposer",
-    "register_scorers": "scorer",
-    "register_acceptance_methods": "acceptance",
-    "register_attention_backends": "attention_backend",
-}
+HOOK_NAMES = tuple(k.hook for k in PLUGIN_KINDS.values())
 
 
 @dataclass(frozen=True)
@@ -160,36 +158,30 @@ class LoadedPlugins:
             unknown = [c.name for c in self.pm.get_hookcallers(plugin) or [] if not c.has_spec()]
             if not unknown:  # earlier plugins were checked when they loaded
                 raise
-            hints = [f"{n!r} (did you mean {m[0]!r}?)" if (m := difflib.get_close_matches(n, hookspecs.HOOK_NAMES, 1))
+            hints = [f"{n!r} (did you mean {m[0]!r}?)" if (m := difflib.get_close_matches(n, HOOK_NAMES, 1))
                      else repr(n) for n in unknown]
             raise ValueError(f"it implements unknown hook {', '.join(hints)}; "
-                             f"the hooks are {', '.join(hookspecs.HOOK_NAMES)}") from None
+                             f"the hooks are {', '.join(HOOK_NAMES)}") from None
         hooks = sorted(c.name for c in self.pm.get_hookcallers(plugin) or [])
         if not hooks:
             raise ValueError(f"it implements no speculant hook: decorate functions named "
-                             f"{', '.join(hookspecs.HOOK_NAMES)} with speculant.plugins.hookimpl")
+                             f"{', '.join(HOOK_NAMES)} with speculant.plugins.hookimpl")
         return hooks
 
     def _call_hooks(self, plugin: object) -> list[tuple[Kind, type]]:
-        """Call each of ``plugin``'s hooks with a ``register`` that stages classes."""
+        """Call ``plugin``'s hooks through the plugin manager (only its own
+        implementations), each with a ``register`` that stages classes."""
+        others = [p for p in self.pm.get_plugins() if p is not plugin]
         staged: list[tuple[Kind, type]] = []
-        for hook_name in hookspecs.HOOK_NAMES:
-            kind = HOOK_KINDS[hook_name]
-            for impl in getattr(self.pm.hook, hook_name).get_hookimpls():
-                if impl.plugin is not plugin:
-                    continue
-                if impl.hookwrapper or impl.wrapper:
-                    raise ValueError(f"hook {hook_name} is declared as a wrapper; registration hooks are plain calls")
+        for spec in PLUGIN_KINDS.values():
+            def register(cls: type, _kind: Kind = spec.kind) -> type:
+                staged.append((_kind, cls))
+                return cls
 
-                def register(cls: type, _kind: Kind = kind) -> type:
-                    staged.append((_kind, cls))
-                    return cls
-
-                kwargs = {"register": register}
-                try:
-                    impl.function(*(kwargs[a] for a in impl.argnames))
-                except Exception as exc:
-                    raise ValueError(f"hook {hook_name} raised {type(exc).__name__}: {exc}") from exc
+            try:
+                self.pm.subset_hook_caller(spec.hook, remove_plugins=others)(register=register)
+            except Exception as exc:
+                raise ValueError(f"hook {spec.hook} raised {type(exc).__name__}: {exc}") from exc
         return staged
 
     def _check_staged(self, staged: list[tuple[Kind, type]],
@@ -224,8 +216,6 @@ def _source(ep: EntryPoint) -> PluginSource:
     if dist is not None:
         dist_name, version = dist.name, dist.version
     elif ep.value == BUILTIN_PLUGIN_MODULE:  # running from a source tree that is not installed
-        from speculant import __version__
-
         dist_name, version = "speculant", __version__
     else:
         dist_name, version = "(unknown distribution)", None
@@ -270,7 +260,7 @@ def _load_entry_points(loaded: LoadedPlugins, eps: list[EntryPoint]) -> None:
         source = _source(ep)
         try:
             plugin = ep.load()
-        except Exception as exc:  # any import-time failure of third-party code
+        except Exception as exc:  # noqa: BLE001 - any import-time failure of third-party code
             loaded._errors.append(PluginLoadError(source, f"import failed: {type(exc).__name__}: {exc}"))
             continue
         try:

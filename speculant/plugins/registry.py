@@ -1,6 +1,6 @@
 """The registry: plugin classes per kind, by name, with where each came from.
 
-Kinds are ``proposer``, ``scorer``, ``acceptance`` and ``attention_backend``.
+The kinds and what each requires are ``speculant.core.interfaces.PLUGIN_KINDS``.
 A class is validated before it is filed (right base class, a ``name``,
 ``capabilities`` of the right type, an ``Options`` model that forbids unknown
 keys). A name can be filed once per kind; a second claim is an error naming
@@ -10,49 +10,21 @@ is available.
 
 from __future__ import annotations
 
-import difflib
-import importlib
 import inspect
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any
 
 from pydantic import BaseModel
 
-from speculant.core.capabilities import (
-    AcceptanceCapabilities,
-    AttentionBackendCapabilities,
-    ProposerCapabilities,
-    ScorerCapabilities,
-)
-
-Kind = Literal["proposer", "scorer", "acceptance", "attention_backend"]
-KINDS: tuple[Kind, ...] = ("proposer", "scorer", "acceptance", "attention_backend")
+from speculant.core.interfaces import PLUGIN_KINDS, Kind, UnknownPluginError
 
 BUILTIN_PLUGIN_MODULE = "speculant.plugins.builtin"
 """Module of the built-in plugin (entry point ``builtin`` of ``speculant``)."""
 
-KIND_LABELS: dict[str, str] = {
-    "proposer": "proposer",
-    "scorer": "scorer",
-    "acceptance": "acceptance method",
-    "attention_backend": "attention backend",
-}
-
-_BASES: dict[str, tuple[str, str]] = {  # imported lazily: they pull in torch
-    "proposer": ("speculant.proposers.base", "Proposer"),
-    "scorer": ("speculant.scorers.base", "Scorer"),
-    "acceptance": ("speculant.core.acceptance", "AcceptanceMethod"),
-    "attention_backend": ("speculant.core.attention.base", "AttentionBackend"),
-}
-
-_CAPABILITIES: dict[str, type] = {
-    "proposer": ProposerCapabilities,
-    "scorer": ScorerCapabilities,
-    "acceptance": AcceptanceCapabilities,
-    "attention_backend": AttentionBackendCapabilities,
-}
+PUBLIC_MODULE = "speculant.plugin_api"
+"""Where plugin authors import the contract from (messages name it)."""
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
 
@@ -92,7 +64,7 @@ class Registration:
 
     kind: Kind
     name: str
-    cls: type
+    cls: type[Any]
     source: PluginSource
 
     @property
@@ -100,49 +72,19 @@ class Registration:
         return f"{self.cls.__module__}:{self.cls.__qualname__}"
 
 
-class UnknownPluginError(KeyError):
-    """A name that no loaded plugin registered for that kind."""
-
-    def __init__(self, kind: str, name: str, available: list[str]) -> None:
-        self.kind = kind
-        self.name = name
-        self.available = available
-        label = KIND_LABELS.get(kind, kind)
-        listed = ", ".join(available) if available else "none (no plugin registered one; see `speculant plugins`)"
-        close = difflib.get_close_matches(name, available, n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        self.message = f"no {label} named {name!r}; available: {listed}{hint}"
-        super().__init__(self.message)
-
-    def __str__(self) -> str:  # KeyError would repr() the message
-        return self.message
-
-
 class RegistrationError(ValueError):
     """A class a plugin tried to register that cannot be filed."""
 
 
-def base_class(kind: Kind) -> type | None:
-    """The ABC classes of ``kind`` must subclass, or None if it cannot be
-    imported (then the class is checked by its attributes alone)."""
-    module_name, attr = _BASES[kind]
-    try:
-        return getattr(importlib.import_module(module_name), attr)
-    except ImportError:
-        if kind == "attention_backend":
-            return None
-        raise
-
-
 def validate_class(kind: Kind, cls: object) -> list[str]:
     """Every reason ``cls`` cannot be registered as a ``kind``."""
-    label = KIND_LABELS[kind]
+    spec = PLUGIN_KINDS[kind]
+    label, base = spec.label, spec.base
     if not inspect.isclass(cls):
         return [f"register() takes a {label} class, got {cls!r}: pass the class, not an instance"]
     problems = []
-    base = base_class(kind)
-    if base is not None and not issubclass(cls, base):
-        problems.append(f"{cls.__qualname__} is not a subclass of {base.__module__}.{base.__qualname__}: "
+    if not issubclass(cls, base):
+        problems.append(f"{cls.__qualname__} is not a subclass of {PUBLIC_MODULE}.{base.__qualname__}: "
                         f"derive the {label} from it")
     elif inspect.isabstract(cls):
         missing = ", ".join(sorted(getattr(cls, "__abstractmethods__", ())))
@@ -151,15 +93,14 @@ def validate_class(kind: Kind, cls: object) -> list[str]:
     if not isinstance(name, str) or not _NAME_RE.match(name):
         problems.append(f"{cls.__qualname__}.name = {name!r}: must be a non-empty string of letters, digits, "
                         f"'_', '-' or '.' (it is what users write in the config)")
-    caps_type = _CAPABILITIES[kind]
     caps = getattr(cls, "capabilities", None)
-    if not isinstance(caps, caps_type):
+    if not isinstance(caps, spec.capabilities):
         problems.append(f"{cls.__qualname__}.capabilities = {caps!r}: must be a "
-                        f"speculant.core.capabilities.{caps_type.__name__} instance")
+                        f"{PUBLIC_MODULE}.{spec.capabilities.__name__} instance")
     options = getattr(cls, "Options", None)
     if not (inspect.isclass(options) and issubclass(options, BaseModel)):
         problems.append(f"{cls.__qualname__}.Options = {options!r}: must be a pydantic model "
-                        f"(use speculant.proposers.base.NoOptions when there are none)")
+                        f"(use {PUBLIC_MODULE}.NoOptions when there are none)")
     elif options.model_config.get("extra") != "forbid":
         problems.append(f"{cls.__qualname__}.Options does not forbid unknown keys, so a misspelled option "
                         f"would be ignored: set model_config = ConfigDict(extra='forbid')")
@@ -170,7 +111,7 @@ class Registry:
     """Plugin classes per kind and name. Filled by the plugin manager."""
 
     def __init__(self) -> None:
-        self._entries: dict[str, dict[str, Registration]] = {kind: {} for kind in KINDS}
+        self._entries: dict[str, dict[str, Registration]] = {kind: {} for kind in PLUGIN_KINDS}
 
     def check(self, kind: Kind, cls: object, source: PluginSource) -> list[str]:
         """Every reason ``add(kind, cls, source)`` would refuse."""
@@ -178,13 +119,14 @@ class Registry:
         name = getattr(cls, "name", None)
         existing = self._entries[kind].get(name) if isinstance(name, str) else None
         if existing is not None:
+            qualname = f"{getattr(cls, '__module__', '?')}:{getattr(cls, '__qualname__', cls)}"
             problems.append(
-                f"{KIND_LABELS[kind]} name {name!r} ({cls.__module__}:{cls.__qualname__}) is already registered "
-                f"by {existing.source.describe()} ({existing.qualname}): rename one of them, or leave one "
+                f"{PLUGIN_KINDS[kind].label} name {name!r} ({qualname}) is already registered by "
+                f"{existing.source.describe()} ({existing.qualname}): rename one of them, or leave one "
                 f"plugin out with SPECULANT_PLUGINS")
         return problems
 
-    def add(self, kind: Kind, cls: type, source: PluginSource) -> Registration:
+    def add(self, kind: Kind, cls: type[Any], source: PluginSource) -> Registration:
         """Validate and file ``cls``; raises ``RegistrationError`` listing every problem."""
         problems = self.check(kind, cls, source)
         if problems:
@@ -199,7 +141,7 @@ class Registry:
             for name in [n for n, r in by_name.items() if r.source.name == plugin_name]:
                 del by_name[name]
 
-    def get(self, kind: Kind, name: str) -> type:
+    def get(self, kind: Kind, name: str) -> type[Any]:
         """The class registered as ``name``; ``UnknownPluginError`` lists the others."""
         return self.entry(kind, name).cls
 
@@ -214,7 +156,7 @@ class Registry:
 
     def entries(self, kind: Kind | None = None) -> Iterator[Registration]:
         """Registrations of one kind (or all), sorted by kind then name."""
-        for k in ([kind] if kind else KINDS):
+        for k in ([kind] if kind else PLUGIN_KINDS):
             for name in sorted(self._entries[k]):
                 yield self._entries[k][name]
 
@@ -226,14 +168,8 @@ class Registry:
                 out._entries[reg.kind][reg.name] = reg
         return out
 
-    def get_proposer(self, name: str) -> type:
+    def get_proposer(self, name: str) -> type[Any]:
         return self.get("proposer", name)
 
-    def get_scorer(self, name: str) -> type:
-        return self.get("scorer", name)
-
-    def get_acceptance(self, name: str) -> type:
+    def get_acceptance(self, name: str) -> type[Any]:
         return self.get("acceptance", name)
-
-    def get_attention_backend(self, name: str) -> type:
-        return self.get("attention_backend", name)

@@ -10,22 +10,18 @@ are overwritten later.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from speculant.core.attention.base import QuerySpan
 from speculant.core.batch import StepBatch
-from speculant.core.capabilities import ProposerCapabilities
-from speculant.core.config import CacheConfig, EngineConfig, ModelConfig
+from speculant.core.config import EngineConfig, ModelConfig
 from speculant.core.gguf_source import resolve_model_source
-from speculant.core.model_runner import ModelRunner
+from speculant.core.interfaces import Proposals, Proposer, ProposerCapabilities, ProposerContext, QuerySpan, Scores
+from speculant.core.model_files import read_text_config
 from speculant.proposers.draft_tokenizer import check_draft_tokenizer
 from speculant.proposers.drafting import DraftSteps, draw_proposals
-from speculant.proposers.base import Proposals, Proposer, ProposerContext
-from speculant.scorers.base import Scores
 
 
 class DraftModelOptions(BaseModel):
@@ -41,11 +37,6 @@ class DraftModelOptions(BaseModel):
     probability below this (it is still proposed); 0 always drafts k. Fewer
     draft forwards and verify rows for tokens the target would likely reject;
     the output is unchanged (acceptance is lossless either way)."""
-
-
-def _text_config(path: str) -> dict:
-    data = json.loads((Path(path) / "config.json").read_text())
-    return data.get("text_config", data)
 
 
 class DraftModelProposer(Proposer):
@@ -66,7 +57,7 @@ class DraftModelProposer(Proposer):
         target = Path(config.model.path)
         if not (target / "config.json").is_file():
             return []  # the target's own check reports this
-        draft_cfg, target_cfg = _text_config(options.model), _text_config(config.model.path)
+        draft_cfg, target_cfg = read_text_config(options.model), read_text_config(config.model.path)
         problems = []
         if draft_cfg.get("vocab_size") != target_cfg.get("vocab_size"):
             problems.append(
@@ -94,11 +85,8 @@ class DraftModelProposer(Proposer):
             max_model_len=target.max_model_len, linear_backend=options.linear_backend,
             linear_dense_max_rows=cfg.model.linear_dense_max_rows,
             attention_backend=cfg.model.attention_backend)
-        # never more blocks than the target: the draft's cache covers at most the target's positions
-        cache_cfg = CacheConfig(block_size=target.block_size, num_blocks=target.num_blocks)
-        self.runner = ModelRunner(model_cfg, cache_cfg, target.backend,
-                                  path_option="speculative.proposer_options.model",
-                                  tokenizer_option="speculative.proposer_options.model")
+        # on the target's backend and KV geometry: the draft's cache covers at most the target's positions
+        self.runner = target.new_runner(model_cfg, option="speculative.proposer_options.model")
         if self.runner.vocab_size != target.vocab_size:
             raise ValueError(
                 f"speculative.proposer_options.model = {options.model!r}: draft LM head has "

@@ -7,8 +7,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from speculant.core.capabilities import ProposerCapabilities
-from speculant.proposers.base import Proposals, Proposer
+from speculant.core.interfaces import Proposals, Proposer, ProposerCapabilities
 
 if TYPE_CHECKING:
     from speculant.core.batch import StepBatch

@@ -8,10 +8,8 @@ it. Prefill chunks stay multi-token spans, as in MQA, in the same forward.
 
 from __future__ import annotations
 
-from speculant.core.attention.base import QuerySpan
-from speculant.core.capabilities import ScorerCapabilities
+from speculant.core.interfaces import QuerySpan, Scorer, ScorerCapabilities, Scores
 from speculant.core.layout import block_table, decode_tokens, gather_scores, prefill_spans
-from speculant.scorers.base import Scorer, Scores
 
 
 class BatchExpansionScorer(Scorer):

@@ -7,9 +7,8 @@ a cached prefix.
 
 from __future__ import annotations
 
-from speculant.core.capabilities import ScorerCapabilities
+from speculant.core.interfaces import Scorer, ScorerCapabilities, Scores
 from speculant.core.layout import score_flat
-from speculant.scorers.base import Scorer, Scores
 
 
 class MQAScorer(Scorer):

@@ -13,8 +13,8 @@ from flat_inputs import accept_padded, greedy_padded
 from speculant.acceptance.rejection import RejectionSampler
 from speculant.acceptance.typical import TypicalAcceptance
 from speculant.core.acceptance import verifies_by_argmax
+from speculant.core.interfaces import PLACEHOLDER_TOKEN_ID
 from speculant.core.sampling_params import SamplingParams
-from speculant.proposers.base import PLACEHOLDER_TOKEN_ID
 
 P = PLACEHOLDER_TOKEN_ID
 

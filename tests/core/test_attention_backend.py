@@ -24,10 +24,10 @@ import torch
 import torch.nn.functional as F
 
 from speculant.core.attention import cpu_kernel, cpu_kernel_build
-from speculant.core.attention.base import QuerySpan
 from speculant.core.attention.cpu_kernel import CpuKernelAttentionBackend
 from speculant.core.attention.span_tensors import SpanTensors
 from speculant.core.attention.torch_ref import TorchAttentionBackend
+from speculant.core.interfaces import QuerySpan
 from speculant.plugins.manager import get_registry
 
 NUM_HEADS = 4

@@ -154,7 +154,7 @@ def old_append_tokens(request: Request, token_ids: list[int], decode) -> int:
 
 
 def new_request(params: SamplingParams, prompt=(5, 6, 7)) -> Request:
-    return Request("r", None, list(prompt), params, arrival_index=0, seed=0)
+    return Request("r", None, list(prompt), params, seed=0)
 
 
 @SETTINGS

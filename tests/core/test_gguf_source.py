@@ -18,7 +18,8 @@ pytest.importorskip("gguf")
 from greedy_compare import HFReference, check_all_greedy
 from speculant import LLM, SamplingParams
 from speculant.core import gguf_source
-from speculant.core.config import ConfigError, build_config
+from speculant.core.compat import build_config
+from speculant.core.config import ConfigError
 from speculant.core.model_files import ModelFileError
 from speculant.core.model_loading import UnsupportedModelError
 from tiny_gguf import tiny_llama, write_tiny_gguf

@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from speculant.core.attention import cpu_kernel_build as build
-from speculant.core.attention.base import QuerySpan
 from speculant.core.attention.cpu_kernel import CpuKernelAttentionBackend, CpuKernelMetadata
 from speculant.core.attention.span_tensors import SpanTensors
+from speculant.core.interfaces import QuerySpan
 
 CC = os.environ.get("CC") or "cc"
 pytestmark = pytest.mark.skipif(shutil.which(CC) is None, reason="no C compiler")

@@ -20,9 +20,9 @@ from speculant.core.scheduler import Scheduler
 FAKE_TOKEN = 7
 
 
-def make_request(rid: str, num_prompt: int, max_tokens: int = 100, arrival: int = 0) -> Request:
+def make_request(rid: str, num_prompt: int, max_tokens: int = 100) -> Request:
     return Request(request_id=rid, prompt=None, prompt_token_ids=list(range(2, 2 + num_prompt)),
-                   params=SamplingParams(temperature=0.0, max_tokens=max_tokens), arrival_index=arrival, seed=0)
+                   params=SamplingParams(temperature=0.0, max_tokens=max_tokens), seed=0)
 
 
 def make_scheduler(budget: int, max_seqs: int, *, num_blocks: int = 64, block_size: int = 4,
@@ -140,7 +140,7 @@ def test_budget_and_invariants_hold_until_everything_finishes():
     nothing starves, every prompt fully prefilled exactly once."""
     lengths = [3, 20, 7, 1, 40, 12, 9, 30, 2, 16]
     sched = make_scheduler(budget=10, max_seqs=4, num_blocks=40)
-    reqs = [make_request(f"r{i}", n, max_tokens=5, arrival=i) for i, n in enumerate(lengths)]
+    reqs = [make_request(f"r{i}", n, max_tokens=5) for i, n in enumerate(lengths)]
     add(sched, *reqs)
     prefilled = {r.request_id: 0 for r in reqs}
     for _ in range(200):
@@ -165,7 +165,7 @@ def test_budget_and_invariants_hold_until_everything_finishes():
 
 def test_preempts_the_latest_arrival_when_blocks_run_out():
     sched = make_scheduler(budget=16, max_seqs=4, num_blocks=4, block_size=4)
-    r0, r1 = make_request("r0", 7), make_request("r1", 7, arrival=1)
+    r0, r1 = make_request("r0", 7), make_request("r1", 7)
     add(sched, r0, r1)
     assert step(sched) == ([("r0", 7, True), ("r1", 7, True)], [])  # 2 blocks each: pool full
     assert step(sched) == ([], [("r0", 1, True), ("r1", 1, True)])  # position 7 still in block 2
@@ -188,7 +188,7 @@ def test_preempts_the_latest_arrival_when_blocks_run_out():
 
 def test_latest_arrival_preempts_itself():
     sched = make_scheduler(budget=16, max_seqs=4, num_blocks=4, block_size=4)
-    r0, r1 = make_request("r0", 5), make_request("r1", 8, arrival=1)
+    r0, r1 = make_request("r0", 5), make_request("r1", 8)
     add(sched, r0, r1)
     step(sched)
     batch = sched.schedule()  # r1 (latest) needs a third block; r0 still fits

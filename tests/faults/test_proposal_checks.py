@@ -6,10 +6,10 @@ from __future__ import annotations
 import torch
 
 from speculant.core.batch import ScheduledRequest, StepBatch
+from speculant.core.interfaces import PLACEHOLDER_TOKEN_ID, Proposals
 from speculant.core.proposal_checks import PROB_SUM_TOLERANCE, check_proposals
 from speculant.core.request import Request, RequestStatus
 from speculant.core.sampling_params import SamplingParams
-from speculant.proposers.base import PLACEHOLDER_TOKEN_ID, Proposals
 
 V = 10
 
@@ -18,7 +18,7 @@ def batch(budgets=(3, 2, 3), sampling=(True, True, False)) -> StepBatch:
     decodes = []
     for i, (k, s) in enumerate(zip(budgets, sampling)):
         req = Request(request_id=f"r{i}", prompt=None, prompt_token_ids=[1, 2, 3],
-                      params=SamplingParams(temperature=1.0 if s else 0.0), arrival_index=i, seed=i)
+                      params=SamplingParams(temperature=1.0 if s else 0.0), seed=i)
         req.token_ids.append(4)
         req.num_computed_tokens = 3
         req.status = RequestStatus.RUNNING

@@ -15,7 +15,7 @@ import pytest
 
 from greedy_compare import HFReference, check_all_greedy
 from speculant import LLM, SamplingParams
-from speculant.core.config import load_config
+from speculant.core.compat import load_config
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -12,27 +12,13 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel, ConfigDict, Field
 
-from speculant.core.capabilities import (
-    AcceptanceCapabilities,
-    AttentionBackendCapabilities,
-    ProposerCapabilities,
-    ScorerCapabilities,
-)
+from speculant.core.interfaces import PLUGIN_KINDS, NoOptions
 from speculant.plugins import hookimpl
 from speculant.plugins.manager import ALLOW_LIST_ENV, register_plugin, reset_plugins, unregister_plugin
-from speculant.plugins.registry import PluginSource, Registry, base_class
-from speculant.proposers.base import NoOptions
+from speculant.plugins.registry import PluginSource, Registry
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE_PACKAGE = REPO_ROOT / "examples" / "plugin-package"
-
-CAPABILITIES = {
-    "proposer": ProposerCapabilities,
-    "scorer": ScorerCapabilities,
-    "acceptance": AcceptanceCapabilities,
-    "attention_backend": AttentionBackendCapabilities,
-}
-
 
 def _not_used(self, *args, **kwargs):
     raise NotImplementedError("test plugin class: only its class data is used")
@@ -41,10 +27,10 @@ def _not_used(self, *args, **kwargs):
 def fake_class(kind: str, name: str, options: type[BaseModel] = NoOptions, **caps) -> type:
     """A concrete subclass of ``kind``'s base with the given name, capability
     flags and options model; its abstract methods raise if called."""
-    base = base_class(kind)
-    namespace = {m: _not_used for m in getattr(base, "__abstractmethods__", ())}
-    namespace.update(name=name, capabilities=CAPABILITIES[kind](**caps), Options=options, __module__=__name__)
-    return type(f"Fake_{kind}_{name}", (base,), namespace)
+    spec = PLUGIN_KINDS[kind]
+    namespace = {m: _not_used for m in getattr(spec.base, "__abstractmethods__", ())}
+    namespace.update(name=name, capabilities=spec.capabilities(**caps), Options=options, __module__=__name__)
+    return type(f"Fake_{kind}_{name}", (spec.base,), namespace)
 
 
 class FakePlugin:
@@ -180,9 +166,7 @@ def example_installed(site, monkeypatch) -> Iterator[Site]:
 
 
 PLUGIN_TEMPLATE = """
-from speculant.plugins import hookimpl
-from speculant.core.capabilities import ProposerCapabilities
-from speculant.proposers.base import Proposals, Proposer
+from speculant.plugin_api import Proposals, Proposer, ProposerCapabilities, hookimpl
 
 
 class {cls}(Proposer):

@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from speculant.core.compat import config_problems
-from speculant.core.config import ConfigError, build_config
+from speculant.core.compat import build_config, config_problems
+from speculant.core.config import ConfigError
 from speculant.plugins import get_registry, load_plugins
 from speculant.plugins.manager import ALLOW_LIST_ENV
 
@@ -40,7 +40,7 @@ def test_loading_and_builtin_lookups_import_nothing(probe):
     loaded = load_plugins()
     registry = get_registry()
     assert registry.get("proposer", "ngram").name == "ngram"
-    assert registry.get_scorer("mqa").name == "mqa" and registry.get("attention_backend", "torch").name == "torch"
+    assert registry.get("scorer", "mqa").name == "mqa" and registry.get("attention_backend", "torch").name == "torch"
     assert not imported() and not loaded.discovered
 
 

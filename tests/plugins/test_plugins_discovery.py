@@ -179,8 +179,7 @@ def test_hook_that_raises_is_reported(site):
 
 def test_invalid_class_rejects_whole_plugin(site):
     site.add_module("mixed_plugin", """
-        from speculant.plugins import hookimpl
-        from speculant.proposers.base import Proposals, Proposer
+        from speculant.plugin_api import Proposals, Proposer, hookimpl
 
         class Good(Proposer):
             name = "mixed_good"

@@ -11,10 +11,11 @@ from dataclasses import dataclass
 import pytest
 
 from speculant.core.batch import ScheduledRequest, StepBatch
-from speculant.core.config import ConfigError, EngineConfig, load_config
+from speculant.core.compat import load_config
+from speculant.core.config import ConfigError, EngineConfig
+from speculant.core.interfaces import ProposerContext
 from speculant.core.request import Request
 from speculant.core.sampling_params import SamplingParams
-from speculant.proposers.base import ProposerContext
 
 
 class WordTokenizer:
@@ -28,7 +29,7 @@ class WordTokenizer:
 
 
 @dataclass
-class FakeRunner:
+class FakeTarget:  # the part of a TargetView the retrieval proposer reads
     tokenizer: object
 
 
@@ -46,12 +47,12 @@ def make_proposer(example_installed, tmp_path, corpus: str | dict[str, str], tok
     tokenizer = tokenizer or WordTokenizer()
     config = EngineConfig.model_validate({"model": {"path": "unused"}})
     opts = RetrievalOptions(corpus_path=str(path), **options)
-    return RetrievalProposer(opts, ProposerContext(config=config, target=FakeRunner(tokenizer))), tokenizer
+    return RetrievalProposer(opts, ProposerContext(config=config, target=FakeTarget(tokenizer))), tokenizer
 
 
 def decode_entry(token_ids: list[int], k: int) -> ScheduledRequest:
     req = Request(request_id="r", prompt=None, prompt_token_ids=token_ids, params=SamplingParams(),
-                  arrival_index=0, seed=0)
+                  seed=0)
     return ScheduledRequest(request=req, num_new_tokens=1, num_spec_tokens=k)
 
 

@@ -7,7 +7,8 @@ import re
 import pytest
 from pydantic import BaseModel, ConfigDict
 
-from speculant.plugins.registry import PluginSource, RegistrationError, Registry, UnknownPluginError
+from speculant.core.interfaces import UnknownPluginError
+from speculant.plugins.registry import PluginSource, RegistrationError, Registry
 
 
 class LooseOptions(BaseModel):  # allows unknown keys: must be refused
@@ -62,7 +63,7 @@ def test_duplicate_name_names_both_sources(make_class):
 @pytest.mark.parametrize("kind, attrs, expected", [
     ("proposer", {"name": ""}, "name = '': must be a non-empty string"),
     ("proposer", {"name": 3}, "name = 3: must be a non-empty string"),
-    ("proposer", {"capabilities": "fast"}, "capabilities = 'fast': must be a speculant.core.capabilities."
+    ("proposer", {"capabilities": "fast"}, "capabilities = 'fast': must be a speculant.plugin_api."
                                            "ProposerCapabilities instance"),
     ("scorer", {"Options": dict}, "Options = <class 'dict'>: must be a pydantic model"),
     ("acceptance", {"Options": LooseOptions}, "Options does not forbid unknown keys"),
@@ -77,7 +78,7 @@ def test_invalid_class_attributes(make_class, kind, attrs, expected):
 
 def test_wrong_base_class(make_class):
     cls = make_class("scorer", "s")
-    with pytest.raises(RegistrationError, match=r"is not a subclass of speculant\.proposers\.base\.Proposer"):
+    with pytest.raises(RegistrationError, match=r"is not a subclass of speculant\.plugin_api\.Proposer"):
         Registry().add("proposer", cls, PluginSource(name="src"))
 
 
@@ -87,7 +88,7 @@ def test_instance_instead_of_class(make_class):
 
 
 def test_abstract_class_refused():
-    from speculant.proposers.base import Proposer
+    from speculant.core.interfaces import Proposer
 
     class Half(Proposer):
         name = "half"

@@ -13,7 +13,7 @@ from speculant.proposers.drafting import draw_proposals
 
 def request(i: int, **params) -> Request:
     return Request(request_id=str(i), prompt=None, prompt_token_ids=[1, 2], params=SamplingParams(**params),
-                   arrival_index=i, seed=100 + i, token_ids=[1, 2])
+                   seed=100 + i, token_ids=[1, 2])
 
 
 def logits(rows: int = 3, vocab: int = 11, seed: int = 0) -> torch.Tensor:

@@ -22,7 +22,7 @@ CPU_CONTEXT = SimpleNamespace(target=SimpleNamespace(device=torch.device("cpu"))
 
 def decode(tokens: list[int], k: int, request_id: str = "r") -> ScheduledRequest:
     req = Request(request_id=request_id, prompt=None, prompt_token_ids=tokens, params=SamplingParams(),
-                  arrival_index=0, seed=0)
+                  seed=0)
     return ScheduledRequest(request=req, num_new_tokens=1, num_spec_tokens=k)
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from speculant.core.attention.base import AttentionBackend
+from speculant.core.interfaces import AttentionBackend
 
 
 @dataclass(slots=True)

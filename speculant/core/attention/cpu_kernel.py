@@ -22,7 +22,7 @@ import torch
 from speculant.core.attention.cpu_kernel_build import kernel_status, load_kernel
 from speculant.core.attention.span_tensors import SpanTensors
 from speculant.core.attention.torch_ref import SpanView, TorchAttentionBackend
-from speculant.core.capabilities import AttentionBackendCapabilities
+from speculant.core.interfaces import AttentionBackendCapabilities
 
 MAX_KERNEL_QUERY = 16
 """Spans longer than this go through the reference path's matmuls."""

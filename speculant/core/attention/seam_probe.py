@@ -20,8 +20,8 @@ from typing import Any
 
 import torch
 
-from speculant.core.attention.base import AttentionBackend
 from speculant.core.attention.context import ForwardContext, forward_context
+from speculant.core.interfaces import AttentionBackend
 
 # Arguments the seam ignores because they never change the result in eval mode.
 HARMLESS_KWARGS = frozenset({

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from speculant.core.attention.base import QuerySpan
+from speculant.core.interfaces import QuerySpan
 
 
 @dataclass(slots=True)

@@ -17,9 +17,8 @@ from dataclasses import dataclass
 
 import torch
 
-from speculant.core.attention.base import AttentionBackend
 from speculant.core.attention.span_tensors import SpanTensors
-from speculant.core.capabilities import AttentionBackendCapabilities
+from speculant.core.interfaces import AttentionBackend, AttentionBackendCapabilities
 
 
 @dataclass(slots=True)

@@ -21,12 +21,11 @@ from pydantic import BaseModel, ConfigDict, Field
 from safetensors.torch import load_file
 
 from speculant.core.batch import StepBatch
-from speculant.core.capabilities import ProposerCapabilities
 from speculant.core.config import EngineConfig
+from speculant.core.interfaces import Proposals, Proposer, ProposerCapabilities, ProposerContext, Scores
+from speculant.core.model_files import read_text_config
 from speculant.core.request import Request
-from speculant.proposers.base import Proposals, Proposer, ProposerContext
 from speculant.proposers.drafting import DraftSteps, draw_proposals
-from speculant.scorers.base import Scores
 
 HEADS_CAPABILITIES = ProposerCapabilities(
     needs_target_hidden_states=True, supports_chunked_prefill=False, draft_probs="full")
@@ -50,11 +49,6 @@ def read_head_config(path: str, model_type: str) -> dict:
         raise ValueError(f"{OPTION} = {path!r} holds model_type {data.get('model_type')!r}, expected "
                          f"{model_type!r}; choose the proposer that matches these heads")
     return data
-
-
-def _target_text_config(path: str) -> dict:
-    data = json.loads((Path(path) / "config.json").read_text())
-    return data.get("text_config", data)
 
 
 def dimension_problems(head_cfg: dict, target_cfg: dict, path: str, num_spec: int, max_k: int) -> list[str]:
@@ -99,14 +93,16 @@ class HiddenStateProposer(Proposer):
             return [str(exc)]
         if not (Path(config.model.path) / "config.json").is_file():
             return []
-        return dimension_problems(head_cfg, _target_text_config(config.model.path), options.path,
+        return dimension_problems(head_cfg, read_text_config(config.model.path), options.path,
                                   config.speculative.num_speculative_tokens, cls.max_tokens(head_cfg))
 
     def __init__(self, options: HeadsOptions, context: ProposerContext) -> None:
         super().__init__(options, context)
         self.head_config = read_head_config(options.path, self.model_type)
         target = context.target
-        hidden = target.model.get_output_embeddings().weight.shape[1]
+        weight = target.output_embedding.weight  # [V, H]
+        assert isinstance(weight, torch.Tensor)
+        hidden = weight.shape[1]
         problems = dimension_problems(self.head_config, {"hidden_size": hidden, "vocab_size": target.vocab_size},
                                       options.path, 0, self.max_tokens(self.head_config))
         if problems:
@@ -114,7 +110,7 @@ class HiddenStateProposer(Proposer):
         self.heads = self.build_heads(self.head_config)
         state = load_file(str(Path(options.path) / "model.safetensors"))
         self.heads.load_state_dict(state)
-        self.heads.to(device=target.device, dtype=target.model.dtype).eval().requires_grad_(False)
+        self.heads.to(device=target.device, dtype=target.dtype).eval().requires_grad_(False)
         self._hidden: dict[str, torch.Tensor] = {}  # request id -> [H]
 
     @abstractmethod

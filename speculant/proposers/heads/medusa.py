@@ -75,7 +75,7 @@ class MedusaProposer(HiddenStateProposer):
 
     def head_logits(self, hidden: torch.Tensor, last_tokens: torch.Tensor, requests: list[Request],
                     k: int) -> Iterator[torch.Tensor]:
-        lm_head = self.context.target.model.get_output_embeddings()
+        lm_head = self.context.target.output_embedding
         all_logits = self.heads(hidden, lm_head)  # [num_heads, n, V]
         for j in range(k):
             yield all_logits[j]  # the drawn tokens sent back are not needed: heads are independent

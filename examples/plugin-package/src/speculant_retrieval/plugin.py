@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from speculant.plugins import hookimpl
+from speculant.plugin_api import hookimpl
 from speculant_retrieval.proposer import RetrievalProposer
 
 

@@ -11,17 +11,12 @@ acceptance keeps the target's distribution exactly.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from speculant.core.capabilities import ProposerCapabilities
-from speculant.proposers.base import Proposals, Proposer, ProposerContext
+from speculant.plugin_api import EngineConfig, Proposals, Proposer, ProposerCapabilities, ProposerContext, StepBatch
 from speculant_retrieval.suffix_automaton import SuffixAutomaton
-
-if TYPE_CHECKING:
-    from speculant.core.batch import StepBatch
-    from speculant.core.config import EngineConfig
 
 DOCUMENT_SEPARATOR = -1
 """Placed between corpus files; no query token equals it, so matches never

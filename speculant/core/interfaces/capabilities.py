@@ -1,10 +1,10 @@
 """Capability flags that proposers, scorers, acceptance methods and attention
-backends declare as class data.
+backends declare as class data, and the options model of plugins without options.
 
 Core code never compares plugin names: it reads these flags. The single checker
 that turns flags into "supported or not, and why" lives in
-``speculant.core.compat`` and is shared by config validation, the engine and the
-compatibility matrix.
+``speculant.core.compat`` and is shared by config validation, the engine and
+the compatibility matrix.
 """
 
 from __future__ import annotations
@@ -12,7 +12,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from pydantic import BaseModel, ConfigDict
+
 DraftProbsKind = Literal["full", "one_hot", "none"]
+
+
+class NoOptions(BaseModel):
+    """Options model for plugins that take none: any key is an error."""
+
+    model_config = ConfigDict(extra="forbid")
 
 
 @dataclass(frozen=True)

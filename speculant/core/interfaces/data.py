@@ -1,0 +1,136 @@
+"""What flows between the engine and its plugins in one step: the proposals,
+the target's scores, the accepted tokens, and the query spans a forward is
+built from. Tensors and lists in small dataclasses; no engine types.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+PLACEHOLDER_TOKEN_ID = -1
+
+
+@dataclass(frozen=True)
+class Proposals:
+    """Proposed tokens for the decodes of one step, flat: decode i (row i of
+    ``batch.decodes``) proposes ``lens[i]`` tokens (0..its num_spec_tokens),
+    ``token_ids[cu_num_draft_tokens[i]:cu_num_draft_tokens[i + 1]]``.
+
+    Every tensor lives on the target's device (``context.target.device``); the
+    engine moves a plugin's output there after checking it. Nothing is padded:
+    ``probs`` has one row per proposed token. Proposers that fill a padded
+    ``[n, k]`` table can hand it to ``from_padded``.
+    """
+
+    token_ids: torch.Tensor  # [num_draft_tokens] long
+    cu_num_draft_tokens: torch.Tensor  # [num_decodes + 1] long: 0, then running sums of lens
+    probs: torch.Tensor | None = None  # [num_draft_tokens, V] float32 draft probs, or None
+
+    @property
+    def num_decodes(self) -> int:
+        return self.cu_num_draft_tokens.shape[0] - 1
+
+    @property
+    def num_draft_tokens(self) -> int:
+        return self.token_ids.shape[0]
+
+    @property
+    def lens(self) -> torch.Tensor:  # [num_decodes] long
+        return self.cu_num_draft_tokens.diff()
+
+    @property
+    def device(self) -> torch.device:
+        return self.token_ids.device
+
+    def cu_num_logits(self) -> torch.Tensor:  # [num_decodes + 1] long
+        """Offsets of each decode's ``1 + lens[i]`` rows in ``Scores.decode_logits``."""
+        n = self.num_decodes
+        return self.cu_num_draft_tokens + torch.arange(n + 1, device=self.cu_num_draft_tokens.device)
+
+    @classmethod
+    def empty(cls, num_decodes: int, device: torch.device | str = "cpu") -> Proposals:
+        return cls(token_ids=torch.zeros(0, dtype=torch.long, device=device),
+                   cu_num_draft_tokens=torch.zeros(num_decodes + 1, dtype=torch.long, device=device))
+
+    @classmethod
+    def from_lists(cls, rows: list[list[int]], device: torch.device | str = "cpu") -> Proposals:
+        flat = [t for r in rows for t in r]
+        lens = torch.tensor([0] + [len(r) for r in rows], dtype=torch.long)
+        return cls(token_ids=torch.tensor(flat, dtype=torch.long, device=device),
+                   cu_num_draft_tokens=lens.cumsum(0).to(device))
+
+    @classmethod
+    def from_padded(cls, token_ids: torch.Tensor,  # [n, k]; entries past lens[i] are ignored
+                    lens: torch.Tensor,  # [n]
+                    probs: torch.Tensor | None = None,  # [n, k, V] or None
+                    ) -> Proposals:
+        """The flat form of a padded table: one mask selects the real entries
+        (row-major, so each row's proposals stay in order). Nothing is checked
+        here; the engine checks every proposer's output (``proposal_checks``)."""
+        keep = torch.arange(token_ids.shape[-1], device=token_ids.device) < lens.unsqueeze(-1)  # [n, k]
+        cu = torch.cat([lens.new_zeros(1), lens.cumsum(0)])
+        return cls(token_ids=token_ids[keep], cu_num_draft_tokens=cu,
+                   probs=probs[keep] if probs is not None else None)
+
+    def to_lists(self) -> list[list[int]]:
+        """Each decode's proposals as a list (one device-to-host copy)."""
+        flat, cu = self.token_ids.tolist(), self.cu_num_draft_tokens.tolist()
+        return [flat[a:b] for a, b in zip(cu[:-1], cu[1:])]
+
+    def row(self, i: int) -> list[int]:
+        a, b = self.cu_num_draft_tokens[i:i + 2].tolist()
+        return self.token_ids[a:b].tolist()
+
+
+@dataclass(frozen=True)
+class Scores:
+    """Target outputs for one step, flat and on the target's device.
+
+    ``prefill_logits`` has one row per prefill entry that reports
+    (``ScheduledRequest.reports``: terminal chunks, and the chunk that ends a
+    preempted request's recompute one token short), in batch order.
+    ``decode_logits`` holds each decode's ``1 + lens[i]`` rows back to back,
+    decode i at ``cu_num_logits[i]:cu_num_logits[i + 1]`` (no padding): row
+    ``cu_num_logits[i] + j`` is the target's logits after the decode's last
+    token and its first j proposals.
+    """
+
+    prefill_logits: torch.Tensor  # [num_reporting_prefills, V]
+    decode_logits: torch.Tensor  # [num_decodes + num_draft_tokens, V]
+    cu_num_logits: torch.Tensor  # [num_decodes + 1] long, Proposals.cu_num_logits()
+    prefill_hidden: torch.Tensor | None = None  # [num_reporting_prefills, H]
+    decode_hidden: torch.Tensor | None = None  # [num_decodes + num_draft_tokens, H], rows as decode_logits
+
+
+@dataclass(frozen=True)
+class AcceptedTokens:
+    token_ids: torch.Tensor  # [n, max(lens) + 1] long; PLACEHOLDER_TOKEN_ID after the num_accepted + 1 emitted
+    num_accepted: torch.Tensor  # [n] long, 0..lens[i]
+
+
+@dataclass(slots=True)
+class QuerySpan:
+    """A run of query tokens of one sequence.
+
+    The tokens sit at positions ``start .. start + len(token_ids) - 1``; they
+    attend to the sequence's cached prefix (positions < start, found through
+    ``block_table``) and causally to each other. Several spans may share a
+    block table (batch expansion): all K/V of a forward are written before any
+    span attends, so a span sees the K/V its siblings write at lower positions.
+    """
+
+    block_table: list[int]
+    start: int
+    token_ids: list[int]
+    logits_at: list[int]  # offsets inside the span whose logits are needed
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def end(self) -> int:
+        """Context length after this span (positions < end are visible)."""
+        return self.start + len(self.token_ids)
