@@ -36,13 +36,9 @@ from speculant.core.seam_selftest import SeamSelfTestError, seam_self_test
 
 logger = logging.getLogger(__name__)
 
-# Auto rows for the kept dense weight copy, by model weight bytes, on Intel CPUs
-# (measured on a Xeon): a 134M fp32 model meets MKL's small-M cliff at 4 rows
-# (benchmarks/results/linear_backends.json); a 12M one (hidden 384) is faster on
-# MKL than packed up to 8 rows, which covers a k <= 7 verify at batch size 1.
-# On an AMD EPYC the demo target decoded at 190 / 155 tok/s all-packed against
-# 136 / 133 with 8 dense rows and 143 with 1 (two runs, 2 threads): MKL's small
-# GEMMs are slower there at every row count, so other vendors get 0.
+# Auto rows for the kept dense weight copy, by model weight bytes, on Intel CPUs;
+# other vendors get 0. The measurements behind these numbers are in
+# benchmarks/README.md, "Why the linear-layer defaults are what they are".
 AUTO_DENSE_MAX_ROWS = ((128 << 20, 8), (2 << 30, 3))  # (up to this many bytes, rows); larger: 0
 
 
