@@ -2,7 +2,7 @@
 
 Two correct fp32 implementations may still pick different greedy tokens: when
 the top two logits are closer than the rounding noise of a different summation
-order, either answer is right (DESIGN.md, "Facts measured here": HF's own fp32
+order, either answer is right (measured while the project was set up: HF's own fp32
 and fp64 greedy outputs differed on 7 of 72 runs). So at the first differing
 token we look at HF's own logits at that step: if our token's logit is within
 ``NEAR_TIE_RTOL * max(1, |logit|)`` of HF's choice, the difference is a near-tie
