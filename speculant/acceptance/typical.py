@@ -53,6 +53,7 @@ class TypicalAcceptance(AcceptanceMethod):
     name = "typical"
     capabilities = AcceptanceCapabilities(needs_draft_probs=False, lossless=False, supports_sampling=True)
     Options: ClassVar[type[BaseModel]] = TypicalOptions
+    options: TypicalOptions  # __init__ substitutes the defaults for None
 
     def __init__(self, options: TypicalOptions | None = None) -> None:
         super().__init__(options if options is not None else TypicalOptions())

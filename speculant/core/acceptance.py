@@ -37,7 +37,7 @@ class DraftLayout:
 
     @classmethod
     def of(cls, cu_num_draft_tokens: torch.Tensor,  # [n + 1] long
-           num_draft_tokens: int) -> "DraftLayout":
+           num_draft_tokens: int) -> DraftLayout:
         cu = cu_num_draft_tokens
         n, device = cu.shape[0] - 1, cu.device
         lens = cu.diff()

@@ -68,12 +68,18 @@ def plan(entry: ScheduledRequest, outcome: Outcome, max_model_len: int, decoder:
     new.num_computed_tokens = req.num_computed_tokens + entry.num_new_tokens + outcome.num_accepted
     if outcome.tokens:
         n = req.params.logprobs
-        entries = [top_logprobs(lp, tok, n) for tok, lp in zip(outcome.tokens, outcome.logprobs)] \
+        entries = [top_logprobs(_row(lp), tok, n) for tok, lp in zip(outcome.tokens, outcome.logprobs)] \
             if n is not None else None
         append_tokens(new, outcome.tokens, max_model_len, decoder, entries)
     if track_text and not new.finished:
         catch_up(new, decoder)
     return Plan(entry, outcome, new)
+
+
+def _row(lp: torch.Tensor | None) -> torch.Tensor:
+    """A token's [V] log-probs; present for every token of a request that asks for log-probabilities."""
+    assert lp is not None, "a request asking for log-probabilities got a token without them"
+    return lp
 
 
 def apply(p: Plan) -> None:

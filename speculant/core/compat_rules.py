@@ -9,6 +9,10 @@ re-exports these functions and adds the config-level checks.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from speculant.core.interfaces import AcceptanceMethod, AttentionBackend, Proposer, Scorer
 
 _DRAFT_PROBS_GIVEN = {"one_hot": "only its proposed tokens", "none": "no draft probabilities"}
 
@@ -24,7 +28,7 @@ class Issue:
     sampling_only: bool = False
 
 
-def backend_issues(backend_cls: type, *, enable_chunked_prefill: bool) -> list[Issue]:
+def backend_issues(backend_cls: type[AttentionBackend], *, enable_chunked_prefill: bool) -> list[Issue]:
     """What the attention backend cannot do for the scheduler, speculation aside."""
     b = backend_cls.name
     if enable_chunked_prefill and not backend_cls.capabilities.multi_token_queries:
@@ -36,7 +40,7 @@ def backend_issues(backend_cls: type, *, enable_chunked_prefill: bool) -> list[I
     return []
 
 
-def sampling_issues(proposer_cls: type, acceptance_cls: type) -> list[Issue]:
+def sampling_issues(proposer_cls: type[Proposer], acceptance_cls: type[AcceptanceMethod]) -> list[Issue]:
     """Rules that only apply when a request samples (temperature > 0)."""
     p, a = proposer_cls.name, acceptance_cls.name
     pc, ac = proposer_cls.capabilities, acceptance_cls.capabilities
@@ -61,10 +65,10 @@ def sampling_issues(proposer_cls: type, acceptance_cls: type) -> list[Issue]:
 
 
 def combination_issues(
-    proposer_cls: type,
-    scorer_cls: type,
-    acceptance_cls: type,
-    backend_cls: type,
+    proposer_cls: type[Proposer],
+    scorer_cls: type[Scorer],
+    acceptance_cls: type[AcceptanceMethod],
+    backend_cls: type[AttentionBackend],
     *,
     enable_chunked_prefill: bool,
     num_speculative_tokens: int,
@@ -115,10 +119,10 @@ def combination_issues(
 
 
 def combination_reasons(
-    proposer_cls: type,
-    scorer_cls: type,
-    acceptance_cls: type,
-    backend_cls: type,
+    proposer_cls: type[Proposer],
+    scorer_cls: type[Scorer],
+    acceptance_cls: type[AcceptanceMethod],
+    backend_cls: type[AttentionBackend],
     *,
     enable_chunked_prefill: bool,
     num_speculative_tokens: int,
@@ -132,7 +136,7 @@ def combination_reasons(
     return [i.message for i in issues if sampling or not i.sampling_only]
 
 
-def sampling_reasons(proposer_cls: type, acceptance_cls: type) -> list[str]:
+def sampling_reasons(proposer_cls: type[Proposer], acceptance_cls: type[AcceptanceMethod]) -> list[str]:
     """Why a sampling request (temperature > 0) cannot be served by this
     proposer and acceptance method; for the engine's ``add_request``."""
     return [i.message for i in sampling_issues(proposer_cls, acceptance_cls)]

@@ -133,6 +133,7 @@ class LLMEngine:
     def _check_sampling(self, params: SamplingParams) -> None:
         if self.spec.proposer is None or params.greedy:
             return
+        assert self.spec.acceptance is not None  # built together with the proposer (build_spec_components)
         reasons = sampling_reasons(type(self.spec.proposer), type(self.spec.acceptance))
         if reasons:
             raise ValueError(f"temperature={params.temperature} is not supported by this speculative "
@@ -215,7 +216,7 @@ class LLMEngine:
                           self.spec.want_hidden, self.decoder, self.stream_text)
         try:
             run = run_step(batch, parts)
-        except Exception as exc:  # noqa: BLE001 - a fault of the step machinery itself: no one to blame
+        except Exception as exc:  # a fault of the step machinery itself: no one to blame
             logger.exception("engine step failed outside any request's computation")
             run = StepRun([], {i: failure(e, "the engine ran its step", exc) for i, e in enumerate(batch.entries)},
                           None, [], fallback="isolated")

@@ -80,6 +80,7 @@ def check_proposals(out: object, batch: StepBatch, vocab: int,
     problem = _structure_problem(out, n, vocab)
     if problem is not None:
         return CheckedProposals(Proposals.empty(n, device), [problem], list(range(n)), structural=True)
+    assert isinstance(out, Proposals)  # _structure_problem returned None: it is one
     ids, cu, probs = out.token_ids.long(), out.cu_num_draft_tokens.long(), out.probs
     lens = cu.diff()  # [n], non-negative (structure)
     rows = torch.repeat_interleave(torch.arange(n, device=ids.device), lens, output_size=ids.shape[0])  # [T]

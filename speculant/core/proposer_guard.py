@@ -68,7 +68,7 @@ class ProposerGuard:
             self._fault(proposer, "returned invalid proposals: " + "; ".join(checked.problems), ids)
         return checked.proposals
 
-    def commit(self, proposer: Proposer, batch: StepBatch, num_accepted: list[int], scores: "Scores") -> None:
+    def commit(self, proposer: Proposer, batch: StepBatch, num_accepted: list[int], scores: Scores) -> None:
         try:
             proposer.commit(batch, num_accepted, scores)
         except Exception as exc:  # noqa: BLE001
@@ -78,7 +78,7 @@ class ProposerGuard:
     def free(self, proposer: Proposer, request_id: str) -> None:
         try:
             proposer.free(request_id)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             self.errors += 1
             logger.warning("proposer %r: free(%r) raised %s: %s; its state for that request may be stale "
                            "(the request's output is unaffected: every proposal is verified)",

@@ -17,7 +17,7 @@ import torch
 
 from speculant.core.acceptance import greedy_accept, verifies_by_argmax
 from speculant.core.batch import StepBatch
-from speculant.core.interfaces import AcceptanceMethod, AcceptedTokens, Proposals, Proposer, Scorer, Scores
+from speculant.core.interfaces import AcceptanceMethod, Proposals, Proposer, Scorer, Scores
 from speculant.core.layout import score_flat
 from speculant.core.logits_processing import filtered_logprobs, sampling_tensors
 from speculant.core.model_runner import ModelRunner
@@ -31,7 +31,7 @@ class StepTimes:
     score_s: float = 0.0
     accept_s: float = 0.0
 
-    def add(self, other: "StepTimes") -> None:
+    def add(self, other: StepTimes) -> None:
         self.propose_s += other.propose_s
         self.score_s += other.score_s
         self.accept_s += other.accept_s
@@ -104,7 +104,7 @@ def decide(acceptance: AcceptanceMethod | None, batch: StepBatch, proposals: Pro
     t = sampling_tensors([r.params for r in requests], scores.decode_logits.device)
     rep = {name: v.repeat_interleave(cu.diff(), output_size=num_rows) for name, v in t.items()}
     target_lp = filtered_logprobs(scores.decode_logits, **rep)  # [n + T, V]
-    accepted: AcceptedTokens = acceptance.accept(
+    accepted = acceptance.accept(
         target_lp, proposals.token_ids, proposals.cu_num_draft_tokens, proposals.probs,
         t["temperature"] == 0, [request_generator(r, ACCEPT_STREAM) for r in requests])
     ids = accepted.token_ids.tolist()

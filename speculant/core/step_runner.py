@@ -19,6 +19,7 @@ A request whose commit planning raises fails alone the same way.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from speculant.core.batch import ScheduledRequest, StepBatch
@@ -108,14 +109,14 @@ def _isolated(batch: StepBatch, parts: StepParts) -> tuple[list[Outcome | None],
         try:
             scores = score(parts.scorer, parts.runner, sub, empty, parts.want_hidden)
             outcomes.append(outcomes_of(sub, decide(parts.acceptance, sub, empty, scores))[0])
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             outcomes.append(None)
             errors[idx] = failure(entry, "computing its step alone", exc)
             logger.warning("%s", errors[idx], exc_info=(type(exc), exc, exc.__traceback__))
     return outcomes, errors
 
 
-def _planned(batch: StepBatch, outcomes: list[Outcome | None], errors: dict[int, str], scores: Scores | None,
+def _planned(batch: StepBatch, outcomes: Sequence[Outcome | None], errors: dict[int, str], scores: Scores | None,
              parts: StepParts, times: StepTimes, fallback: str) -> StepRun:
     plans = []
     max_len = parts.runner.max_model_len
@@ -124,7 +125,7 @@ def _planned(batch: StepBatch, outcomes: list[Outcome | None], errors: dict[int,
             continue
         try:
             plans.append(plan(entry, outcome, max_len, parts.decoder, parts.track_text))
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             errors[idx] = failure(entry, "committing its tokens", exc)
             logger.warning("%s", errors[idx], exc_info=(type(exc), exc, exc.__traceback__))
     decode_outcomes = outcomes[len(batch.prefills):]

@@ -44,6 +44,7 @@ class DraftModelProposer(Proposer):
     capabilities = ProposerCapabilities(
         needs_target_hidden_states=False, supports_chunked_prefill=True, draft_probs="full")
     Options = DraftModelOptions
+    options: DraftModelOptions
 
     @classmethod
     def validate_against(cls, options: DraftModelOptions, config: EngineConfig) -> list[str]:

@@ -38,9 +38,9 @@ def draw_proposals(
 ) -> DraftDraw:
     if verifies_by_argmax(requests):
         logits = logits.float()
-        top, tokens = logits.max(dim=-1)  # [R], [R]
+        top, argmax = logits.max(dim=-1)  # [R], [R]
         conf = (top - logits.logsumexp(dim=-1)).exp() if with_confidence else None
-        return DraftDraw(tokens.tolist(), None, conf)
+        return DraftDraw(argmax.tolist(), None, conf)
     sampled = [i for i, r in enumerate(requests) if not r.params.greedy]
     # greedy rows get the unfiltered softmax (their token is its argmax); sampling rows their filtered one
     probs = filtered_logprobs(logits, **sampling_tensors([r.params for r in requests], logits.device)).exp()

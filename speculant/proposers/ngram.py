@@ -24,7 +24,7 @@ class NgramOptions(BaseModel):
     """Longest suffix tried first; longer matches are preferred."""
 
     @model_validator(mode="after")
-    def _check_range(self) -> "NgramOptions":
+    def _check_range(self) -> NgramOptions:
         if self.min_n > self.max_n:
             raise ValueError(
                 f"min_n={self.min_n} is greater than max_n={self.max_n}: the proposer tries suffix "
@@ -51,8 +51,9 @@ class NgramProposer(Proposer):
         max_num_speculative_tokens=None,
     )
     Options: ClassVar[type[BaseModel]] = NgramOptions
+    options: NgramOptions
 
-    def propose(self, batch: "StepBatch") -> Proposals:
+    def propose(self, batch: StepBatch) -> Proposals:
         rows = [
             propose_continuation(d.request.token_ids, d.num_spec_tokens, self.options.min_n, self.options.max_n)
             for d in batch.decodes

@@ -16,7 +16,6 @@ from speculant.core.request import Request
 from speculant.core.sampling_params import SamplingParams
 from speculant.proposers.ngram import NgramOptions, NgramProposer, propose_continuation
 
-
 CPU_CONTEXT = SimpleNamespace(target=SimpleNamespace(device=torch.device("cpu")))  # all ngram reads
 
 

@@ -121,10 +121,12 @@ class Proposer(ABC):
         propose nothing for it until it can). Stateless proposers hold none."""
 
     @classmethod
-    def validate_against(cls, options: BaseModel, config: EngineConfig) -> list[str]:
+    def validate_against(cls, options: Any, config: EngineConfig) -> list[str]:
         """Extra reasons this proposer cannot serve ``config`` (e.g. a draft
-        model whose vocabulary differs from the target's). Checked at config
-        time; the default has none."""
+        model whose vocabulary differs from the target's). ``options`` is an
+        instance of ``cls.Options`` (typed ``Any`` so that a subclass may
+        annotate it with its own options class). Checked at config time; the
+        default has none."""
         return []
 
 

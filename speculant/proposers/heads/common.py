@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import json
 from abc import abstractmethod
+from collections.abc import Generator
 from pathlib import Path
-from typing import Iterator
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
@@ -78,6 +78,7 @@ class HiddenStateProposer(Proposer):
 
     capabilities = HEADS_CAPABILITIES
     Options = HeadsOptions
+    options: HeadsOptions
     model_type: str
 
     @classmethod
@@ -120,7 +121,7 @@ class HiddenStateProposer(Proposer):
     @abstractmethod
     def head_logits(self, hidden: torch.Tensor,  # [n, H]
                     last_tokens: torch.Tensor,  # [n] long
-                    requests: list[Request], k: int) -> Iterator[torch.Tensor]:
+                    requests: list[Request], k: int) -> Generator[torch.Tensor, torch.Tensor, None]:
         """Yield logits [n, V] for proposal 0..k-1; the caller sends back
         (via generator ``send``) the tokens drawn at each step, [n] long."""
 

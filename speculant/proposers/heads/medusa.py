@@ -8,7 +8,8 @@ heads do not see each other's guesses.
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Generator, Iterable
+from typing import cast
 
 import torch
 from torch import nn
@@ -43,16 +44,19 @@ class MedusaHeads(nn.Module):
             MedusaHead(hidden_size, vocab_size, num_layers, not share_lm_head) for _ in range(num_heads))
 
     @classmethod
-    def from_config(cls, cfg: dict) -> "MedusaHeads":
+    def from_config(cls, cfg: dict) -> MedusaHeads:
         return cls(cfg["hidden_size"], cfg["vocab_size"], cfg["num_heads"], cfg.get("num_layers", 1),
                    cfg.get("share_lm_head", False))
 
     def forward(self, hidden: torch.Tensor,  # [n, H]
                 lm_head: nn.Module | None = None) -> torch.Tensor:  # [num_heads, n, V]
         outs = []
-        for head in self.heads:
+        for head in cast("Iterable[MedusaHead]", self.heads):  # nn.ModuleList iterates as plain Modules
             z = head.blocks(hidden)
-            outs.append((head.lm_head or lm_head)(z))
+            proj = head.lm_head or lm_head
+            if proj is None:
+                raise TypeError("a Medusa head without its own LM head (share_lm_head) needs lm_head")
+            outs.append(proj(z))
         return torch.stack(outs)
 
 
@@ -74,7 +78,7 @@ class MedusaProposer(HiddenStateProposer):
         return MedusaHeads.from_config(head_cfg)
 
     def head_logits(self, hidden: torch.Tensor, last_tokens: torch.Tensor, requests: list[Request],
-                    k: int) -> Iterator[torch.Tensor]:
+                    k: int) -> Generator[torch.Tensor, torch.Tensor, None]:
         lm_head = self.context.target.output_embedding
         all_logits = self.heads(hidden, lm_head)  # [num_heads, n, V]
         for j in range(k):

@@ -13,7 +13,7 @@ the token contribute comparable variance whatever the number of stages.
 from __future__ import annotations
 
 import math
-from typing import Iterator
+from collections.abc import Generator
 
 import torch
 from torch import nn
@@ -38,7 +38,7 @@ class MLPSpeculator(nn.Module):
         self.emb_weight = math.sqrt(1 - self.state_weight**2)
 
     @classmethod
-    def from_config(cls, cfg: dict) -> "MLPSpeculator":
+    def from_config(cls, cfg: dict) -> MLPSpeculator:
         return cls(cfg["hidden_size"], cfg["vocab_size"], cfg["n_predict"], cfg.get("inner_dim"))
 
     def stage(self, j: int, state: torch.Tensor,  # [n, H or inner]
@@ -66,6 +66,7 @@ def mlp_speculator_config(hidden_size: int, vocab_size: int, n_predict: int, inn
 class MLPSpeculatorProposer(HiddenStateProposer):
     name = "mlp_speculator"
     model_type = MODEL_TYPE
+    heads: MLPSpeculator  # built by build_heads
 
     @classmethod
     def max_tokens(cls, head_cfg: dict) -> int:
@@ -75,7 +76,7 @@ class MLPSpeculatorProposer(HiddenStateProposer):
         return MLPSpeculator.from_config(head_cfg)
 
     def head_logits(self, hidden: torch.Tensor, last_tokens: torch.Tensor, requests: list[Request],
-                    k: int) -> Iterator[torch.Tensor]:
+                    k: int) -> Generator[torch.Tensor, torch.Tensor, None]:
         state, prev = hidden, last_tokens
         for j in range(k):
             state, logits = self.heads.stage(j, state, prev)
