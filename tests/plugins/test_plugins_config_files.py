@@ -78,7 +78,10 @@ def test_toml_and_yaml_give_the_same_config(tmp_path, test_plugin):
 
 
 def test_round_trip_of_nested_options(tmp_path, test_plugin):
-    import tomllib
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10: the tomli backport, a dependency there
+        import tomli as tomllib
 
     from speculant.cli.config_cmd import dump_toml
 
