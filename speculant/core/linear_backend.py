@@ -1,13 +1,13 @@
 """Run a model's linear layers on the fastest exact CPU path for small token counts.
 
 Speculative decoding pays only when verifying ``k + 1`` tokens costs about one
-decode. On CPU the default ``F.linear`` (MKL) is up to 2-3x off the
-memory-bandwidth bound from about 4 rows on, while oneDNN with its weight
-reordered once into its blocked layout stays within ~1.1-1.3x of the bound for
-1-16 rows and is as fast for prefill-sized row counts. At exactly one row MKL is
-~10-40% faster, and at 2-3 rows ~5-20%; ``dense_max_rows=3`` keeps those cases
-on MKL for the memory of a second weight copy (``benchmarks/bench_linear.py``
-measures all of this).
+decode. On CPU the default ``F.linear`` (MKL) falls well off the
+memory-bandwidth bound from a few rows on, while oneDNN with its weight
+reordered once into its blocked layout stays close to it for decode and verify
+row counts and is as fast for prefill-sized ones. On some CPUs MKL is faster at
+one to a few rows; ``dense_max_rows`` keeps those cases on MKL for the memory of
+a second weight copy. ``benchmarks/bench_linear.py`` measures all of this; the
+figures, with the CPU and date of each, are in ``benchmarks/README.md``.
 
 ``pack_linear_layers(model, backend)`` is a one-time load step: every plain
 ``torch.nn.Linear`` (and transformers' ``Conv1D``, GPT-2's transposed linear)
@@ -95,9 +95,10 @@ class OneDNNLinear(nn.Module):
     Works under ``torch.no_grad()`` and ``torch.inference_mode()``; it has no
     backward. With ``dense_max_rows > 0``, inputs of at most that many rows
     (e.g. batch-1 decode without speculation) run ``F.linear`` on the dense
-    weight, bit-identical to the unpacked layer, where MKL beats oneDNN on this
-    CPU up to 3 rows; that keeps the dense weight alive. float32 only: for
-    bfloat16 the packed path was faster at every row count, so it always runs.
+    weight, bit-identical to the unpacked layer, for CPUs where MKL beats
+    oneDNN at few rows; that keeps the dense weight alive. float32 only: for
+    bfloat16 the packed path was faster at every row count measured, so it
+    always runs.
     """
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None,
@@ -262,7 +263,7 @@ def pack_linear_layers(
     again packs nothing new. Call once after loading, before serving.
 
     ``dense_max_rows=N`` keeps each dense weight and runs inputs of at most N
-    rows on it (see ``OneDNNLinear``; 3 suits this CPU): faster decode without
+    rows on it (see ``OneDNNLinear``): faster decode without
     speculation, for the memory of a second copy of every packed weight
     (``extra_bytes`` says how much). 0, the default, releases the dense weights.
     """

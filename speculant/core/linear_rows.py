@@ -14,10 +14,8 @@ So a packed GEMM runs on a bucketed row count: exact up to ``EXACT_ROWS`` (decod
 and verify sizes, where padding would cost most), then 8 buckets per octave,
 i.e. at most 1/8 extra rows (zeros, sliced off). Up to 512 rows that is 56
 shapes per weight shape, well inside oneDNN's primitive cache (1024 entries),
-and memory levels off once they have all been seen
-(``benchmarks/soak_memory.py``: 20 rounds of 200 requests grew 1990 -> 2222 MB
-from round 2 to 19 without buckets, 1513 -> 1554 MB with them, flat from
-round 8; also faster, as fewer primitives are JIT-compiled).
+and memory levels off once they have all been seen (``benchmarks/soak_memory.py``;
+its figures, with CPU and date, are in ``benchmarks/README.md``).
 """
 
 from __future__ import annotations
