@@ -58,6 +58,13 @@ VERIFIED: dict[str, dict] = {
     "exaone": {}, "bitnet": {}, "llama4_text": {}, "seed_oss": {}, "smollm3": {},
 }
 
+# Architectures whose support depends on the transformers release: falcon routes
+# attention through AttentionInterface from transformers 5.25 on (refused by
+# name before). Each must either match transformers or be refused by name.
+EITHER: dict[str, tuple[dict, str]] = {
+    "falcon": (dict(alibi=False, new_decoder_architecture=True, num_kv_heads=2), "AttentionInterface"),
+}
+
 # Refusal cases: name -> (architecture, config settings that switch the feature
 # on, words the refusal must contain). Each is a real config with the feature.
 REFUSED: dict[str, tuple[str, dict, str]] = {
@@ -72,8 +79,6 @@ REFUSED: dict[str, tuple[str, dict, str]] = {
                                    expert_layer_offset=1, use_mamba_kernels=False), "not softmax attention"),
     "t5-encoder-decoder": ("t5", {}, "not a decoder-only causal LM"),
     "falcon-alibi": ("falcon", dict(alibi=True), "ALiBi"),
-    "falcon-own-attention": ("falcon", dict(alibi=False, new_decoder_architecture=True, num_kv_heads=2),
-                             "AttentionInterface"),
     "bloom-own-attention": ("bloom", {}, "AttentionInterface"),
     "doge-dynamic-mask": ("doge", {}, "mask or bias the model builds itself"),
     "diffllama-differential": ("diffllama", {}, "more than once per forward"),

@@ -19,7 +19,7 @@ import warnings
 
 import pytest
 
-from arch_zoo import REFUSED, VERIFIED, build_arch_model, matrix_prompts
+from arch_zoo import EITHER, REFUSED, VERIFIED, build_arch_model, matrix_prompts
 from greedy_compare import check_all_greedy
 from speculant import LLM, SamplingParams
 from speculant.core.model_loading import UnsupportedModelError
@@ -82,6 +82,21 @@ def test_architecture_matches_transformers(arch, backend, setting, zoo, hf_refer
                           f"gap {m.gap:.2e}", UserWarning, stacklevel=1)
     if setting in SPECULATES:
         assert llm.get_metrics()["num_draft_tokens"] > 0, f"{arch}/{setting}: nothing was proposed"
+
+
+@pytest.mark.parametrize("arch", list(EITHER))
+def test_architecture_matches_transformers_or_is_refused_by_name(arch, tmp_path, tokenizer_dir, hf_reference):
+    overrides, feature = EITHER[arch]
+    model_dir = build_arch_model(arch, tmp_path / arch, tokenizer_dir, overrides=overrides)
+    try:
+        llm = LLM(str(model_dir), **SETTINGS["tiny-chunks"])
+    except UnsupportedModelError as err:
+        assert feature in str(err) and str(model_dir) in str(err), str(err)
+        return
+    prompts = matrix_prompts()
+    outs = llm.generate(prompts, GREEDY, use_tqdm=False)
+    refs = [hf_reference(model_dir).greedy(p, MAX_TOKENS) for p in prompts]
+    check_all_greedy([o.outputs[0].token_ids for o in outs], refs, f"{arch}/tiny-chunks")
 
 
 @pytest.mark.parametrize("case", list(REFUSED))
