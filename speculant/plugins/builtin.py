@@ -18,6 +18,7 @@ from speculant.proposers.draft_model import DraftModelProposer
 from speculant.proposers.heads.medusa import MedusaProposer
 from speculant.proposers.heads.mlp_speculator import MLPSpeculatorProposer
 from speculant.proposers.ngram import NgramProposer
+from speculant.proposers.suffix import SuffixProposer
 from speculant.scorers.batch_expansion import BatchExpansionScorer
 from speculant.scorers.mqa import MQAScorer
 
@@ -28,6 +29,7 @@ def register_proposers(register: RegisterCallback) -> None:
     register(DraftModelProposer)
     register(MedusaProposer)
     register(MLPSpeculatorProposer)
+    register(SuffixProposer)
 
 
 @hookimpl
