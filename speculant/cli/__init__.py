@@ -16,6 +16,7 @@ SUBCOMMAND_MODULES = (
     "speculant.cli.config_cmd",
     "speculant.cli.plugins_cmd",
     "speculant.cli.bench_cmd",
+    "speculant.cli.serve_cmd",
 )
 
 

@@ -273,13 +273,30 @@ class LLMEngine:
             self.num_failed_requests = self.num_fallback_steps = 0
             self.guard.errors = self.guard.slow_calls = 0
 
-    def get_metrics(self) -> dict:
-        """Counters and timings; safe to call from any thread."""
+    def spec_totals(self) -> SpecStats:
+        """Speculation counters summed over finished and unfinished requests
+        (a copy; safe from any thread). Never decrease, except at ``reset_metrics``."""
         stats = SpecStats()
         with self._inbox.lock:
             stats.merge(self.spec_stats)
             for req in list(self._requests.values()):
                 stats.merge(req.spec_stats)
+        return stats
+
+    def occupancy(self) -> dict[str, int]:
+        """What the engine holds now (safe from any thread): requests waiting
+        (queued or preempted, changes still in the inbox included), running, and
+        the target's KV blocks in use out of the pool."""
+        with self._inbox.lock:
+            blocks = self.runner.block_manager
+            return {"num_waiting": len(self.scheduler.waiting) + self._inbox.pending,
+                    "num_running": len(self.scheduler.running),
+                    "num_kv_blocks_in_use": blocks.num_blocks - blocks.num_free_blocks,
+                    "num_kv_blocks": blocks.num_blocks}
+
+    def get_metrics(self) -> dict:
+        """Counters and timings; safe to call from any thread."""
+        stats = self.spec_totals()
         return {
             "num_engine_steps": self.num_steps,
             "propose_s": self.times.propose_s,

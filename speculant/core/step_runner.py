@@ -106,14 +106,23 @@ def _isolated(batch: StepBatch, parts: StepParts) -> tuple[list[Outcome | None],
     for idx, entry in enumerate(batch.entries):
         sub = StepBatch(prefills=[entry]) if idx < num_prefills else StepBatch(decodes=[entry])
         empty = Proposals.empty(len(sub.decodes), parts.runner.device)
+        stage = f"computing its step alone in {_plugin('scorer', parts.scorer)}"
         try:
             scores = score(parts.scorer, parts.runner, sub, empty, parts.want_hidden)
+            stage = "sampling its token alone"  # no proposals: the acceptance method is not called
             outcomes.append(outcomes_of(sub, decide(parts.acceptance, sub, empty, scores))[0])
         except Exception as exc:
             outcomes.append(None)
-            errors[idx] = failure(entry, "computing its step alone", exc)
+            errors[idx] = failure(entry, stage, exc)
             logger.warning("%s", errors[idx], exc_info=(type(exc), exc, exc.__traceback__))
     return outcomes, errors
+
+
+def _plugin(kind: str, component: object | None) -> str:
+    """Where a stage ran, for error messages: the plugin by kind and name."""
+    if component is None:
+        return "the built-in forward (no scorer configured)"
+    return f"{kind} plugin {getattr(component, 'name', type(component).__name__)!r}"
 
 
 def _planned(batch: StepBatch, outcomes: Sequence[Outcome | None], errors: dict[int, str], scores: Scores | None,

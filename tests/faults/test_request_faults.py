@@ -188,6 +188,7 @@ def test_forward_failing_for_one_request_is_isolated(proposer, llama_dir, spec_n
     results = run_all(llm)
     assert results["bad"].outputs[0].finish_reason == "error"
     assert "'bad'" in results["bad"].error and "injected: forward failed" in results["bad"].error
+    assert "in scorer plugin 'FlakyScorer'" in results["bad"].error  # the plugin where it raised
     check_good(results, llama_dir, hf_reference)
     assert_idle(llm)
 

@@ -1,0 +1,8 @@
+"""``speculant serve``: an OpenAI-compatible HTTP server (FastAPI on uvicorn).
+
+``app`` (routes, loading, ``/health``), ``protocol`` (request bodies ->
+SamplingParams), ``responses`` (OpenAI response shapes, the ``speculant``
+speculation summary), ``serving`` (one request: whole or SSE, disconnects),
+``engine_loop`` (the one engine thread; bounded admission), ``metrics``
+(Prometheus), ``errors`` (OpenAI's error shape). Needs the ``serve`` extra.
+"""

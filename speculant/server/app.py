@@ -1,0 +1,166 @@
+"""The FastAPI app: routes, and the model loading behind ``/health``.
+
+The app starts answering at once; the engine loads in a thread meanwhile,
+and every route but ``/metrics`` answers 503 (with ``Retry-After``) until it
+is ready. Then one ``EngineLoop`` steps the engine for every connection.
+On shutdown (uvicorn stops accepting, lets in-flight requests finish within
+its graceful timeout, then cancels them, which aborts them) the loop aborts
+whatever is left and stops.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import FastAPI, Request, Response
+from fastapi.responses import StreamingResponse
+from starlette.background import BackgroundTask
+
+from speculant.chat import as_conversations, render
+from speculant.core.engine import LLMEngine
+from speculant.server.engine_loop import EngineLoop, QueueFull
+from speculant.server.errors import APIError, install_handlers
+from speculant.server.metrics import ServerMetrics
+from speculant.server.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    messages_of,
+    prompt_of,
+    sampling_params,
+)
+from speculant.server.responses import Reply
+from speculant.server.serving import Serving
+
+logger = logging.getLogger(__name__)
+
+LOADING_RETRY_AFTER_S = 5
+QUEUE_FULL_RETRY_AFTER_S = 1
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions; chat runs to max_model_len
+
+
+@dataclass
+class ServerState:
+    load: Callable[[], LLMEngine]
+    model_name: str
+    max_queued: int
+    on_load_error: Callable[[str], None] = lambda message: None
+    engine: LLMEngine | None = None
+    loop: EngineLoop | None = None
+    created: int = field(default_factory=lambda: int(time.time()))
+    metrics: ServerMetrics = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.metrics = ServerMetrics(lambda: self.engine, lambda: self.loop.num_queued if self.loop else 0)
+
+    def _load(self) -> None:
+        try:
+            engine = self.load()
+        except Exception as exc:  # reported to the command, which exits
+            logger.exception("loading the model failed")
+            self.on_load_error(f"{type(exc).__name__}: {exc}")
+            return
+        loop = EngineLoop(engine, self.max_queued, self._on_step)
+        loop.start()
+        self.engine, self.loop = engine, loop
+        logger.info("model %r loaded; serving", self.model_name)
+
+    def _on_step(self, seconds: float, outputs: list) -> None:
+        self.metrics.step_seconds.observe(seconds)
+
+    def ready(self) -> tuple[LLMEngine, EngineLoop]:
+        if self.engine is None or self.loop is None:
+            raise APIError(503, "the model is still loading; retry in a few seconds (GET /health answers 200 "
+                                "once it is ready)", code="model_loading",
+                           headers={"Retry-After": str(LOADING_RETRY_AFTER_S)})
+        return self.engine, self.loop
+
+    def check_model(self, name: str | None) -> None:
+        if name is not None and name != self.model_name:
+            raise APIError(404, f"model {name!r} does not exist; this server serves {self.model_name!r} "
+                                "(GET /v1/models)", param="model", code="model_not_found")
+
+
+def build_app(state: ServerState) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        threading.Thread(target=state._load, name="speculant-load", daemon=True).start()
+        yield
+        if state.loop is not None:
+            state.loop.stop()
+
+    app = FastAPI(title="Speculant", summary="OpenAI-compatible server", lifespan=lifespan)
+    app.state.speculant = state
+    install_handlers(app)
+
+    @app.get("/health")
+    def health() -> dict[str, str]:
+        state.ready()
+        return {"status": "ok"}
+
+    @app.get("/metrics")
+    def metrics() -> Response:
+        return Response(state.metrics.text(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @app.get("/v1/models")
+    def models() -> dict[str, Any]:
+        return {"object": "list", "data": [_model_card(state)]}
+
+    @app.get("/v1/models/{name:path}")
+    def model(name: str) -> dict[str, Any]:
+        state.check_model(name)
+        return _model_card(state)
+
+    @app.post("/v1/completions", response_model=None)
+    async def completions(body: CompletionRequest, request: Request) -> dict[str, Any] | StreamingResponse:
+        state.ready()
+        state.check_model(body.model)
+        params = sampling_params(body, COMPLETIONS_DEFAULT_MAX_TOKENS)
+        return await _run(state, request, body, prompt_of(body), params, chat=False)
+
+    @app.post("/v1/chat/completions", response_model=None)
+    async def chat(body: ChatCompletionRequest, request: Request) -> dict[str, Any] | StreamingResponse:
+        engine, _ = state.ready()
+        state.check_model(body.model)
+        params = sampling_params(body, engine.max_model_len)
+        try:
+            conversations, _ = as_conversations(messages_of(body))
+            prompt = render(engine.tokenizer, conversations[0])
+        except (TypeError, ValueError) as exc:
+            raise APIError(400, str(exc), param="messages") from None
+        return await _run(state, request, body, prompt, params, chat=True)
+
+    return app
+
+
+def _model_card(state: ServerState) -> dict[str, Any]:
+    engine, _ = state.ready()
+    return {"id": state.model_name, "object": "model", "created": state.created, "owned_by": "speculant",
+            "max_model_len": engine.max_model_len}
+
+
+async def _run(state: ServerState, request: Request, body: CompletionRequest | ChatCompletionRequest,
+               prompt: str | list[int], params: Any, chat: bool) -> dict[str, Any] | StreamingResponse:
+    engine, loop = state.ready()
+    try:
+        stream = loop.submit(prompt, params)
+    except QueueFull as exc:
+        state.metrics.finished("rejected")
+        raise APIError(429, f"the server is busy: {exc}; retry after {QUEUE_FULL_RETRY_AFTER_S} s",
+                       code="queue_full", headers={"Retry-After": str(QUEUE_FULL_RETRY_AFTER_S)}) from None
+    except (TypeError, ValueError) as exc:  # the engine's prompt checks (length, token ids)
+        raise APIError(400, str(exc), param="messages" if chat else "prompt") from None
+    except RuntimeError as exc:  # shutting down
+        raise APIError(503, str(exc), code="shutting_down") from None
+    reply = Reply(chat, state.model_name, stream.request_id, engine.tokenizer, params.logprobs)
+    serving = Serving(loop, state.metrics, stream, reply)
+    if not body.stream:
+        return await serving.whole(request)
+    include_usage = body.stream_options is not None and body.stream_options.include_usage
+    return StreamingResponse(serving.events(include_usage), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache"}, background=BackgroundTask(serving.cleanup))

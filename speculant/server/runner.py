@@ -1,0 +1,62 @@
+"""Run the app on uvicorn until SIGTERM/SIGINT, then shut down gracefully.
+
+uvicorn stops accepting connections, waits up to ``shutdown_timeout``
+seconds for in-flight responses, cancels the rest (which aborts their
+requests) and runs the app's shutdown (the engine loop stops). uvicorn
+itself re-raises a caught signal after that, so the process would die of
+it; ``GracefulServer`` only records it, and ``run_server`` returns normally:
+a server that was asked to stop and stopped cleanly exits 0.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+from collections.abc import Iterator
+from types import FrameType
+
+import uvicorn
+
+from speculant.core.config import EngineConfig
+from speculant.core.engine import LLMEngine
+from speculant.server.app import ServerState, build_app
+
+
+class GracefulServer(uvicorn.Server):
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        signals = (signal.SIGINT, signal.SIGTERM)
+        previous = {sig: signal.signal(sig, self._stop) for sig in signals}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def _stop(self, sig: int, frame: FrameType | None) -> None:
+        if self.should_exit and sig == signal.SIGINT:
+            self.force_exit = True  # a second Ctrl-C: stop waiting for in-flight requests
+        self.should_exit = True
+
+
+def run_server(config: EngineConfig, source: str, model_name: str, *, host: str, port: int, max_queued: int,
+               shutdown_timeout: int, log_level: str = "info") -> str | None:
+    """Serve until stopped; returns None after a clean stop, or why it could not serve."""
+    errors: list[str] = []
+    server: GracefulServer | None = None
+
+    def load_failed(message: str) -> None:
+        errors.append(f"the model did not load: {message}")
+        if server is not None:
+            server.should_exit = True
+
+    state = ServerState(lambda: LLMEngine(config, source=source), model_name, max_queued, load_failed)
+    uv_config = uvicorn.Config(build_app(state), host=host, port=port, log_level=log_level,
+                               timeout_graceful_shutdown=round(shutdown_timeout), lifespan="on")
+    server = GracefulServer(uv_config)
+    server.run()
+    if errors:
+        return errors[0]
+    if not server.started:
+        return f"could not serve on {host}:{port} (see the log above: port in use?)"
+    return None

@@ -1,0 +1,61 @@
+"""``speculant serve`` with two test plugins registered first (run as a script).
+
+``raising_ngram`` is the n-gram proposer, except that ``propose`` raises when a
+request whose prompt starts with ``PROPOSE_FAIL`` is in the batch: the engine
+contains it (the step runs without proposals, the request succeeds, and
+``proposer_errors`` counts it). ``faulty_scorer`` is the MQA scorer, except
+that it raises whenever a request whose prompt starts with ``SCORE_FAIL`` is
+in the batch: the engine retries, isolates, and fails that request alone,
+with a message naming the plugin.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from speculant.plugins import hookimpl
+from speculant.plugins.manager import register_plugin
+from speculant.proposers.ngram import NgramProposer
+from speculant.scorers.mqa import MQAScorer
+
+PROPOSE_FAIL = "PROPOSE_FAIL"
+SCORE_FAIL = "SCORE_FAIL"
+
+
+def _marked(batch, marker: str) -> bool:
+    return any((e.request.prompt or "").startswith(marker) for e in batch.entries)
+
+
+class RaisingNgram(NgramProposer):
+    name = "raising_ngram"
+
+    def propose(self, batch):
+        if _marked(batch, PROPOSE_FAIL):
+            raise RuntimeError("raising_ngram: injected propose fault")
+        return super().propose(batch)
+
+
+class FaultyScorer(MQAScorer):
+    name = "faulty_scorer"
+
+    def score(self, runner, batch, proposals, want_hidden=False):
+        if _marked(batch, SCORE_FAIL):
+            raise RuntimeError("injected scoring fault")
+        return super().score(runner, batch, proposals, want_hidden)
+
+
+class ServerTestPlugin:
+    @hookimpl
+    def register_proposers(self, register):
+        register(RaisingNgram)
+
+    @hookimpl
+    def register_scorers(self, register):
+        register(FaultyScorer)
+
+
+if __name__ == "__main__":
+    register_plugin(ServerTestPlugin(), "server-test-faults")
+    from speculant.cli import main
+
+    sys.exit(main(sys.argv[1:]))
