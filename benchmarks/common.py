@@ -26,7 +26,6 @@ must work whatever state the engine is in.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime as _dt
 import hashlib
 import json
@@ -168,27 +167,15 @@ def build_cached(spec: ModelSpec, cache_dir: Path, tokenizer_from: Path | None =
 
 
 def model_facts(model: torch.nn.Module) -> dict[str, Any]:
-    """Parameter counts and the bytes one decode step must read from memory.
+    """Parameter counts and the bytes one decode step must read from memory
+    (``speculant.bench.bandwidth.decode_weight_bytes``)."""
+    from speculant.bench.bandwidth import decode_weight_bytes
 
-    Every linear layer (LM head included) is read whole per step; the input
-    embedding is only indexed (one row per token), and norms are negligible but
-    counted. With tied embeddings the LM head *is* the embedding and is read once.
-    """
     emb = model.get_input_embeddings().weight
     head = model.get_output_embeddings().weight
-    seen, total, per_step = set(), 0, 0
-    for p in model.parameters():
-        if id(p) in seen:
-            continue
-        seen.add(id(p))
-        nbytes = p.numel() * p.element_size()
-        total += p.numel()
-        if p is emb and p is not head:
-            per_step += emb.shape[1] * p.element_size()  # one row
-        else:
-            per_step += nbytes
+    total = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
     return {"num_params": total, "num_params_m": round(total / 1e6, 1),
-            "weight_bytes_per_decode_step": per_step,
+            "weight_bytes_per_decode_step": decode_weight_bytes(model),
             "tied_embeddings": emb is head or emb.data_ptr() == head.data_ptr()}
 
 
@@ -260,31 +247,19 @@ def summary(samples: list[float]) -> dict[str, Any]:
 
 
 def measure_read_bandwidth(num_bytes: int = 1 << 30, repeat: int = 7) -> dict[str, float]:
-    """Read bandwidth in GB/s of ``sum()`` over a tensor much larger than the
-    caches, with one thread and with every core (the bound is about the
-    hardware, not the thread count a benchmark picked; under load from other
-    jobs one thread can beat all cores). ``best_gb_s`` (the fastest repeat) is
-    what the memory system can do; ``median_gb_s`` shows how much load took."""
-    threads = torch.get_num_threads()
-    x = torch.ones(num_bytes // 4, dtype=torch.float32)
-    times = []
-    try:
-        for n in sorted({1, os.cpu_count() or 1}):
-            torch.set_num_threads(n)
-            times += time_calls(x.sum, repeat, warmup=1)
-    finally:
-        torch.set_num_threads(threads)
-        del x
-    return {"best_gb_s": num_bytes / min(times) / 1e9, "median_gb_s": num_bytes / statistics.median(times) / 1e9}
+    """Read bandwidth in GB/s with one thread and with every core (the bound is
+    about the hardware, not the thread count a benchmark picked):
+    ``speculant.bench.bandwidth.read_bandwidth``."""
+    from speculant.bench.bandwidth import read_bandwidth
+
+    return read_bandwidth(num_bytes, repeat)
 
 
 # --- environment and results ---------------------------------------------------
 def cpu_name() -> str:
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor() or platform.machine()
+    from speculant.bench.report import cpu_name as name
+
+    return name()
 
 
 def git_commit() -> str:

@@ -122,11 +122,12 @@ def run_workload(args) -> None:
     if args.workload in ("hf-decode", "hf-assisted"):
         from transformers import AutoModelForCausalLM
 
-        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, args.dtype)).eval()
         model.generation_config.eos_token_id = None
         extra = {}
         if args.workload == "hf-assisted":
-            extra = {"assistant_model": AutoModelForCausalLM.from_pretrained(args.draft, dtype=torch.float32).eval(),
+            extra = {"assistant_model": AutoModelForCausalLM.from_pretrained(args.draft,
+                                                                           dtype=getattr(torch, args.dtype)).eval(),
                      "num_assistant_tokens": args.k, "num_assistant_tokens_schedule": "constant"}
         x = torch.tensor(common.token_prompts(tok, [cfg["prompt"]], seed=7))
         with torch.inference_mode():
@@ -139,7 +140,8 @@ def run_workload(args) -> None:
         return
     from speculant import LLM, SamplingParams
 
-    kw = {"linear_backend": args.linear_backend} if args.linear_backend else {}
+    kw: dict = {"linear_backend": args.linear_backend} if args.linear_backend else {}
+    kw["dtype"] = args.dtype
     if args.workload == "spec-decode":
         kw["speculative"] = {"proposer": "draft_model", "num_speculative_tokens": args.k,
                              "proposer_options": {"model": str(args.draft)}}
@@ -168,6 +170,8 @@ def main() -> None:
                     default="decode")
     ap.add_argument("--target", default=None, help="local model dir instead of the benchmark model")
     ap.add_argument("--draft", default=None, help="draft model dir (spec-decode, hf-assisted)")
+    ap.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32",
+                    help="model dtype, both engines (default float32)")
     ap.add_argument("--k", type=int, default=4, help="speculative tokens per step (spec-decode, hf-assisted)")
     ap.add_argument("--repeat", type=int, default=1, help="timed generate calls (more samples)")
     ap.add_argument("--linear-backend", choices=("auto", "default", "onednn"), default=None)
@@ -185,7 +189,7 @@ def main() -> None:
     child += ["--quick"] * args.quick + (["--threads", str(args.threads)] if args.threads else [])
     child += ["--linear-backend", args.linear_backend] if args.linear_backend else []
     child += (["--target", args.target] if args.target else []) + (["--draft", args.draft] if args.draft else [])
-    child += ["--k", str(args.k), "--repeat", str(args.repeat)]
+    child += ["--k", str(args.k), "--repeat", str(args.repeat), "--dtype", args.dtype]
     load = [round(x, 2) for x in os.getloadavg()]
     if args.cprofile:
         subprocess.run([sys.executable, "-m", "cProfile", "-s", "cumulative", *child[1:]], check=True)
@@ -202,7 +206,8 @@ def main() -> None:
         sys.exit("no samples under the generate call; is py-spy allowed to trace (ptrace)?")
     if args.out:
         common.write_json(args.out, {
-            "workload": args.workload, "target": args.target, "draft": args.draft, "k": args.k, "repeat": args.repeat,
+            "workload": args.workload, "dtype": args.dtype,
+            "target": args.target, "draft": args.draft, "k": args.k, "repeat": args.repeat,
             "quick": args.quick, "threads": args.threads, "load_avg_start": load,
             "rate_hz": args.rate, "samples": total, "stages": dict(stages.most_common()),
             "top_frames": dict(leaves.most_common(args.top)), "env": common.environment()})

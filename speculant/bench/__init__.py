@@ -53,6 +53,26 @@ ITL_NOTE = ("ITL: per generated token after the first, at concurrency 1; a step 
             "callback) that emits n tokens counts as n gaps of step_time / n. Null at concurrency > 1.")
 
 
+def render_prompts(tok, texts: list[str], chat: bool) -> list[list[int]]:
+    """Token ids of each prompt: raw text, or (``chat``) one user message rendered
+    with the model's chat template and the assistant turn opened."""
+    if not chat:
+        return [tok(p, add_special_tokens=True)["input_ids"] for p in texts]
+    if not getattr(tok, "chat_template", None):
+        raise ValueError("--chat: the target's tokenizer has no chat template; drop --chat to benchmark raw "
+                         "prompts, or use a chat model")
+    return [list(tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
+                                         tokenize=True, return_dict=True)["input_ids"]) for p in texts]
+
+
+def add_bound(rows: list[dict[str, Any]], bound: float) -> None:
+    """``bound_fraction``: batch-1 decode-only tokens/s over the memory-bandwidth
+    bound (speculative rows may exceed 1: they verify several tokens per weight read)."""
+    for r in rows:
+        tps = r.get("decode_tokens_per_s")
+        r["bound_fraction"] = tps / bound if tps and r.get("concurrency") == 1 and bound > 0 else None
+
+
 def load_prompts(path: str | None) -> list[str]:
     if path is None:
         return list(DEFAULT_PROMPTS)
@@ -75,42 +95,63 @@ def _mark_matches(rows: list[dict[str, Any]]) -> None:
 def run_bench(target: str, draft: str | None = None, *, prompts: list[str] | None = None, max_tokens: int = 64,
               k: int = 4, repeats: int = 3, concurrency: list[int] | None = None, hf: bool = True,
               hf_batched: bool = True, heads: dict[str, str] | None = None, confidence: float = 0.4,
-              log=print) -> dict[str, Any]:
-    """Run every row; ``heads`` maps ``medusa`` / ``mlp_speculator`` to trained
-    head directories. Raises ``ValueError`` (naming the option) for bad heads."""
+              dtype: str = "float32", chat: bool = False, log=print) -> dict[str, Any]:
+    """Run every row; ``target`` / ``draft`` are model directories or GGUF files
+    (converted once, cached), loaded in ``dtype`` by both engines; ``heads`` maps
+    ``medusa`` / ``mlp_speculator`` to trained head directories. Raises
+    ``ValueError`` (naming the option) for bad heads or ``--chat`` without a template."""
+    import torch
     from transformers import AutoTokenizer
 
+    from speculant.bench.bandwidth import bound_tokens_per_s, model_decode_bytes, read_bandwidth
     from speculant.bench.heads import head_methods
     from speculant.bench.hf_runs import run_hf
     from speculant.bench.report import environment
     from speculant.bench.speculant_runs import run_speculant, speculant_methods
     from speculant.core.config import SchedulerConfig
+    from speculant.core.gguf_source import resolve_model_source
 
     concurrency = concurrency or [1, 32]
-    tok = AutoTokenizer.from_pretrained(str(target))
+    target_dir = resolve_model_source(str(target), None, dtype, option="--target")
+    draft_dir = resolve_model_source(str(draft), None, dtype, option="--draft") if draft else None
+    tok = AutoTokenizer.from_pretrained(target_dir)
     texts = list(prompts or DEFAULT_PROMPTS)
-    ids = [tok(p, add_special_tokens=True)["input_ids"] for p in texts]
-    methods = speculant_methods(k, draft, confidence) + head_methods(heads, str(target), k, max(len(p) for p in ids))
+    ids = render_prompts(tok, texts, chat)
+    methods = speculant_methods(k, draft_dir, confidence) + head_methods(heads, target_dir, k,
+                                                                         max(len(p) for p in ids))
     env = environment()
-    rows = run_speculant(str(target), methods, ids, max_tokens=max_tokens, repeats=repeats,
-                         concurrency=concurrency, log=log)
+    bandwidth = [read_bandwidth()]
+    rows = run_speculant(target_dir, methods, ids, max_tokens=max_tokens, repeats=repeats,
+                         concurrency=concurrency, dtype=dtype, log=log)
     if hf:
         pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-        rows += run_hf(str(target), draft, ids, max_tokens=max_tokens, k=k, repeats=repeats,
+        rows += run_hf(target_dir, draft_dir, ids, max_tokens=max_tokens, k=k, repeats=repeats,
                        concurrency=concurrency, batched=hf_batched, pad_id=pad,
-                       max_batch_tokens=SchedulerConfig().max_num_batched_tokens, confidence=confidence, log=log)
+                       max_batch_tokens=SchedulerConfig().max_num_batched_tokens, confidence=confidence,
+                       dtype=dtype, log=log)
+    bandwidth.append(read_bandwidth())
     _mark_matches(rows)
     for r in rows:
         r.pop("token_ids", None)
+    facts = model_decode_bytes(target_dir, getattr(torch, dtype))
+    best = max(b["best_gb_s"] for b in bandwidth)
+    bound = bound_tokens_per_s(facts["weight_bytes_per_decode_step"], best)
+    add_bound(rows, bound)
     env["load_avg_end"] = environment()["load_avg"]
     return {
         "env": env,
-        "settings": {"target": str(target), "draft": str(draft) if draft else None, "max_tokens": max_tokens,
-                     "k": k, "draft_confidence": confidence, "repeats": repeats, "concurrency": concurrency,
-                     "num_prompts": len(texts),
+        "model": {**facts, "read_bandwidth_gb_s": bandwidth, "bound_decode_tokens_per_s": bound},
+        "settings": {"target": str(target), "draft": str(draft) if draft else None, "dtype": dtype, "chat": chat,
+                     "max_tokens": max_tokens, "k": k, "draft_confidence": confidence, "repeats": repeats,
+                     "concurrency": concurrency, "num_prompts": len(texts),
                      "greedy": True, "ignore_eos": True, "hf_batched": hf_batched,
                      "medusa": (heads or {}).get("medusa"), "mlp_speculator": (heads or {}).get("mlp_speculator")},
-        "notes": [ITL_NOTE, "tokens/s: generated tokens / wall time (prefill included), median over repeats."],
+        "notes": [ITL_NOTE, "tokens/s: generated tokens / wall time (prefill included), median over repeats.",
+                  "decode tok/s: tokens after the first / time after the first token (batch 1 only); TTFT: time "
+                  "to the first token.",
+                  f"of bound: decode tok/s / memory-bandwidth bound ({bound:.1f} tok/s = best read bandwidth "
+                  f"{best:.1f} GB/s / {facts['weight_bytes_per_decode_step'] / 1e6:.0f} MB of weights read per "
+                  f"{facts['dtype']} decode step); speculative rows can exceed 1."],
         "prompts": texts,
         "rows": rows,
     }

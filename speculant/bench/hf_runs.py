@@ -20,7 +20,7 @@ import time
 from typing import Any
 
 from speculant.bench.hf_cb import CBUnsupported, run_continuous_batching
-from speculant.bench.report import median, percentile
+from speculant.bench.report import median, percentile, rate, timing_fields
 
 BATCHED_ONLY = ("continuous_batching",)  # methods with rows at concurrency > 1 only
 
@@ -34,6 +34,7 @@ class _TimingStreamer:
         self.gaps: list[float] = []
         self.count = 0
         self.last = time.perf_counter()
+        self.first_at: float | None = None  # when the first generated token arrived
 
     def put(self, value) -> None:
         now = time.perf_counter()
@@ -47,6 +48,7 @@ class _TimingStreamer:
         if self.count > 0:
             self.gaps.extend([(now - self.last) / n] * n)
         else:
+            self.first_at = now
             self.gaps.extend([(now - self.last) / n] * (n - 1))
         self.count += n
         self.last = now
@@ -75,11 +77,11 @@ def hf_methods(k: int, draft: str | None, confidence: float = 0.4) -> list[tuple
     return rows
 
 
-def _load(path: str):
+def _load(path: str, dtype: str):
     import torch
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype))
     model.eval()
     return model
 
@@ -88,11 +90,14 @@ def _run_bs1(model, prompts, max_tokens, repeats, pad_id, extra) -> dict[str, An
     import torch
 
     rates: list[float] = []
+    decode_rates: list[float] = []
+    ttfts: list[float] = []
     gaps: list[float] = []
     token_ids: list[list[int]] = []
     num_tokens = 0
     for rep in range(repeats + 1):  # the first pass is an untimed warm-up
-        total_t, total_n, token_ids = 0.0, 0, []
+        total_t = decode_t = 0.0
+        token_ids = []
         for p in (prompts[:1] if rep == 0 else prompts):
             ids = torch.tensor([p])
             streamer = _TimingStreamer()
@@ -100,17 +105,20 @@ def _run_bs1(model, prompts, max_tokens, repeats, pad_id, extra) -> dict[str, An
             with torch.no_grad():
                 out = model.generate(ids, attention_mask=torch.ones_like(ids), streamer=streamer,
                                      **_gen_kwargs(max_tokens, pad_id), **extra)
-            total_t += time.perf_counter() - t0
-            toks = out[0, ids.shape[1]:].tolist()
-            token_ids.append(toks)
-            total_n += len(toks)
+            end = time.perf_counter()
+            total_t += end - t0
+            first = streamer.first_at or end
+            decode_t += end - first
+            token_ids.append(out[0, ids.shape[1]:].tolist())
             if rep > 0:
                 gaps.extend(streamer.gaps)
+                ttfts.append(first - t0)
         if rep > 0:
-            rates.append(total_n / total_t if total_t > 0 else 0.0)
-            num_tokens = total_n
+            num_tokens = sum(len(t) for t in token_ids)
+            rates.append(rate(num_tokens, total_t))
+            decode_rates.append(rate(num_tokens - len(token_ids), decode_t))
     return {"num_requests": len(prompts), "num_tokens": num_tokens, "tokens_per_s": median(rates),
-            "tokens_per_s_samples": [round(r, 2) for r in rates],
+            "tokens_per_s_samples": [round(r, 2) for r in rates], **timing_fields(decode_rates, ttfts),
             "itl_p50_ms": 1e3 * percentile(gaps, 50) if gaps else None,
             "itl_p99_ms": 1e3 * percentile(gaps, 99) if gaps else None, "token_ids": token_ids}
 
@@ -147,13 +155,13 @@ def _unsupported_batched(method: str) -> str:
 
 def run_hf(target: str, draft: str | None, prompts: list[list[int]], *, max_tokens: int, k: int, repeats: int,
            concurrency: list[int], batched: bool, pad_id: int | None, max_batch_tokens: int = 512,
-           confidence: float = 0.4, log=print) -> list[dict[str, Any]]:
+           confidence: float = 0.4, dtype: str = "float32", log=print) -> list[dict[str, Any]]:
     """transformers rows; ``max_batch_tokens`` is the continuous-batching step budget,
-    ``confidence`` assisted generation's confidence threshold."""
+    ``confidence`` assisted generation's confidence threshold, ``dtype`` both models' dtype."""
     rows: list[dict[str, Any]] = []
     base = {"engine": "transformers", "acceptance_rate": None, "mean_accepted_length": None}
-    model = _load(target)
-    assistant = _load(draft) if draft is not None else None
+    model = _load(target, dtype)
+    assistant = _load(draft, dtype) if draft is not None else None
     for method, extra, skip in hf_methods(k, draft, confidence):
         for c in concurrency:
             if c <= 1 and method in BATCHED_ONLY:

@@ -27,6 +27,18 @@ def percentile(values: list[float], q: float) -> float:
     return data[lo] + (data[hi] - data[lo]) * (pos - lo)
 
 
+def rate(count: float, seconds: float) -> float:
+    return count / seconds if seconds > 0 else 0.0
+
+
+def timing_fields(decode_rates: list[float], ttfts: list[float]) -> dict[str, Any]:
+    """Batch-1 row fields: median decode-only tokens/s over repeats (first token
+    excluded) and median time to first token; null where not measured."""
+    return {"decode_tokens_per_s": median(decode_rates),
+            "decode_tokens_per_s_samples": [round(r, 2) for r in decode_rates],
+            "ttft_ms": 1e3 * statistics.median(ttfts) if ttfts else None}
+
+
 def environment() -> dict[str, Any]:
     import torch
     import transformers
@@ -36,6 +48,7 @@ def environment() -> dict[str, Any]:
     except OSError:  # not available on this platform
         load = None
     return {
+        "cpu": cpu_name(),
         "date_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "python": platform.python_version(),
         "platform": platform.platform(),
@@ -45,6 +58,17 @@ def environment() -> dict[str, Any]:
         "os_cpu_count": os.cpu_count(),
         "load_avg": load,
     }
+
+
+def cpu_name() -> str:
+    """The CPU model from /proc/cpuinfo (what every figure is labelled with)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def _fmt(value: Any, digits: int = 2) -> str:
@@ -58,6 +82,7 @@ def _fmt(value: Any, digits: int = 2) -> str:
 
 
 COLUMNS = (("engine", "engine"), ("method", "method"), ("concurrency", "bs"), ("tokens_per_s", "tok/s"),
+           ("decode_tokens_per_s", "decode tok/s"), ("bound_fraction", "of bound"), ("ttft_ms", "TTFT ms"),
            ("acceptance_rate", "accept"), ("mean_accepted_length", "mean acc. len"),
            ("itl_p50_ms", "ITL p50 ms"), ("itl_p99_ms", "ITL p99 ms"), ("matches_no_spec", "same tokens"),
            ("status", "status"), ("note", "note"))

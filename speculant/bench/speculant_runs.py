@@ -4,8 +4,10 @@ At concurrency 1 each prompt runs alone through ``LLMEngine.add_request`` /
 ``step`` so every step is timed. Inter-token latency (ITL) is per generated
 token after the first: a step that emits n tokens (speculation emits bursts)
 counts as n gaps of ``step_time / n``. The first token (time to first token,
-prefill) is excluded. At higher concurrency requests go through
-``LLM.generate`` at once and only throughput is reported (ITL is null).
+prefill) is excluded from ITL and from the decode-only rate (tokens after the
+first / time after the first), and reported as TTFT. At higher concurrency
+requests go through ``LLM.generate`` at once and only throughput is reported
+(ITL, TTFT and decode-only rate are null).
 
 Methods: ``no_spec``, ``ngram``, ``draft_mqa`` / ``draft_batch_expansion``
 (with ``--draft``) and, with trained head directories, ``medusa`` /
@@ -19,7 +21,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from speculant.bench.report import median, percentile
+from speculant.bench.report import median, percentile, rate, timing_fields
 from speculant.core.sampling_params import SamplingParams
 
 
@@ -55,21 +57,33 @@ def speculant_methods(k: int, draft: str | None, confidence: float = 0.4) -> lis
     return methods
 
 
-def build_llm(target: str, method: Method, max_seqs: int):
+def build_llm(target: str, method: Method, max_seqs: int, dtype: str = "float32"):
     from speculant.llm import LLM
 
-    kw: dict[str, Any] = {"max_num_seqs": max(1, max_seqs), "seed": 0, **method.engine_kwargs}
+    kw: dict[str, Any] = {"max_num_seqs": max(1, max_seqs), "seed": 0, "dtype": dtype, **method.engine_kwargs}
     if method.speculative:
         kw["speculative"] = method.speculative
     return LLM(model=str(target), **kw)
 
 
-def _stream_one(engine, prompt: list[int], max_tokens: int) -> tuple[list[int], float, list[float]]:
-    """Run one prompt alone, step by step: (tokens, seconds, per-token gaps)."""
+@dataclass
+class Timed:
+    """One request run alone: its tokens, total seconds, seconds to the first
+    token, and the per-token gaps after it."""
+
+    tokens: list[int]
+    seconds: float
+    ttft: float
+    gaps: list[float]
+
+
+def _stream_one(engine, prompt: list[int], max_tokens: int) -> Timed:
+    """Run one prompt alone, step by step."""
     rid = engine.add_request(None, prompt, greedy(max_tokens))
     gaps: list[float] = []
     seen = 0
     tokens: list[int] = []
+    first = None
     start = last = time.perf_counter()
     while engine.has_unfinished_requests():
         outs = engine.step()
@@ -83,10 +97,12 @@ def _stream_one(engine, prompt: list[int], max_tokens: int) -> tuple[list[int], 
                 if seen > 0:  # gaps after the first token only
                     gaps.extend([(now - last) / n] * n)
                 else:
+                    first = now
                     gaps.extend([(now - last) / n] * (n - 1))  # a burst along with the first token
                 seen = len(tokens)
                 last = now
-    return list(tokens), time.perf_counter() - start, gaps
+    end = time.perf_counter()
+    return Timed(list(tokens), end - start, (first or end) - start, gaps)
 
 
 def _warm_up(llm, prompts: list[list[int]]) -> None:
@@ -101,20 +117,20 @@ def run_method(llm, prompts: list[list[int]], max_tokens: int, concurrency: int,
     and ``token_ids`` (one list per request, in order)."""
     _warm_up(llm, prompts)
     rates: list[float] = []
+    decode_rates: list[float] = []
+    ttfts: list[float] = []
     gaps: list[float] = []
     token_ids: list[list[int]] = []
     num_tokens = 0
     if concurrency <= 1:
         for _ in range(repeats):
-            total_t, total_n, token_ids = 0.0, 0, []
-            for p in prompts:
-                toks, secs, g = _stream_one(llm.engine, p, max_tokens)
-                token_ids.append(toks)
-                total_t += secs
-                total_n += len(toks)
-                gaps.extend(g)
-            rates.append(total_n / total_t if total_t > 0 else 0.0)
-            num_tokens = total_n
+            runs = [_stream_one(llm.engine, p, max_tokens) for p in prompts]
+            token_ids = [r.tokens for r in runs]
+            num_tokens = sum(len(r.tokens) for r in runs)
+            rates.append(rate(num_tokens, sum(r.seconds for r in runs)))
+            decode_rates.append(rate(sum(len(r.tokens) - 1 for r in runs), sum(r.seconds - r.ttft for r in runs)))
+            ttfts.extend(r.ttft for r in runs)
+            gaps.extend(g for r in runs for g in r.gaps)
         requests = prompts
     else:
         requests = [prompts[i % len(prompts)] for i in range(concurrency)]
@@ -122,8 +138,7 @@ def run_method(llm, prompts: list[list[int]], max_tokens: int, concurrency: int,
             outs = llm.generate(requests, greedy(max_tokens), use_tqdm=False)
             token_ids = [list(o.outputs[0].token_ids) for o in outs]
             num_tokens = sum(len(t) for t in token_ids)
-            secs = llm.last_run_seconds
-            rates.append(num_tokens / secs if secs > 0 else 0.0)
+            rates.append(rate(num_tokens, llm.last_run_seconds))
     metrics = llm.get_metrics()
     spec = llm.config.speculative.enabled
     return {
@@ -131,6 +146,7 @@ def run_method(llm, prompts: list[list[int]], max_tokens: int, concurrency: int,
         "num_tokens": num_tokens,
         "tokens_per_s": median(rates),
         "tokens_per_s_samples": [round(r, 2) for r in rates],
+        **timing_fields(decode_rates, ttfts),
         "acceptance_rate": metrics.get("acceptance_rate") if spec else None,
         "mean_accepted_length": metrics.get("mean_accepted_length") if spec else None,
         "itl_p50_ms": 1e3 * percentile(gaps, 50) if gaps else None,
@@ -140,7 +156,7 @@ def run_method(llm, prompts: list[list[int]], max_tokens: int, concurrency: int,
 
 
 def run_speculant(target: str, methods: list[Method], prompts: list[list[int]], *, max_tokens: int,
-                  repeats: int, concurrency: list[int], log=print) -> list[dict[str, Any]]:
+                  repeats: int, concurrency: list[int], dtype: str = "float32", log=print) -> list[dict[str, Any]]:
     """One row per method and concurrency level; a method that fails is an ``error:`` row."""
     rows: list[dict[str, Any]] = []
     for m in methods:
@@ -150,7 +166,7 @@ def run_speculant(target: str, methods: list[Method], prompts: list[list[int]], 
         if m.skip:
             rows += [{**base, "concurrency": c, "status": m.skip} for c in concurrency]
             continue
-        llm = build_llm(target, m, max(concurrency))
+        llm = build_llm(target, m, max(concurrency), dtype)
         for c in concurrency:
             log(f"speculant {m.name} concurrency={c} ...")
             try:

@@ -34,9 +34,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                     "  transformers 5 generate_batch; 'unsupported: <reason>' where unavailable).\n\n"
                     "Writes JSON (--out), a PNG chart (--chart; needs matplotlib: pip install "
                     "'speculant[bench]')\nand prints a Markdown table.")
-    p.add_argument("--target", required=True, help="local Hugging Face target model directory")
-    p.add_argument("--draft", default=None, help="local draft model directory (same tokenizer); "
+    p.add_argument("--target", required=True, help="local Hugging Face target model directory, or a .gguf file "
+                                                   "(converted once into a cached directory)")
+    p.add_argument("--draft", default=None, help="local draft model directory or .gguf file (same tokenizer); "
                                                   "draft rows are skipped without it")
+    p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32",
+                   help="both engines' model dtype (default float32)")
+    p.add_argument("--chat", action="store_true",
+                   help="each prompt is one user message, rendered with the target's chat template")
     p.add_argument("--medusa", default=None, metavar="DIR",
                    help="trained Medusa heads for the target (scripts/train_heads.py --kind medusa): adds "
                         "'medusa' rows")
@@ -73,8 +78,10 @@ def run(args: argparse.Namespace) -> int:
     from speculant.core.config import ConfigError
 
     for name, path in (("--target", args.target), ("--draft", args.draft)):
-        if path is not None and not (Path(path) / "config.json").is_file():
-            print(f"error: {name} {path}: no Hugging Face model directory (config.json) there", file=sys.stderr)
+        if path is not None and not (Path(path) / "config.json").is_file() \
+                and not (Path(path).is_file() and path.endswith(".gguf")):
+            print(f"error: {name} {path}: neither a Hugging Face model directory (config.json) nor a .gguf file; "
+                  "pass one of those", file=sys.stderr)
             return 2
     for name, path in (("--medusa", args.medusa), ("--mlp-speculator", args.mlp_speculator)):
         if path is not None and not Path(path).is_dir():
@@ -108,8 +115,8 @@ def run(args: argparse.Namespace) -> int:
                            repeats=repeats, concurrency=concurrency, hf=not args.no_hf,
                            hf_batched=not args.quick, log=log,
                            heads={"medusa": args.medusa, "mlp_speculator": args.mlp_speculator},
-                           confidence=args.draft_confidence)
-    except (ConfigError, ValueError, FileNotFoundError, TypeError) as exc:
+                           confidence=args.draft_confidence, dtype=args.dtype, chat=args.chat)
+    except (ConfigError, ValueError, FileNotFoundError, TypeError, RuntimeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     result["settings"]["quick"] = bool(args.quick)
@@ -119,6 +126,7 @@ def run(args: argparse.Namespace) -> int:
     if note:
         result["notes"].append(note)
     write_json(args.out, result)
+    print(f"{result['env']['cpu']}, {result['env']['date_utc'][:10]}, {args.dtype}")
     print(markdown_table(result["rows"]))
     print()
     for n in result["notes"]:

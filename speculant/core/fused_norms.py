@@ -7,8 +7,11 @@ fused kernel is about twice as fast per norm. ``fuse_rms_norms`` swaps the
 forward of every module that looks like an RMSNorm (class name ending in
 ``RMSNorm``, a 1-D ``weight`` and a float ``variance_epsilon``) for one fused
 call, but only after a probe on random inputs gives exactly the module's own
-output: variants with another formula (Gemma's ``1 + weight``, a different
-upcast, a bfloat16 model) fail the probe and keep their own forward.
+output. Two fused formulas are tried in turn: the norm in the model's dtype
+(float32 models), and the norm computed in float32 then rounded to the
+model's dtype before the weight multiplies it (what Llama-style norms do in
+bfloat16 and float16). Variants with another formula (Gemma's ``1 + weight``)
+fail both probes and keep their own forward.
 """
 
 from __future__ import annotations
@@ -37,6 +40,15 @@ def _fused_forward(self: _RMSNormLike, hidden_states: torch.Tensor) -> torch.Ten
     return F.rms_norm(hidden_states, (self.weight.shape[0],), self.weight, self.variance_epsilon)
 
 
+def _fused_upcast_forward(self: _RMSNormLike, hidden_states: torch.Tensor) -> torch.Tensor:
+    # hidden_states: [..., H] (bfloat16 / float16) -> [..., H]; normalised in float32, rounded, then scaled
+    normed = F.rms_norm(hidden_states.float(), (self.weight.shape[0],), eps=self.variance_epsilon)
+    return self.weight * normed.to(hidden_states.dtype)
+
+
+FUSED_FORMS = (_fused_forward, _fused_upcast_forward)
+
+
 def _looks_like_rms_norm(module: nn.Module) -> TypeGuard[_RMSNormLike]:
     weight = getattr(module, "weight", None)
     return (type(module).__name__.endswith("RMSNorm") and isinstance(weight, torch.Tensor)
@@ -44,13 +56,13 @@ def _looks_like_rms_norm(module: nn.Module) -> TypeGuard[_RMSNormLike]:
 
 
 @torch.inference_mode()
-def _probe(module: _RMSNormLike) -> bool:
-    """The fused call equals the module's own forward on random inputs of 1 and 5 rows."""
+def _probe(module: _RMSNormLike, form: Callable[[_RMSNormLike, torch.Tensor], torch.Tensor]) -> bool:
+    """``form`` equals the module's own forward on random inputs of 1, 5 and 64 rows."""
     gen = torch.Generator(device="cpu").manual_seed(0)
     hidden = module.weight.shape[0]
-    for shape in ((1, 1, hidden), (1, 5, hidden)):
+    for shape in ((1, 1, hidden), (1, 5, hidden), (1, 64, hidden)):
         x = (3 * torch.randn(*shape, generator=gen)).to(module.weight.device, module.weight.dtype)
-        if not torch.equal(module(x), _fused_forward(module, x)):
+        if not torch.equal(module(x), form(module, x)):
             return False
     return True
 
@@ -61,8 +73,9 @@ def fuse_rms_norms(model: nn.Module) -> tuple[int, int]:
     for module in model.modules():
         if not _looks_like_rms_norm(module):
             continue
-        if _probe(module):
-            module.forward = types.MethodType(_fused_forward, module)
+        form = next((f for f in FUSED_FORMS if _probe(module, f)), None)
+        if form is not None:
+            module.forward = types.MethodType(form, module)
             fused += 1
         else:
             kept += 1

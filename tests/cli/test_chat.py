@@ -8,25 +8,18 @@ import json
 import sys
 
 import pytest
-from transformers import AutoTokenizer
 
+from chat_models import TEMPLATE, with_chat_template
 from speculant import LLM, SamplingParams
 from speculant.cli import main
-from tiny_models import copy_model
 
-TEMPLATE = ("{% for m in messages %}<|bos|>{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
-            "{% if add_generation_prompt %}<|bos|>assistant:{% endif %}")
 GREEDY = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
 
 
 @pytest.fixture(scope="module")
 def chat_dir(llama_dir, tmp_path_factory):
     """The tiny llama with a chat template in its tokenizer config."""
-    out = copy_model(llama_dir, tmp_path_factory.mktemp("llama_chat"))
-    tok = AutoTokenizer.from_pretrained(out)
-    tok.chat_template = TEMPLATE
-    tok.save_pretrained(out)
-    return out
+    return with_chat_template(llama_dir, tmp_path_factory.mktemp("llama_chat"))
 
 
 @pytest.fixture(scope="module")

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 
 from speculant.core.attention import cpu_kernel, cpu_kernel_build
 from speculant.core.attention.cpu_kernel import CpuKernelAttentionBackend
+from speculant.core.attention.cpu_kernel_build import kernel_dtypes, load_kernel
 from speculant.core.attention.span_tensors import SpanTensors
 from speculant.core.attention.torch_ref import TorchAttentionBackend
 from speculant.core.interfaces import QuerySpan
@@ -101,26 +102,21 @@ def backend_variants():
                 yield pytest.param(cls, 1, id=f"{name}-decodes-only")
 
 
-@pytest.mark.parametrize("scaling, dtype", [(None, torch.float32), (1.0, torch.float64)],
-                         ids=["fp32-scale-default", "fp64-scale-1"])
-@pytest.mark.parametrize("num_kv_heads", [4, 2, 1], ids=["mha", "gqa2", "mqa1"])
-@pytest.mark.parametrize("block_size", [1, 4, 16], ids=lambda b: f"block{b}")
-@pytest.mark.parametrize("input_layout", INPUT_LAYOUTS)
-@pytest.mark.parametrize("layout", list(LAYOUTS))
-@pytest.mark.parametrize("backend_cls, kernel_max_query", list(backend_variants()))
-def test_backend_matches_dense_causal_sdpa(backend_cls, kernel_max_query, layout, input_layout, block_size,
-                                           num_kv_heads, scaling, dtype, monkeypatch):
-    if kernel_max_query is not None:
-        monkeypatch.setattr(cpu_kernel, "MAX_KERNEL_QUERY", kernel_max_query)
+def run_backend(backend_cls, layout: str, input_layout: str, block_size: int, num_kv_heads: int, scale: float,
+                dtype: torch.dtype):
+    """One mixed batch through ``backend_cls`` over shuffled paged blocks with
+    garbage around them; checks the K/V writes and returns (out [T, H, D],
+    the spans, every sequence's full q/k/v)."""
     gen = torch.Generator().manual_seed(0)
     tables, num_blocks = block_tables(block_size, gen)
-    scale = HEAD_DIM ** -0.5 if scaling is None else scaling
-    full = {name: tuple(torch.randn(length, h, HEAD_DIM, generator=gen, dtype=dtype)
+    full = {name: tuple(torch.randn(length, h, HEAD_DIM, generator=gen, dtype=torch.float64).to(dtype)
                         for h in (NUM_HEADS, num_kv_heads, num_kv_heads))
             for name, length in SEQUENCE_LENGTHS.items()}
     # a pool of garbage; then the cached prefix of every span (positions < its lowest start)
-    key_cache = 100 * torch.randn(num_blocks, block_size, num_kv_heads, HEAD_DIM, generator=gen, dtype=dtype)
-    value_cache = 100 * torch.randn(num_blocks, block_size, num_kv_heads, HEAD_DIM, generator=gen, dtype=dtype)
+    key_cache = (100 * torch.randn(num_blocks, block_size, num_kv_heads, HEAD_DIM, generator=gen,
+                                   dtype=torch.float64)).to(dtype)
+    value_cache = (100 * torch.randn(num_blocks, block_size, num_kv_heads, HEAD_DIM, generator=gen,
+                                     dtype=torch.float64)).to(dtype)
     flat_k, flat_v = key_cache.view(-1, num_kv_heads, HEAD_DIM), value_cache.view(-1, num_kv_heads, HEAD_DIM)
 
     def slot(name: str, pos: int) -> int:
@@ -148,7 +144,27 @@ def test_backend_matches_dense_causal_sdpa(backend_cls, kernel_max_query, layout
     metadata = backend.build_metadata(SpanTensors.build(spans, block_size, torch.device("cpu")))
     out = backend.forward(query, key, value, key_cache, value_cache, metadata, scale)
     assert out.shape == (sum(q.shape[0] for q in qs), NUM_HEADS, HEAD_DIM) and out.dtype == dtype
+    # every span's K/V landed in its own slots; nothing else was written
+    for name, _, end in spans_def:
+        slots = [slot(name, pos) for pos in range(end)]
+        assert torch.equal(flat_k[slots], full[name][1][:end]) and torch.equal(flat_v[slots], full[name][2][:end])
+    assert torch.equal(flat_k[untouched], garbage_k) and torch.equal(flat_v[untouched], garbage_v)
+    return out, spans_def, full
 
+
+@pytest.mark.parametrize("scaling, dtype", [(None, torch.float32), (1.0, torch.float64)],
+                         ids=["fp32-scale-default", "fp64-scale-1"])
+@pytest.mark.parametrize("num_kv_heads", [4, 2, 1], ids=["mha", "gqa2", "mqa1"])
+@pytest.mark.parametrize("block_size", [1, 4, 16], ids=lambda b: f"block{b}")
+@pytest.mark.parametrize("input_layout", INPUT_LAYOUTS)
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+@pytest.mark.parametrize("backend_cls, kernel_max_query", list(backend_variants()))
+def test_backend_matches_dense_causal_sdpa(backend_cls, kernel_max_query, layout, input_layout, block_size,
+                                           num_kv_heads, scaling, dtype, monkeypatch):
+    if kernel_max_query is not None:
+        monkeypatch.setattr(cpu_kernel, "MAX_KERNEL_QUERY", kernel_max_query)
+    scale = HEAD_DIM ** -0.5 if scaling is None else scaling
+    out, spans_def, full = run_backend(backend_cls, layout, input_layout, block_size, num_kv_heads, scale, dtype)
     row = 0
     for name, start, end in spans_def:
         want = reference(*full[name], scale)[start:end]
@@ -156,11 +172,45 @@ def test_backend_matches_dense_causal_sdpa(backend_cls, kernel_max_query, layout
         err = (got - want).abs().max().item()
         assert err <= TOLERANCE[dtype], f"span {name}[{start}:{end}]: max error {err:.3e}"
         row += end - start
-    # every span's K/V landed in its own slots; nothing else was written
-    for name, _, end in spans_def:
-        slots = [slot(name, pos) for pos in range(end)]
-        assert torch.equal(flat_k[slots], full[name][1][:end]) and torch.equal(flat_v[slots], full[name][2][:end])
-    assert torch.equal(flat_k[untouched], garbage_k) and torch.equal(flat_v[untouched], garbage_v)
+
+
+# Reduced precision: the reference is float64 attention over the stored (rounded)
+# inputs. The C kernel widens its inputs exactly, computes in float32 and rounds
+# once, to nearest: every element is within half a unit in the last place of the
+# exact value (eps / 2 * |want|; float32 round-off adds ~1e-6 of the values' scale). The torch
+# reference path rounds its scores and probabilities to the dtype on the way, so
+# it is only held to a bound that a layout or indexing bug (errors of order 1) breaks.
+REDUCED = (torch.bfloat16, torch.float16)
+
+
+@pytest.mark.parametrize("dtype", REDUCED, ids=["bf16", "fp16"])
+@pytest.mark.parametrize("num_kv_heads", [4, 1], ids=["mha", "mqa1"])
+@pytest.mark.parametrize("block_size", [1, 16], ids=lambda b: f"block{b}")
+@pytest.mark.parametrize("input_layout", INPUT_LAYOUTS)
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+@pytest.mark.parametrize("backend_cls, kernel_max_query", list(backend_variants()))
+def test_backend_in_reduced_precision_matches_float64_attention(backend_cls, kernel_max_query, layout, input_layout,
+                                                                 block_size, num_kv_heads, dtype, monkeypatch):
+    if kernel_max_query is not None:
+        monkeypatch.setattr(cpu_kernel, "MAX_KERNEL_QUERY", kernel_max_query)
+    limit = kernel_max_query or cpu_kernel.MAX_KERNEL_QUERY
+    lib = load_kernel()
+    on_kernel = backend_cls is CpuKernelAttentionBackend and lib is not None and dtype in kernel_dtypes(lib)
+    scale = HEAD_DIM ** -0.5
+    out, spans_def, full = run_backend(backend_cls, layout, input_layout, block_size, num_kv_heads, scale, dtype)
+    eps = torch.finfo(dtype).eps
+    row = 0
+    for name, start, end in spans_def:
+        want = reference(*(x.double() for x in full[name]), scale)[start:end]
+        got = out[row: row + end - start].double()
+        err = (got - want).abs()
+        if on_kernel and end - start <= limit:
+            bound = 0.5 * eps * want.abs() + 1e-5  # half an ulp: rounded once, to nearest
+            over = (err - bound).max().item()
+            assert over <= 0, f"span {name}[{start}:{end}]: error {over:.3e} over half an ulp"
+        else:
+            assert err.max().item() <= 8 * eps * max(1.0, want.abs().max().item()), f"span {name}[{start}:{end}]"
+        row += end - start
 
 
 def test_span_tensors_positions_and_slots():

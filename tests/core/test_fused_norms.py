@@ -13,9 +13,13 @@ from tiny_models import loaded_tiny_model
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=["fp32", "bf16", "fp16"])
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "mistral"])
-def test_fused_model_gives_identical_logits(arch, tmp_path):
+def test_fused_model_gives_identical_logits(arch, dtype, tmp_path):
+    """float32 norms fuse as they are; bfloat16/float16 ones normalise in float32
+    before rounding, and take the upcast form: bit-exact either way."""
     model, ids = loaded_tiny_model(arch, tmp_path)
+    model = model.to(dtype)
     with torch.inference_mode():
         before = model(input_ids=ids).logits
         fused, kept = fuse_rms_norms(model)
@@ -43,3 +47,4 @@ def test_other_formula_keeps_its_own_forward():
     want = model(x)
     assert fuse_rms_norms(model) == (0, 1)
     assert "forward" not in vars(model[0]) and torch.equal(model(x), want)
+

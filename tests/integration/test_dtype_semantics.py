@@ -10,8 +10,10 @@ and tested here over architectures × dtypes × proposer/scorer pairs:
   speculation, except at a near-tie: at the first difference the two tokens'
   logits (transformers' logits in the same dtype, teacher-forced along the
   common prefix) are within ``REDUCED_TIE_RTOL`` of the logit scale;
-- the float32-only C kernel falls back to the reference path in other dtypes
-  without changing a single token (``cpu_kernel`` equals ``torch``).
+- the C kernel (bfloat16/float16 storage, float32 arithmetic, one rounding;
+  bound per element in tests/core/test_attention_backend.py) and the torch
+  reference path (which rounds on the way) give the same tokens except at
+  near-ties, by the same rule.
 """
 
 from __future__ import annotations
@@ -62,7 +64,7 @@ def hf_models():
 
 
 @torch.inference_mode()
-def assert_equal_up_to_near_ties(ours, base, prompts, hf, what):
+def assert_equal_up_to_near_ties(ours, base, prompts, hf, what, max_tie_share=0.25):
     ties = 0
     for i, (o, b, p) in enumerate(zip(ours, base, prompts)):
         j = next((n for n, (x, y) in enumerate(zip(o, b)) if x != y), None)
@@ -75,7 +77,8 @@ def assert_equal_up_to_near_ties(ours, base, prompts, hf, what):
             f"{what} prompt {i}: first difference at token {j} ({o[j]} vs {b[j]}) has a logit gap of {gap:.3g} "
             f"of the scale, above the near-tie tolerance {REDUCED_TIE_RTOL}: a real divergence")
         ties += 1
-    assert ties <= max(1, len(ours) // 4), f"{what}: {ties} of {len(ours)} outputs diverged at near-ties"
+    assert ties <= max(1, int(len(ours) * max_tie_share)), \
+        f"{what}: {ties} of {len(ours)} outputs diverged at near-ties"
 
 
 @pytest.mark.parametrize("arch,dtype,spec", list(_cells()))
@@ -93,12 +96,17 @@ def test_speculation_equals_no_speculation_in_reduced_precision(arch, dtype, spe
     assert_equal_up_to_near_ties(outs, base_out, prompts, hf_models(target, dtype), f"{arch}/{dtype}/{spec}")
 
 
+@pytest.mark.parametrize("arch", ["phi3", "llama"])
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_float32_only_kernel_falls_back_without_changing_tokens(dtype, zoo):
-    target, prompts = zoo("phi3"), matrix_prompts()
+def test_kernel_and_reference_path_agree_up_to_near_ties(arch, dtype, zoo, hf_models):
+    target, prompts = zoo(arch), matrix_prompts()
     outs = {}
     for backend in ("cpu_kernel", "torch"):
         llm = LLM(str(target), dtype=dtype, attention_backend=backend, max_num_batched_tokens=16, max_num_seqs=7,
                   block_size=4)
         outs[backend] = [o.outputs[0].token_ids for o in llm.generate(prompts, GREEDY, use_tqdm=False)]
-    assert outs["cpu_kernel"] == outs["torch"]
+    # two roundings of the same attention: on random-weight models, whose logits sit close
+    # together, many outputs may part at a near-tie (as the engine and transformers do in
+    # bfloat16), but every first difference must be one
+    assert_equal_up_to_near_ties(outs["cpu_kernel"], outs["torch"], prompts, hf_models(target, dtype),
+                                 f"{arch}/{dtype}/cpu_kernel vs torch", max_tie_share=1.0)

@@ -7,9 +7,10 @@ backend hands every span of at most ``max_kernel_query`` tokens (decodes,
 verify runs of k + 1, batch-expansion rows) to the C kernel in
 ``csrc/paged_attention.c`` in a single call per layer, parallel over
 (span, K/V head) on torch's threads. Longer spans (prefill chunks) keep the
-reference path, whose batched matmuls are faster there. float32 only; other
-dtypes, or a machine where the kernel cannot be built (see
-``cpu_kernel_build.kernel_status()``), use the reference path for everything.
+reference path, whose batched matmuls are faster there. The kernel computes
+float32, bfloat16 and float16 caches (float32 arithmetic, one rounding of the
+output); other dtypes (float64), or a machine where the kernel cannot be built
+(see ``cpu_kernel_build.kernel_status()``), use the reference path.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from speculant.core.attention.cpu_kernel_build import kernel_status, load_kernel
+from speculant.core.attention.cpu_kernel_build import KERNEL_DTYPE_CODES, kernel_dtypes, kernel_status, load_kernel
 from speculant.core.attention.span_tensors import SpanTensors
 from speculant.core.attention.torch_ref import SpanView, TorchAttentionBackend
 from speculant.core.interfaces import AttentionBackendCapabilities
@@ -43,6 +44,7 @@ class CpuKernelAttentionBackend(TorchAttentionBackend):
 
     def __init__(self) -> None:
         self._lib = load_kernel()
+        self._dtypes = kernel_dtypes(self._lib) if self._lib is not None else frozenset()
         if self._lib is None:
             warnings.warn(f"attention backend 'cpu_kernel': the C kernel is unavailable ({kernel_status()}); "
                           "every span uses the torch reference path (correct, slower)", RuntimeWarning,
@@ -66,8 +68,8 @@ class CpuKernelAttentionBackend(TorchAttentionBackend):
         out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
         ids = metadata.kernel_ids
         if ids.numel():
-            if query.dtype == key_cache.dtype == torch.float32 and key_cache.is_contiguous() \
-                    and value_cache.is_contiguous():
+            if query.dtype == key_cache.dtype == value_cache.dtype and query.dtype in self._dtypes \
+                    and key_cache.is_contiguous() and value_cache.is_contiguous():
                 self._run_kernel(query.contiguous(), key_cache, value_cache, metadata.spans, ids, scaling, out)
             else:
                 if metadata.kernel_views is None:  # once per forward, not per layer
@@ -77,16 +79,19 @@ class CpuKernelAttentionBackend(TorchAttentionBackend):
             self.attend_spans(query, key_cache, value_cache, metadata.other, scaling, out)
         return out
 
-    def _run_kernel(self, query: torch.Tensor,  # [T, H, D] float32, contiguous
+    def _run_kernel(self, query: torch.Tensor,  # [T, H, D] float32 / bfloat16 / float16, contiguous
                     key_cache: torch.Tensor, value_cache: torch.Tensor,  # [num_blocks, block_size, H_kv, D]
                     spans: SpanTensors, ids: torch.Tensor,  # [n] long
                     scaling: float, out: torch.Tensor) -> None:  # [T, H, D]
         assert self._lib is not None, "kernel spans are only built with the library loaded"
         _, block_size, num_kv_heads, head_dim = key_cache.shape
         status = self._lib.speculant_paged_attention(
-            query.data_ptr(), key_cache.data_ptr(), value_cache.data_ptr(), out.data_ptr(),
+            KERNEL_DTYPE_CODES[query.dtype], query.data_ptr(), key_cache.data_ptr(), value_cache.data_ptr(),
+            out.data_ptr(),
             spans.cu_query_lens.data_ptr(), spans.starts.data_ptr(), spans.block_tables.data_ptr(),
             spans.block_tables.shape[1], ids.data_ptr(), ids.numel(), query.shape[1], num_kv_heads, head_dim,
             block_size, scaling, torch.get_num_threads())
+        if status == -2:
+            raise RuntimeError(f"attention backend 'cpu_kernel': this kernel build does not compute {query.dtype}")
         if status != 0:
             raise MemoryError("attention backend 'cpu_kernel': the kernel could not allocate its scratch buffer")

@@ -35,7 +35,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-import torch  # noqa: F401  (loads torch's libgomp before the kernel needs it)
+import torch  # also loads torch's libgomp before the kernel needs it
 
 SOURCE = Path(__file__).with_name("csrc") / "paged_attention.c"
 FLAGS = ["-O3", "-fPIC", "-shared", "-fopenmp", "-fno-math-errno", "-std=c11"]
@@ -170,12 +170,26 @@ def _compile(cc: str, out: Path) -> None:
             os.unlink(tmp)
 
 
+KERNEL_DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+"""The kernel's dtype argument; ``speculant_kernel_dtypes()`` says which a build has."""
+
+
 def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     fn = lib.speculant_paged_attention
     p, i64 = ctypes.c_void_p, ctypes.c_int64
-    fn.argtypes = [p, p, p, p, p, p, p, i64, p, i64, i64, i64, i64, i64, ctypes.c_float, ctypes.c_int]
+    fn.argtypes = [ctypes.c_int, p, p, p, p, p, p, p, i64, p, i64, i64, i64, i64, i64, ctypes.c_float,
+                   ctypes.c_int]
     fn.restype = ctypes.c_int
+    lib.speculant_kernel_dtypes.argtypes = []
+    lib.speculant_kernel_dtypes.restype = ctypes.c_int
     return lib
+
+
+def kernel_dtypes(lib: ctypes.CDLL) -> frozenset[torch.dtype]:
+    """The tensor dtypes this build of the kernel computes (float32, bfloat16, and
+    float16 where the compiler has ``_Float16``)."""
+    mask = lib.speculant_kernel_dtypes()
+    return frozenset(dt for dt, code in KERNEL_DTYPE_CODES.items() if mask >> code & 1)
 
 
 def _load_private(cc: str, name: str, why: str) -> tuple[ctypes.CDLL, str]:

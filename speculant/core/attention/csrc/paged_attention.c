@@ -1,4 +1,5 @@
-/* Paged attention for short query spans (decodes, verify runs), float32, CPU.
+/* Paged attention for short query spans (decodes, verify runs), CPU; float32,
+ * bfloat16 and (where the compiler has _Float16) float16 tensors.
  *
  * One call covers every selected span of a forward. A task is one (span, K/V
  * head) pair: it reads each visible key and value of that head exactly once
@@ -6,46 +7,131 @@
  * (grouped-query attention without repeating K/V). Query token i of a span
  * starting at position `start` sees keys 0 .. start + i (bottom-right causal).
  *
- * Layouts (all contiguous, row-major):
+ * Arithmetic is float32 whatever the storage dtype: a bfloat16/float16 row is
+ * widened when read (exactly), scores, softmax and the weighted sum of values
+ * stay in float32, and the result is rounded to the storage dtype once, to
+ * nearest even. So the output is exact attention over the stored inputs up to
+ * float32 round-off plus one final rounding, and a row's result depends only
+ * on its own query and its visible keys: a decode and the same position inside
+ * a verify span give the same bits.
+ *
+ * Layouts (all contiguous, row-major; elements of `dtype`):
  *   q, out          [T, H, D]
  *   k_cache/v_cache [num_blocks, block_size, H_kv, D]
- *   cu_query_lens   [B + 1]    starts [B]    block_tables [B, max_blocks]
+ *   cu_query_lens   [B + 1]    starts [B]    block_tables [B, max_blocks]   (int64)
  *   span_ids        [n_spans]  which of the B spans this call computes
- * Returns 0, or -1 if a scratch allocation failed (out is then incomplete).
+ * Returns 0, -1 if a scratch allocation failed (out is then incomplete), or -2
+ * for a dtype this build does not support.
  */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
-static int attend(const float *q, const float *k_cache, const float *v_cache, float *out,
+enum { DT_F32 = 0, DT_BF16 = 1, DT_F16 = 2 };
+
+#ifdef __FLT16_MAX__
+#define HAVE_F16 1
+#else
+#define HAVE_F16 0
+#endif
+
+/* Bit i set: dtype code i is supported by this build. */
+int speculant_kernel_dtypes(void)
+{
+    return (1 << DT_F32) | (1 << DT_BF16) | (HAVE_F16 << DT_F16);
+}
+
+/* Row `offset` (in elements) of `base` as float32: a pointer into `base` for
+ * float32 storage, else widened into `scratch` [D]. */
+static const float *row_f32(const void *base, int64_t offset, int dtype, int64_t D, float *scratch)
+{
+    if (dtype == DT_F32)
+        return (const float *)base + offset;
+    if (dtype == DT_BF16) {
+        const uint16_t *s = (const uint16_t *)base + offset;
+#pragma omp simd
+        for (int64_t d = 0; d < D; d++) {
+            const uint32_t u = (uint32_t)s[d] << 16;
+            float f;
+            memcpy(&f, &u, sizeof f);
+            scratch[d] = f;
+        }
+        return scratch;
+    }
+#if HAVE_F16
+    const _Float16 *s = (const _Float16 *)base + offset;
+#pragma omp simd
+    for (int64_t d = 0; d < D; d++)
+        scratch[d] = (float)s[d];
+#endif
+    return scratch;
+}
+
+static uint16_t round_bf16(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    if ((u & 0x7fffffffu) > 0x7f800000u)        /* NaN stays a (quiet) NaN */
+        return (uint16_t)((u >> 16) | 0x40u);
+    u += 0x7fffu + ((u >> 16) & 1u);             /* round to nearest, ties to even */
+    return (uint16_t)(u >> 16);
+}
+
+/* Write float32 `src` [D] as row `offset` of `base`, rounded to the dtype. */
+static void store_row(void *base, int64_t offset, int dtype, const float *src, int64_t D)
+{
+    if (dtype == DT_F32) {
+        memcpy((float *)base + offset, src, sizeof(float) * (size_t)D);
+    } else if (dtype == DT_BF16) {
+        uint16_t *d16 = (uint16_t *)base + offset;
+        for (int64_t d = 0; d < D; d++)
+            d16[d] = round_bf16(src[d]);
+    } else {
+#if HAVE_F16
+        _Float16 *h = (_Float16 *)base + offset;
+        for (int64_t d = 0; d < D; d++)
+            h[d] = (_Float16)src[d];
+#endif
+    }
+}
+
+static int attend(const void *q, const void *k_cache, const void *v_cache, void *out, int dtype,
                   int64_t row0, int64_t n_query, int64_t start, const int64_t *table,
                   int64_t kv_head, int64_t H, int64_t H_kv, int64_t D, int64_t block_size, float scale)
 {
     const int64_t G = H / H_kv;            /* query heads per K/V head */
     const int64_t R = n_query * G;          /* rows r = i * G + g */
     const int64_t n = start + n_query;      /* keys visible to the last query token */
-    float *scores = malloc(sizeof(float) * (size_t)(R * n + R * D));
+    /* scores [R, n] | acc [R, D] | queries [R, D] as float32 | one widened K/V row [D] */
+    float *scores = malloc(sizeof(float) * (size_t)(R * n + 2 * R * D + D));
     if (!scores)
         return -1;
     float *acc = scores + R * n;
+    float *qf = acc + R * D;
+    float *kv_row = qf + R * D;
 
+    for (int64_t i = 0; i < n_query; i++)
+        for (int64_t g = 0; g < G; g++) {
+            const int64_t r = i * G + g;
+            const float *src = row_f32(q, ((row0 + i) * H + kv_head * G + g) * D, dtype, D, qf + r * D);
+            if (src != qf + r * D)
+                memcpy(qf + r * D, src, sizeof(float) * (size_t)D);
+        }
     for (int64_t j = 0; j < n; j++) {
-        const float *k = k_cache + ((table[j / block_size] * block_size + j % block_size) * H_kv + kv_head) * D;
-        for (int64_t i = 0; i < n_query; i++) {
-            for (int64_t g = 0; g < G; g++) {
-                const int64_t r = i * G + g;
-                if (j > start + i) {
-                    scores[r * n + j] = -INFINITY;
-                    continue;
-                }
-                const float *qr = q + ((row0 + i) * H + kv_head * G + g) * D;
-                float s = 0.0f;
-#pragma omp simd reduction(+ : s)
-                for (int64_t d = 0; d < D; d++)
-                    s += qr[d] * k[d];
-                scores[r * n + j] = s * scale;
+        const float *k = row_f32(k_cache, ((table[j / block_size] * block_size + j % block_size) * H_kv + kv_head) * D,
+                                 dtype, D, kv_row);
+        for (int64_t r = 0; r < R; r++) {
+            if (j > start + r / G) {
+                scores[r * n + j] = -INFINITY;
+                continue;
             }
+            const float *qr = qf + r * D;
+            float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+            for (int64_t d = 0; d < D; d++)
+                s += qr[d] * k[d];
+            scores[r * n + j] = s * scale;
         }
     }
     for (int64_t r = 0; r < R; r++) {       /* softmax over the visible keys of each row */
@@ -67,7 +153,8 @@ static int attend(const float *q, const float *k_cache, const float *v_cache, fl
     }
     memset(acc, 0, sizeof(float) * (size_t)(R * D));
     for (int64_t j = 0; j < n; j++) {
-        const float *v = v_cache + ((table[j / block_size] * block_size + j % block_size) * H_kv + kv_head) * D;
+        const float *v = row_f32(v_cache, ((table[j / block_size] * block_size + j % block_size) * H_kv + kv_head) * D,
+                                 dtype, D, kv_row);
         for (int64_t r = 0; r < R; r++) {
             const float p = scores[r * n + j];
             if (p == 0.0f)
@@ -80,23 +167,25 @@ static int attend(const float *q, const float *k_cache, const float *v_cache, fl
     }
     for (int64_t i = 0; i < n_query; i++)
         for (int64_t g = 0; g < G; g++)
-            memcpy(out + ((row0 + i) * H + kv_head * G + g) * D, acc + (i * G + g) * D, sizeof(float) * (size_t)D);
+            store_row(out, ((row0 + i) * H + kv_head * G + g) * D, dtype, acc + (i * G + g) * D, D);
     free(scores);
     return 0;
 }
 
-int speculant_paged_attention(const float *q, const float *k_cache, const float *v_cache, float *out,
+int speculant_paged_attention(int dtype, const void *q, const void *k_cache, const void *v_cache, void *out,
                               const int64_t *cu_query_lens, const int64_t *starts, const int64_t *block_tables,
                               int64_t max_blocks, const int64_t *span_ids, int64_t n_spans,
                               int64_t H, int64_t H_kv, int64_t D, int64_t block_size, float scale, int threads)
 {
+    if (dtype < 0 || dtype > DT_F16 || !(speculant_kernel_dtypes() & (1 << dtype)))
+        return -2;
     int status = 0;
     const int64_t tasks = n_spans * H_kv;
 #pragma omp parallel for schedule(dynamic) num_threads(threads) if (tasks > 1)
     for (int64_t t = 0; t < tasks; t++) {
         const int64_t b = span_ids[t / H_kv];
         const int64_t row0 = cu_query_lens[b];
-        if (attend(q, k_cache, v_cache, out, row0, cu_query_lens[b + 1] - row0, starts[b],
+        if (attend(q, k_cache, v_cache, out, dtype, row0, cu_query_lens[b + 1] - row0, starts[b],
                    block_tables + b * max_blocks, t % H_kv, H, H_kv, D, block_size, scale) != 0) {
 #pragma omp atomic write
             status = -1;
