@@ -1,5 +1,5 @@
 """Fixtures of the server tests: a tiny model with a chat template, its config,
-and a real ``speculant serve`` process per module (started once, stopped with
+and the main ``speculant serve`` process (started once per session, stopped with
 SIGTERM at the end, which must exit 0)."""
 
 from __future__ import annotations
@@ -12,6 +12,8 @@ from server_proc import CHAT_TEMPLATE, ServerProcess, engine_config, write_toml
 from transformers import AutoTokenizer
 
 from speculant import LLM
+
+MAX_NUM_SEQS = 16
 
 
 @pytest.fixture(scope="session")
@@ -26,17 +28,17 @@ def chat_model_dir(llama_dir, tmp_path_factory) -> Path:
     return out
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def server(chat_model_dir, tmp_path_factory):
     """The main server: n-gram speculation, a small KV pool, up to 256 queued."""
     d = tmp_path_factory.mktemp("server")
-    config = write_toml(engine_config(chat_model_dir), d / "serve.toml")
+    config = write_toml(engine_config(chat_model_dir, max_num_seqs=MAX_NUM_SEQS), d / "serve.toml")
     proc = ServerProcess(["--config", str(config), "--served-model-name", "tiny"], d).start()
     yield proc
     assert proc.stop() == 0, proc.read_log()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def reference(chat_model_dir):
     """The offline API on the same model, without speculation and with a pool
     that never preempts: what every greedy request must equal."""
@@ -44,7 +46,7 @@ def reference(chat_model_dir):
     return LLM.from_dict(data, "reference")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def spec_reference(chat_model_dir):
     """The offline API with the server's own config: seeded sampling draws
     depend on the proposals verified, so they equal this, run alone."""
