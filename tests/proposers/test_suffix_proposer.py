@@ -52,18 +52,19 @@ def test_drafts_from_its_own_prompt():
 
 
 def test_draft_length_grows_with_the_match():
-    p = make()  # max_spec_factor 1: a match of m tokens drafts at most m
+    p = make()  # max_spec_factor 1: a match at level m (1, 2, 4, ...) drafts at most m
     text = [5, 6, 7, 8, 9, 10, 11, 12]
     assert propose(p, (request(text + [40, 7]), 8)) == [[8]]
     assert propose(p, (request(text + [41, 6, 7], request_id="b"), 8)) == [[8, 9]]
-    assert propose(p, (request(text + [42, 5, 6, 7], request_id="c"), 8)) == [[8, 9, 10]]
+    assert propose(p, (request(text + [42, 5, 6, 7], request_id="c"), 8)) == [[8, 9]]  # 3 counts as level 2
+    assert propose(p, (request(text + [43, 5, 6, 7, 8], request_id="d"), 8)) == [[9, 10, 11, 12]]
 
 
 def test_follows_the_most_frequent_continuation_and_stops_when_unsure():
-    # after [1, 2]: 3 twice, 4 once; after [1, 2, 3]: 7 and 8 once each (the first seen wins ties)
+    # after [1, 2]: 3 twice, 4 once; after [1, 2, 3]: 7 and 8 once each (the most recent wins ties)
     p = make(max_spec_factor=8.0, min_token_prob=0.0)
     req = request([1, 2, 3, 7, 50, 1, 2, 4, 51, 1, 2, 3, 8, 52, 1, 2])
-    assert propose(p, (req, 3)) == [[3, 7, 50]]  # path probabilities 2/3, 1/3, 1/3
+    assert propose(p, (req, 3)) == [[3, 8, 52]]  # path probabilities 2/3, 1/3, 1/3
     strict = make(max_spec_factor=8.0, min_token_prob=0.5)
     assert propose(strict, (req, 3)) == [[3]]  # 2/3, then 2/3 * 1/2 < 0.5
 
@@ -73,7 +74,7 @@ def test_finished_outputs_feed_later_requests():
     done = request([100, 101], [7, 8, 9, 10, 11, 12], request_id="a")
     propose(p, (done, 2))  # the proposer now follows 'a'
     finish(p, done)
-    assert list(p.cache.sequences) == [[7, 8, 9, 10, 11, 12]]
+    assert [t for _, t in p.cache.sequences] == [[7, 8, 9, 10, 11, 12]]
     later = request([200, 201, 7, 8], request_id="b")  # its own text has no match for [7, 8]
     assert propose(p, (later, 3)) == [[9, 10, 11]]
 
@@ -102,11 +103,11 @@ def test_cache_holds_at_most_max_cached_requests():
         req = request([1000 + i], [i, i + 1, i + 2], request_id=f"r{i}")
         propose(p, (req, 1))
         finish(p, req, reason="length")
-    assert list(p.cache.sequences) == [[2, 3, 4], [3, 4, 5]]
+    assert [t for _, t in p.cache.sequences] == [[2, 3, 4], [3, 4, 5]]
 
 
 @pytest.mark.parametrize("options,fragment", [
-    ({"max_tree_depth": 1}, "greater than or equal to 2"),
+    ({"max_match_len": 0}, "greater than or equal to 1"),
     ({"min_token_prob": 1.5}, "less than or equal to 1"),
     ({"max_cached_requests": -1}, "greater than or equal to 0"),
     ({"max_spec_factor": 0}, "greater than 0"),
