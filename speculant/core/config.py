@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -94,6 +94,37 @@ class SchedulerConfig(StrictModel):
     """Split prompts longer than the remaining budget across steps."""
 
 
+class FixedDraftLengthConfig(StrictModel):
+    """Every decode may get ``num_speculative_tokens`` proposals each step (the
+    scheduler still trims them to the token budget and the request's room)."""
+
+    policy: Literal["fixed"] = "fixed"
+
+
+class AdaptiveDraftLengthConfig(StrictModel):
+    """Per request, k follows the acceptance observed so far; per batch, drafts
+    are added only while they raise the expected tokens per unit of step
+    cost under a linear cost model (``speculant/core/draft_length.py`` states the rule)."""
+
+    policy: Literal["adaptive"]
+    token_cost: float = Field(default=0.03, ge=0, le=1)
+    """Cost of one more token in a target forward, as a fraction of a one-token
+    forward (the cost model's slope; ``benchmarks/verify_cost.py`` measures it
+    for a model on a machine). 0 means tokens are free: every decode drafts k."""
+    draft_token_cost: float = Field(default=0.0, ge=0, le=10)
+    """The proposer's cost per drafted token, in the same unit (0 for ngram and
+    suffix; about the draft's forward over the target's for draft_model)."""
+    acceptance_decay: float = Field(default=0.8, ge=0, lt=1)
+    """Weight of the past in a request's running acceptance estimate, per verify
+    step; a step without proposals moves the estimate back toward the prior
+    by the same factor (so a request held at k = 0 is tried again)."""
+    prior_acceptance: float = Field(default=0.5, gt=0, lt=1)
+    """Acceptance assumed before a request has been verified (worth two observations)."""
+
+
+DraftLengthConfig = Annotated[FixedDraftLengthConfig | AdaptiveDraftLengthConfig, Field(discriminator="policy")]
+
+
 class SpeculativeConfig(StrictModel):
     proposer: str | None = None
     """Registered proposer name; None turns speculation off."""
@@ -109,6 +140,9 @@ class SpeculativeConfig(StrictModel):
     """k: proposals per decode per step."""
     disable_by_batch_size: int | None = Field(default=None, ge=1)
     """Above this many running requests, speculation is off for the step."""
+    draft_length: DraftLengthConfig = Field(default_factory=FixedDraftLengthConfig)
+    """How many of the k proposals each decode gets per step: ``{policy = "fixed"}``
+    (all k) or ``{policy = "adaptive", ...}`` (``AdaptiveDraftLengthConfig``)."""
 
     @property
     def enabled(self) -> bool:
@@ -142,14 +176,38 @@ class ConfigError(ValueError):
         super().__init__(f"invalid configuration in {source}:\n{lines}")
 
 
-def _allowed_keys(model: type[BaseModel], loc: tuple) -> list[str] | None:
-    """Field names of the model at ``loc`` (minus the offending key)."""
+def _walk(model: type[BaseModel], loc: tuple) -> tuple[tuple, Any]:
+    """``loc`` without the tags pydantic inserts after a discriminated union
+    (``draft_length.adaptive.token_cost`` reads ``draft_length.token_cost``),
+    and the model holding its last key (None where the walk gets lost)."""
     current: Any = model
-    for part in loc[:-1]:
+    shown: list = []
+    parts = list(loc)
+    while parts:
+        part = parts.pop(0)
+        shown.append(part)
+        if not parts:
+            break
         field = getattr(current, "model_fields", {}).get(part)
         if field is None:
-            return None
+            return tuple(shown + parts), None
         current = field.annotation
+        tagged = {_tag(m): m for m in getattr(current, "__args__", ()) if _tag(m)}
+        if tagged and parts[0] in tagged:
+            current = tagged[parts.pop(0)]
+    return tuple(shown), current
+
+
+def _tag(model: Any) -> str | None:
+    """The ``policy`` literal of a tagged config model (e.g. 'adaptive'), if it is one."""
+    field = getattr(model, "model_fields", {}).get("policy")
+    args = getattr(field.annotation, "__args__", ()) if field is not None else ()
+    return args[0] if args else None
+
+
+def _allowed_keys(model: type[BaseModel], loc: tuple) -> list[str] | None:
+    """Field names of the model at ``loc`` (minus the offending key)."""
+    _, current = _walk(model, loc)
     fields = getattr(current, "model_fields", None)
     return sorted(fields) if fields else None
 
@@ -159,7 +217,8 @@ def format_validation_error(err: ValidationError, root: type[BaseModel] = Engine
     problems = []
     for e in err.errors():
         loc = tuple(e["loc"])
-        path = prefix + ".".join(str(p) for p in loc) if loc else prefix.rstrip(".") or "(top level)"
+        shown, _ = _walk(root, loc)
+        path = prefix + ".".join(str(p) for p in shown) if loc else prefix.rstrip(".") or "(top level)"
         if e["type"] == "extra_forbidden":
             allowed = _allowed_keys(root, loc)
             hint = f"; allowed keys: {', '.join(allowed)}" if allowed else ""
@@ -168,7 +227,8 @@ def format_validation_error(err: ValidationError, root: type[BaseModel] = Engine
             problems.append(f"{path}: required key is missing")
         else:
             msg = e["msg"].removeprefix("Value error, ")
-            fix = _FIELD_HINTS.get(path) if e["type"] in _BOUND_ERRORS else _TYPE_HINTS.get(e["type"])
+            fix = _FIELD_HINTS.get(path) if e["type"] in _BOUND_ERRORS else \
+                _TAG_HINTS.get(path) or _TYPE_HINTS.get(e["type"])
             problems.append(f"{path} = {e.get('input')!r}: {msg}" + (f"; {fix}" if fix else ""))
     return problems
 
@@ -180,10 +240,16 @@ _TYPE_HINTS = {
     "finite_number": "write a finite number (not nan or inf)",
     "string_type": "write a quoted string",
 }
+_TAG_HINTS = {
+    "speculative.draft_length": 'write a table naming the policy: {policy = "fixed"} or {policy = "adaptive"} '
+                                '(options: token_cost, draft_token_cost, acceptance_decay, prior_acceptance)',
+}
 _BOUND_ERRORS = {"greater_than", "greater_than_equal", "less_than", "less_than_equal"}
 _FIELD_HINTS = {
     "model.seed": "pick a seed in [0, 2**63 - 1]",
     "model.max_model_len": "leave it unset to use the model's max_position_embeddings, or pick a smaller length",
+    "speculative.draft_length.token_cost": "it is a fraction of a one-token forward's cost; measure it with "
+                                           "benchmarks/verify_cost.py (0 makes every token free)",
     "cache.num_blocks": "lower it, or raise cache.block_size to hold the same tokens in fewer blocks "
                         "(or leave it unset and size the pool with cache.memory_gb)",
 }

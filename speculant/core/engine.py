@@ -20,6 +20,7 @@ from speculant.core.commit import apply
 from speculant.core.compat import default_plugins, sampling_reasons, validate_config
 from speculant.core.config import EngineConfig
 from speculant.core.detokenizer import Detokenizer, TextDecoder
+from speculant.core.draft_length import DraftLengthPolicy, build_draft_length_policy
 from speculant.core.inbox import Inbox
 from speculant.core.interfaces import AttentionBackend
 from speculant.core.model_runner import ModelRunner
@@ -51,6 +52,7 @@ class LLMEngine:
         self.max_model_len = self.runner.max_model_len
         self.scheduler = Scheduler(config.scheduler, self.runner.block_manager, self.max_model_len)
         self.spec: SpecComponents = build_spec_components(config, self.runner, registry)
+        self.draft_length: DraftLengthPolicy = build_draft_length_policy(config.speculative)
         self._counter = itertools.count()
         self._requests: dict[str, Request] = {}  # every unfinished request, queued ones included
         self._aborting: set[str] = set()  # aborts waiting in the inbox
@@ -185,6 +187,7 @@ class LLMEngine:
         req.detokenizer = Detokenizer()  # its text is output_text now
         if self.spec.proposer is not None:
             self.guard.free(self.spec.proposer, req.request_id)
+            self.draft_length.free(req.request_id)
         with self._inbox.lock:
             self.spec_stats.merge(req.spec_stats)
             self._requests.pop(req.request_id, None)
@@ -204,10 +207,9 @@ class LLMEngine:
             return self._step()
 
     def _step(self) -> list[RequestOutput]:
-        spec_cfg = self.config.speculative
         proposer = self.spec.proposer
-        k = spec_cfg.num_speculative_tokens if proposer is not None else 0
-        batch = self.scheduler.schedule(k, spec_cfg.disable_by_batch_size)
+        draft_lengths = self.draft_length.plan(self.scheduler.running) if proposer is not None else None
+        batch = self.scheduler.schedule(draft_lengths)
         if proposer is not None:
             self.guard.reset(proposer, [req.request_id for req in batch.preempted])
         if batch.is_empty:
@@ -272,6 +274,7 @@ class LLMEngine:
             self.num_steps = 0
             self.num_failed_requests = self.num_fallback_steps = 0
             self.guard.errors = self.guard.slow_calls = 0
+            self.draft_length.reset_metrics()
 
     def spec_totals(self) -> SpecStats:
         """Speculation counters summed over finished and unfinished requests
@@ -306,5 +309,6 @@ class LLMEngine:
             "slow_proposer_calls": self.guard.slow_calls,
             "failed_requests": self.num_failed_requests,
             "fallback_steps": self.num_fallback_steps,
+            **self.draft_length.metrics(),
             **stats.as_dict(),
         }

@@ -65,6 +65,7 @@ class SpecStats:
             "num_accepted_tokens": self.num_accepted_tokens,
             "acceptance_rate": self.acceptance_rate,
             "mean_accepted_length": self.mean_accepted_length,
+            "mean_draft_length": self.num_draft_tokens / self.num_steps if self.num_steps else 0.0,
             "acceptance_per_position": [
                 a / d if d else 0.0 for a, d in zip(self.accepted_per_position, self.drafted_per_position)
             ],

@@ -12,6 +12,7 @@ decode: it resumes with the same step boundaries as if never preempted.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Mapping
 
 from speculant.core.batch import ScheduledRequest, StepBatch
 from speculant.core.config import SchedulerConfig
@@ -42,12 +43,12 @@ class Scheduler:
             self.waiting.remove(request)
         self.blocks.free(request.request_id)
 
-    def schedule(self, num_spec_tokens: int = 0, disable_by_batch_size: int | None = None) -> StepBatch:
+    def schedule(self, draft_lengths: Mapping[str, int] | None = None) -> StepBatch:
+        """One step's batch. ``draft_lengths``: request id -> most proposals
+        that decode may get (the draft-length policy's plan; absent: none)."""
         batch = StepBatch()
         budget = self.config.max_num_batched_tokens
-        speculate = num_spec_tokens > 0 and (
-            disable_by_batch_size is None or len(self.running) <= disable_by_batch_size)
-        budget = self._schedule_decodes(batch, budget, num_spec_tokens if speculate else 0)
+        budget = self._schedule_decodes(batch, budget, draft_lengths or {})
         self._schedule_prefills(batch, budget)
         return batch
 
@@ -57,7 +58,7 @@ class Scheduler:
         room_out = req.params.max_tokens - req.num_output_tokens - 1  # drafts past max_tokens are waste
         return max(0, min(k, budget - 1, room_len, room_out))
 
-    def _schedule_decodes(self, batch: StepBatch, budget: int, k: int) -> int:
+    def _schedule_decodes(self, batch: StepBatch, budget: int, draft_lengths: Mapping[str, int]) -> int:
         """Every running decode first gets its one token; proposals only take
         what is left, so speculation never starves a running decode."""
         pending = sum(1 for r in self.running if r.is_decoding)
@@ -68,7 +69,7 @@ class Scheduler:
                 continue
             pending -= 1
             spare = budget - 1 - min(pending, budget - 1)  # one token kept for each later decode
-            k_i = self._spec_len(req, k, spare + 1)
+            k_i = self._spec_len(req, draft_lengths.get(req.request_id, 0), spare + 1)
             if not self._reserve(req, req.num_computed_tokens + 1 + k_i, batch):
                 continue  # req itself was preempted
             batch.decodes.append(ScheduledRequest(req, 1, k_i))
