@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import sys
-from pathlib import Path
 
 SERVE_MODULES = ("fastapi", "uvicorn", "prometheus_client")
 
@@ -41,21 +40,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def _config(args: argparse.Namespace):
-    from speculant.core.compat import build_config
-    from speculant.core.config import apply_overrides, read_config
-
-    if args.config:
-        data = read_config(args.config, args.overrides)
-        source = str(args.config)
-        if args.model:
-            data.setdefault("model", {})["path"] = args.model
-    else:
-        data = apply_overrides({"model": {"path": args.model}}, args.overrides)
-        source = "--model/--set"
-    return build_config(data, source), source
-
-
 def _usage_problem(args: argparse.Namespace) -> str | None:
     missing = [m for m in SERVE_MODULES if importlib.util.find_spec(m) is None]
     if missing:
@@ -74,31 +58,10 @@ def _usage_problem(args: argparse.Namespace) -> str | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from speculant.core.config import ConfigError
-
     problem = _usage_problem(args)
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         return 2
-    if args.threads is not None:
-        import torch
+    from speculant.server.runner import serve_command
 
-        torch.set_num_threads(args.threads)
-    try:
-        config, source = _config(args)
-    except (ConfigError, ValueError, OSError, TypeError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    return _serve(args, config, source)
-
-
-def _serve(args: argparse.Namespace, config, source: str) -> int:
-    from speculant.server.runner import run_server
-
-    name = args.served_model_name or Path(config.model.path).name.removesuffix(".gguf")
-    error = run_server(config, source, name, host=args.host, port=args.port, max_queued=args.max_queued,
-                       shutdown_timeout=args.shutdown_timeout, log_level=args.log_level)
-    if error:
-        print(f"error: {error}", file=sys.stderr)
-        return 1
-    return 0
+    return serve_command(args)

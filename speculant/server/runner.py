@@ -10,14 +10,18 @@ a server that was asked to stop and stopped cleanly exits 0.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import signal
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 from types import FrameType
 
 import uvicorn
 
-from speculant.core.config import EngineConfig
+from speculant.core.compat import build_config
+from speculant.core.config import ConfigError, EngineConfig, apply_overrides, read_config
 from speculant.core.engine import LLMEngine
 from speculant.server.app import ServerState, build_app
 
@@ -60,3 +64,36 @@ def run_server(config: EngineConfig, source: str, model_name: str, *, host: str,
     if not server.started:
         return f"could not serve on {host}:{port} (see the log above: port in use?)"
     return None
+
+
+def serve_command(args: argparse.Namespace) -> int:
+    """``speculant serve`` after its argument checks: the config is built and
+    checked before the port opens (exit 2 naming the problem), then served
+    (exit 0 after a clean stop, 1 if the model did not load or the port did not open)."""
+    if args.threads is not None:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    try:
+        config, source = _config(args)
+    except (ConfigError, ValueError, OSError, TypeError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    name = args.served_model_name or Path(config.model.path).name.removesuffix(".gguf")
+    error = run_server(config, source, name, host=args.host, port=args.port, max_queued=args.max_queued,
+                       shutdown_timeout=args.shutdown_timeout, log_level=args.log_level)
+    if error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _config(args: argparse.Namespace) -> tuple[EngineConfig, str]:
+    """``--config`` (with ``--model`` replacing model.path) or ``--model``, then ``--set``."""
+    if args.config:
+        data = read_config(args.config, args.overrides)
+        if args.model:
+            data.setdefault("model", {})["path"] = args.model
+        return build_config(data, str(args.config)), str(args.config)
+    data = apply_overrides({"model": {"path": args.model}}, args.overrides)
+    return build_config(data, "--model/--set"), "--model/--set"
