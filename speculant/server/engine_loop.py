@@ -46,8 +46,12 @@ class RequestStream:
     finished: bool = False
 
     def put(self, item: RequestOutput | BaseException) -> None:
-        """From the engine thread."""
-        self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+        """From the engine thread. An event loop already closed has no one left
+        to read: the item is dropped, the engine thread carries on."""
+        try:
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+        except RuntimeError:
+            logger.warning("request %r: its event loop is closed; output dropped", self.request_id)
 
     async def next(self) -> RequestOutput:
         item = await self.queue.get()

@@ -3,7 +3,8 @@
 ``raising_ngram`` is the n-gram proposer, except that ``propose`` raises when a
 request whose prompt starts with ``PROPOSE_FAIL`` is in the batch: the engine
 contains it (the step runs without proposals, the request succeeds, and
-``proposer_errors`` counts it). ``faulty_scorer`` is the MQA scorer, except
+``proposer_errors`` counts it); it also sleeps in steps holding a request whose
+prompt starts with ``SLOW``, so a test can keep running slots busy. ``faulty_scorer`` is the MQA scorer, except
 that it raises whenever a request whose prompt starts with ``SCORE_FAIL`` is
 in the batch: the engine retries, isolates, and fails that request alone,
 with a message naming the plugin.
@@ -12,6 +13,7 @@ with a message naming the plugin.
 from __future__ import annotations
 
 import sys
+import time
 
 from speculant.plugins import hookimpl
 from speculant.plugins.manager import register_plugin
@@ -20,6 +22,8 @@ from speculant.scorers.mqa import MQAScorer
 
 PROPOSE_FAIL = "PROPOSE_FAIL"
 SCORE_FAIL = "SCORE_FAIL"
+SLOW = "SLOW"  # steps with such a request take SLOW_STEP_S more: it holds its slot for a while
+SLOW_STEP_S = 0.2
 
 
 def _marked(batch, marker: str) -> bool:
@@ -30,6 +34,8 @@ class RaisingNgram(NgramProposer):
     name = "raising_ngram"
 
     def propose(self, batch):
+        if _marked(batch, SLOW):
+            time.sleep(SLOW_STEP_S)
         if _marked(batch, PROPOSE_FAIL):
             raise RuntimeError("raising_ngram: injected propose fault")
         return super().propose(batch)

@@ -7,14 +7,17 @@ in-flight stream finish and exits 0."""
 from __future__ import annotations
 
 import contextlib
+import json
 import signal
+import socket
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
 import openai
 import pytest
-from faulty_server import PROPOSE_FAIL, SCORE_FAIL
+from faulty_server import PROPOSE_FAIL, SCORE_FAIL, SLOW
 from server_proc import ServerProcess, engine_config, write_toml
 
 from speculant import SamplingParams
@@ -99,6 +102,38 @@ def test_a_full_queue_answers_429_then_drains(faulty):
     assert m["speculant_requests_queued"] == 0 and m["speculant_kv_blocks_in_use"] == 0
     assert m['speculant_requests_total{finish_reason="rejected"}'] == 1
     assert httpx.post(url, json={"prompt": "after", "max_tokens": 2}, timeout=60).status_code == 200
+
+
+def _wait_for(server, condition, limit_s: float = 60) -> dict[str, float]:
+    deadline = time.monotonic() + limit_s
+    while True:
+        m = server.metrics()
+        if condition(m) or time.monotonic() > deadline:
+            return m
+        time.sleep(0.05)
+
+
+def test_a_client_gone_before_its_whole_answer_is_aborted(faulty):
+    """A non-streaming request waiting behind two slow running streams; its client
+    hangs up: the server notices, aborts it and it leaves the queue."""
+    url = faulty.url + "/v1/completions"
+    abort = 'speculant_requests_total{finish_reason="abort"}'
+    aborted0 = faulty.metrics().get(abort, 0)
+    with httpx.Client(timeout=120) as client, contextlib.ExitStack() as stack:
+        held = []  # an event iterator dropped would close its stream
+        for i in range(2):
+            hold = {"prompt": f"{SLOW} hold {i}", "stream": True, **LONG, "max_tokens": 240}
+            held.append(stack.enter_context(client.stream("POST", url, json=hold)).iter_lines())
+            _first_event(held[-1])
+        body = json.dumps({"prompt": "never read", **LONG}).encode()
+        sock = socket.create_connection(("127.0.0.1", faulty.port))
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        assert _wait_for(faulty, lambda m: m["speculant_requests_queued"] == 1)["speculant_requests_queued"] == 1
+        sock.close()
+        m = _wait_for(faulty, lambda m: m.get(abort, 0) == aborted0 + 1)
+        assert m.get(abort, 0) == aborted0 + 1 and m["speculant_requests_queued"] == 0, m
+    assert faulty.wait_idle()["speculant_kv_blocks_in_use"] == 0
 
 
 def test_sigterm_finishes_the_stream_in_flight_and_exits_0(faulty):
