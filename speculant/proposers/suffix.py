@@ -94,23 +94,23 @@ class SuffixProposer(Proposer):
         o = self.options
         self.levels = match_levels(o.max_match_len)
         self.cache = SuffixCache(self.levels, o.max_cached_requests, o.max_cached_tokens)
-        self._index: dict[str, _RequestIndex] = {}
+        self._state: dict[str, _RequestIndex] = {}
 
     def propose(self, batch: StepBatch) -> Proposals:
         rows = [self._draft(self._sync(d.request), d.num_spec_tokens) for d in batch.decodes]
         return Proposals.from_lists(rows, self.context.target.device)
 
     def free(self, request_id: str) -> None:
-        index = self._index.pop(request_id, None)
+        index = self._state.pop(request_id, None)
         if index is not None and index.request.finished and index.request.finish_reason in ("stop", "length"):
             self.cache.add(index.request.output_token_ids)
 
     def _sync(self, request: Request) -> _RequestIndex:
         """The request's index, brought up to ``request.token_ids``."""
-        state = self._index.get(request.request_id)
+        state = self._state.get(request.request_id)
         tokens = request.token_ids
         if state is None or state.request is not request or len(state.hashes) > len(tokens) + 1:
-            state = self._index[request.request_id] = _RequestIndex(request, SuffixIndex(self.levels), [0])
+            state = self._state[request.request_id] = _RequestIndex(request, SuffixIndex(self.levels), [0])
         seen = len(state.hashes) - 1
         extend_hashes(state.hashes, tokens)
         state.index.add(state.hashes, seen)

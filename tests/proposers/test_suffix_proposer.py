@@ -84,7 +84,7 @@ def test_preempted_or_failed_requests_are_not_cached_and_rebuild():
     req = request([1, 2, 3, 1, 2], request_id="a")
     assert propose(p, (req, 1)) == [[3]]
     p.free("a")  # preempted / reset: still running
-    assert not p.cache.sequences and "a" not in p._index
+    assert not p.cache.sequences and "a" not in p._state
     req.token_ids += [3, 1]
     assert propose(p, (req, 2)) == [[2, 3]]  # rebuilt from token_ids
     finish(p, req, reason="abort")

@@ -47,7 +47,9 @@ SCHEDULES = {
     # the whole prompt in one chunk; max_num_seqs=2 makes later prompts prefill next to decodes
     "whole": (dict(max_num_batched_tokens=256, max_num_seqs=2), True),
 }
-PROPOSERS = ["ngram", "draft_noisy", "draft_self"]
+PROPOSERS = ["ngram", "suffix", "draft_noisy", "draft_self"]
+# the draft-length policies; 'adaptive' with a steep cost model so that k really varies step to step
+POLICIES = {"fixed": {"policy": "fixed"}, "adaptive": {"policy": "adaptive", "token_cost": 0.3}}
 
 
 def _keep(sched: str, proposer: str, scorer: str) -> bool:
@@ -68,6 +70,8 @@ CELLS = [
 def spec_config(proposer: str, scorer: str, llama_dir, noisy_dir, k: int = K, **extra) -> dict:
     if proposer == "ngram":
         spec = {"proposer": "ngram", "proposer_options": {"min_n": 1, "max_n": 3}}
+    elif proposer == "suffix":  # drafts as much as it can: long drafts from short matches
+        spec = {"proposer": "suffix", "proposer_options": {"max_spec_factor": 3.0, "min_token_prob": 0.0}}
     else:
         draft = llama_dir if proposer == "draft_self" else noisy_dir
         spec = {"proposer": "draft_model", "proposer_options": {"model": str(draft)}}
@@ -148,3 +152,29 @@ def test_greedy_equal_other_architectures(arch, draft_arch, scorer, model_dirs, 
     assert probe.mixed_steps > 0
     if arch == draft_arch:
         assert llm.get_metrics()["acceptance_rate"] == 1.0
+
+
+@pytest.mark.parametrize("proposer,scorer,sched", [
+    pytest.param(p, sc, sched, id=f"{p}-{sc}-{sched}")
+    for p, sc, sched in [("ngram", "mqa", "bs+1"), ("suffix", "batch_expansion", "whole"), ("suffix", "mqa", "bs+1"),
+                         ("draft_noisy", "mqa", "chunk1_mixed"), ("draft_noisy", "batch_expansion", "nochunk"),
+                         ("draft_self", "mqa", "whole")]])
+def test_greedy_equal_under_adaptive_draft_length(proposer, scorer, sched, llama_dir, spec_noisy_draft_dir, prompts,
+                                                  refs, baseline):
+    """The adaptive policy changes k step by step and request by request; the
+    tokens stay those of no speculation."""
+    kwargs, _ = SCHEDULES[sched]
+    llm = LLM(model=str(llama_dir), block_size=BLOCK, **kwargs,
+              speculative=spec_config(proposer, scorer, llama_dir, spec_noisy_draft_dir,
+                                      draft_length=POLICIES["adaptive"]))
+    probe = StepProbe(llm)
+    outputs = run(llm, prompts, params())
+    check_against(outputs, refs, baseline, f"{proposer}/{scorer}/{sched}/adaptive")
+    probe.check_invariants(K, kwargs.get("enable_chunked_prefill", True))
+    m = llm.get_metrics()
+    assert m["draft_length_policy"] == "adaptive" and m["num_draft_tokens"] > 0
+    ks = {k for s in probe.steps for k in s["k"]}
+    if proposer == "draft_self":  # always accepted: the policy keeps k at its maximum
+        assert m["acceptance_rate"] == 1.0 and K in ks
+    else:  # rejections lower k below its maximum for some steps
+        assert len(ks) > 1, ks

@@ -2,7 +2,7 @@
 engine samples under speculation follow the target's distribution.
 
 Setup: a tiny llama with a 16-token vocabulary, a fixed prompt (a permutation
-of the vocabulary; for the n-gram proposer followed by 16 tokens sampled from
+of the vocabulary; for the n-gram and suffix proposers followed by 16 tokens sampled from
 the target, so it finds every first token and proposes continuations the
 target often accepts), and N = 2000 requests with seeds 0..N-1 and
 max_tokens = 4 in one batch. The first token comes from the prefill; with
@@ -30,6 +30,7 @@ drawing the bonus token from the wrong position, gives p-values of 1e-4 to
 from __future__ import annotations
 
 import shutil
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -37,7 +38,10 @@ from transformers import AutoModelForCausalLM
 
 from spec_helpers import run
 from speculant import LLM, SamplingParams
+from speculant.core.batch import ScheduledRequest, StepBatch
+from speculant.core.request import Request
 from speculant.proposers.ngram import propose_continuation
+from speculant.proposers.suffix import SuffixOptions, SuffixProposer
 from tiny_models import build_model
 
 V = 16
@@ -80,7 +84,8 @@ def small_vocab(tmp_path_factory, tokenizer_dir):
     target = build_model("llama", tmp_path_factory.mktemp("v16_target"), tokenizer_dir, vocab_size=V, seed=5)
     draft = noisy_copy(target, tmp_path_factory.mktemp("v16_draft"), sigma=0.15, seed=1)
     perm = torch.randperm(V, generator=torch.Generator().manual_seed(0)).tolist()
-    return target, draft, {"draft_model": perm, "ngram": extend_by_sampling(target, perm, 16, seed=3)}
+    sampled = extend_by_sampling(target, perm, 16, seed=3)
+    return target, draft, {"draft_model": perm, "ngram": sampled, "suffix": sampled}
 
 
 def filtered_probs(logits: torch.Tensor, temperature: float, top_k: int, top_p: float,
@@ -137,10 +142,21 @@ def unchecked_second_token(target, draft, proposer: str, prompt: list[int], sp: 
     else:
         cond = next_token_probs(target, seqs, sp)[:, -1]
         for a in range(V):
-            proposal = propose_continuation(seqs[a].tolist(), 1, 1, 2)
+            proposal = first_proposal(proposer, seqs[a].tolist())
             if proposal:
                 cond[a] = torch.nn.functional.one_hot(torch.tensor(proposal[0]), V).double()
     return first @ cond
+
+
+def first_proposal(proposer: str, tokens: list[int]) -> list[int]:
+    """What a model-free proposer drafts first after ``tokens`` (its own text only:
+    at the first verify step no request has finished, so the suffix cache is empty)."""
+    if proposer == "ngram":
+        return propose_continuation(tokens, 1, 1, 2)
+    suffix = SuffixProposer(SuffixOptions(**PROPOSER_OPTIONS["suffix"]),
+                            SimpleNamespace(target=SimpleNamespace(device=torch.device("cpu"))))  # type: ignore[arg-type]
+    req = Request(request_id="r", prompt=None, prompt_token_ids=tokens, params=SamplingParams(), seed=0)
+    return suffix.propose(StepBatch(decodes=[ScheduledRequest(req, 1, K)])).token_ids[:1].tolist()
 
 
 def chi_square_p(counts: torch.Tensor, probs: torch.Tensor) -> float:
@@ -166,8 +182,12 @@ CASES = {
     # proposer, sampling settings
     "draft_full": ("draft_model", dict(temperature=1.0)),
     "ngram_one_hot": ("ngram", dict(temperature=1.0)),
+    "suffix_one_hot": ("suffix", dict(temperature=1.0)),
     "draft_filtered": ("draft_model", dict(temperature=0.8, top_k=6, top_p=0.9, min_p=0.02)),
 }
+
+
+PROPOSER_OPTIONS = {"ngram": {"min_n": 1, "max_n": 2}, "suffix": {"max_spec_factor": 2.0, "min_token_prob": 0.0}}
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -175,7 +195,7 @@ def test_rejection_sampling_matches_target_distribution(case, small_vocab):
     target, draft, prompts = small_vocab
     proposer, sampling = CASES[case]
     prompt = prompts[proposer]
-    options = {"model": str(draft)} if proposer == "draft_model" else {"min_n": 1, "max_n": 2}
+    options = PROPOSER_OPTIONS[proposer] if proposer != "draft_model" else {"model": str(draft)}
     llm = LLM(model=str(target), max_num_seqs=1024, max_num_batched_tokens=1024 * (len(prompt) + 1),
               speculative={"proposer": proposer, "proposer_options": options, "acceptance": "rejection",
                            "num_speculative_tokens": K})
