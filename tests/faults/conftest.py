@@ -14,7 +14,7 @@ from greedy_compare import check_all_greedy
 from speculant import LLM, SamplingParams
 from tiny_models import random_prompts
 
-PROPOSERS = ("ngram", "draft_model", "medusa", "mlp_speculator")
+PROPOSERS = ("ngram", "suffix", "draft_model", "medusa", "mlp_speculator")
 HEADS = ("medusa", "mlp_speculator")
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
 
@@ -28,7 +28,7 @@ def _one_torch_thread():
 
 
 def spec_for(proposer: str, draft_dir, heads_dirs, k: int = 3) -> dict:
-    if proposer == "ngram":
+    if proposer in ("ngram", "suffix"):
         options = {}
     elif proposer == "draft_model":
         options = {"model": str(draft_dir)}
