@@ -107,12 +107,14 @@ def one_thread():
 
 
 @pytest.fixture(scope="session")
-def random_heads_dirs(tmp_path_factory) -> dict[str, Path]:
-    """Random Medusa and MLP-speculator heads (4 each) fitting the tiny llama
-    (hidden 64, vocab 384): they propose poorly, so only exactness is tested."""
+def random_heads_dirs(tmp_path_factory, llama_dir) -> dict[str, Path]:
+    """Random Medusa and MLP-speculator heads (4 each) and a random EAGLE head
+    (a draft vocabulary of 256 of the 384 ids) fitting the tiny llama (hidden
+    64): they propose poorly, so only exactness is tested."""
     from speculant.proposers.heads.common import save_heads
     from speculant.proposers.heads.medusa import MedusaHeads, medusa_config
     from speculant.proposers.heads.mlp_speculator import MLPSpeculator, mlp_speculator_config
+    from tiny_eagle import save_random_eagle
 
     torch.manual_seed(0)
     root = tmp_path_factory.mktemp("heads")
@@ -120,7 +122,8 @@ def random_heads_dirs(tmp_path_factory) -> dict[str, Path]:
     save_heads(MedusaHeads.from_config(medusa), medusa, root / "medusa")
     mlp = mlp_speculator_config(64, 384, 4, 32)
     save_heads(MLPSpeculator.from_config(mlp), mlp, root / "mlp_speculator")
-    return {"medusa": root / "medusa", "mlp_speculator": root / "mlp_speculator"}
+    save_random_eagle(llama_dir, root / "eagle", draft_vocab_size=256)
+    return {"medusa": root / "medusa", "mlp_speculator": root / "mlp_speculator", "eagle": root / "eagle"}
 
 
 # --- slow variants (the architecture matrix's full cross product, more hypothesis examples) ---

@@ -78,7 +78,7 @@ def combination_issues(
     pc, sc, ac = proposer_cls.capabilities, scorer_cls.capabilities, acceptance_cls.capabilities
     issues = []
     if enable_chunked_prefill and not pc.supports_chunked_prefill:
-        if pc.needs_target_hidden_states:
+        if pc.needs_prompt_hidden_states:
             issues.append(Issue(
                 "needs hidden states at every prompt position",
                 f"proposer '{p}' needs the target's hidden state at every prompt position, which chunked "

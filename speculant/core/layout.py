@@ -48,12 +48,14 @@ def gather_scores(out: ForwardOutput, batch: StepBatch, proposals: Proposals) ->
     assert logits.shape[0] == num_prefill_rows + num_decode_rows, \
         "forward returned an unexpected number of logit rows"
     hidden = out.hidden_states
+    prompt_rows = sum(p.num_new_tokens for p in batch.prefills)  # prefill spans come first in every layout
     return Scores(
         prefill_logits=logits[:num_prefill_rows],
         decode_logits=logits[num_prefill_rows:],
         cu_num_logits=proposals.cu_num_logits().to(logits.device),
         prefill_hidden=hidden[:num_prefill_rows] if hidden is not None else None,
         decode_hidden=hidden[num_prefill_rows:] if hidden is not None else None,
+        prompt_hidden=out.token_hidden[:prompt_rows] if out.token_hidden is not None else None,
     )
 
 

@@ -64,6 +64,7 @@ def auto_dense_max_rows(weight_bytes: int, vendor: str) -> int:
 class ForwardOutput:
     logits: torch.Tensor  # [R, V] float32, R = total len(span.logits_at), span order
     hidden_states: torch.Tensor | None  # [R, H] final (normed) hidden states, if asked
+    token_hidden: torch.Tensor | None = None  # [T, H] the same at every token of the forward (span order)
 
 
 class ModelRunner:
@@ -84,7 +85,7 @@ class ModelRunner:
         self.linear_report = self._pack_linears(model_cfg.linear_backend, model_cfg.linear_dense_max_rows)
         self._captured_hidden: torch.Tensor | None = None
         self._capture = False
-        self.model.base_model.register_forward_hook(self._hidden_hook)
+        self._hidden_source().register_forward_hook(self._hidden_hook)
         self.kv_shapes = self._probe_kv_shapes(path_option)  # per layer (H_kv, D)
         self.num_blocks = self._num_blocks(cache_cfg)
         self.key_caches, self.value_caches = self._allocate_caches()
@@ -100,6 +101,16 @@ class ModelRunner:
             report = pack_linear_layers(self.model, backend, dense_max_rows=dense_max_rows)
             self.merged_linear_groups = merge_sibling_linears(self.model)
             return report
+
+    def _hidden_source(self) -> torch.nn.Module:
+        """The module whose output is the final hidden states: the base model
+        (``model`` where ``base_model_prefix`` names no attribute, as in
+        llama4_text), or its ``decoder`` where the LM class calls that directly (OPT)."""
+        base = self.model.base_model
+        if base is self.model:
+            base = getattr(self.model, "model", base)
+        decoder = getattr(base, "decoder", None)
+        return decoder if isinstance(decoder, torch.nn.Module) else base
 
     def _hidden_hook(self, module, args, output) -> None:
         if self._capture:
@@ -189,12 +200,13 @@ class ModelRunner:
             with forward_context(ctx):
                 out = self.model(input_ids=st.token_ids.unsqueeze(0), position_ids=st.positions.unsqueeze(0),
                                  use_cache=False, logits_to_keep=keep_t)
-            hidden = None
+            hidden = every = None
             if want_hidden:
                 if self._captured_hidden is None:
                     raise RuntimeError("the base model's forward hook captured no hidden states")
-                hidden = self._captured_hidden[0, keep_t]
+                every = self._captured_hidden[0]
+                hidden = every[keep_t]
         finally:
             self._capture = False
             self._captured_hidden = None
-        return ForwardOutput(logits=out.logits[0].float(), hidden_states=hidden)
+        return ForwardOutput(logits=out.logits[0].float(), hidden_states=hidden, token_hidden=every)

@@ -34,7 +34,10 @@ class SpecComponents:
 
     @property
     def want_hidden(self) -> bool:
-        return self.proposer is not None and self.proposer.capabilities.needs_target_hidden_states
+        if self.proposer is None:
+            return False
+        caps = self.proposer.capabilities
+        return caps.needs_target_hidden_states or caps.needs_prompt_hidden_states
 
 
 def resolve_backend(config: EngineConfig, registry: Registry) -> AttentionBackend:
@@ -69,6 +72,7 @@ def target_view(runner: ModelRunner) -> TargetView:
         tokenizer=runner.tokenizer, vocab_size=runner.vocab_size, device=runner.device, dtype=runner.model.dtype,
         max_model_len=runner.max_model_len, block_size=runner.block_size, num_blocks=runner.num_blocks,
         output_embedding=runner.model.get_output_embeddings(), final_norm=final_norm(runner.model),
+        input_embedding=runner.model.get_input_embeddings(),
         new_runner=new_runner)
 
 

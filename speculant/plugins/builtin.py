@@ -15,6 +15,7 @@ from speculant.core.attention.cpu_kernel import CpuKernelAttentionBackend
 from speculant.core.attention.torch_ref import TorchAttentionBackend
 from speculant.plugins.hookspecs import RegisterCallback, hookimpl
 from speculant.proposers.draft_model import DraftModelProposer
+from speculant.proposers.eagle.proposer import EagleProposer
 from speculant.proposers.heads.medusa import MedusaProposer
 from speculant.proposers.heads.mlp_speculator import MLPSpeculatorProposer
 from speculant.proposers.ngram import NgramProposer
@@ -29,6 +30,7 @@ def register_proposers(register: RegisterCallback) -> None:
     register(DraftModelProposer)
     register(MedusaProposer)
     register(MLPSpeculatorProposer)
+    register(EagleProposer)
     register(SuffixProposer)
 
 

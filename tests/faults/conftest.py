@@ -14,8 +14,7 @@ from greedy_compare import check_all_greedy
 from speculant import LLM, SamplingParams
 from tiny_models import random_prompts
 
-PROPOSERS = ("ngram", "suffix", "draft_model", "medusa", "mlp_speculator")
-HEADS = ("medusa", "mlp_speculator")
+PROPOSERS = ("ngram", "suffix", "draft_model", "medusa", "mlp_speculator", "eagle")
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
 
 
@@ -38,10 +37,8 @@ def spec_for(proposer: str, draft_dir, heads_dirs, k: int = 3) -> dict:
 
 
 def make_llm(llama_dir, proposer: str | None, draft_dir=None, heads_dirs=None, **kw) -> LLM:
-    """A small engine; chunked prefill off for the hidden-state proposers (they refuse it)."""
+    """A small engine (chunked prefill on, as by default, for every proposer)."""
     args = dict(block_size=4, max_model_len=64, max_num_batched_tokens=64, max_num_seqs=8)
-    if proposer in HEADS:
-        args["enable_chunked_prefill"] = False
     args.update(kw)
     if proposer is not None:
         args["speculative"] = spec_for(proposer, draft_dir, heads_dirs)
@@ -64,7 +61,7 @@ def assert_idle(llm: LLM) -> None:
         pools.append(("draft", prop.runner.block_manager))
     for what, bm in pools:
         assert bm.num_free_blocks == bm.num_blocks, f"{what} pool: {bm.num_blocks - bm.num_free_blocks} blocks leaked"
-    for attr in ("_computed", "_pending", "_hidden"):
+    for attr in ("_computed", "_pending", "_hidden", "_state"):
         left = getattr(prop, attr, None)
         assert not left, f"proposer {attr} still holds {sorted(left)}"
 

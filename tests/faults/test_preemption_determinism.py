@@ -23,7 +23,7 @@ PARAMS = [SamplingParams(temperature=1.0, top_p=0.95 if i % 2 else 1.0, seed=100
                          ignore_eos=True) for i in range(len(PROMPTS))]
 
 
-@pytest.mark.parametrize("proposer", [None, "ngram", "draft_model", "medusa", "mlp_speculator"])
+@pytest.mark.parametrize("proposer", [None, "ngram", "draft_model", "medusa", "mlp_speculator", "eagle"])
 def test_seeded_sampling_alone_equals_preempted_in_company(proposer, llama_dir, spec_noisy_draft_dir,
                                                            random_heads_dirs):
     roomy = make_llm(llama_dir, proposer, spec_noisy_draft_dir, random_heads_dirs)

@@ -1,6 +1,7 @@
 """The architecture matrix: every verified decoder architecture × every
 attention backend that runs on this machine × {chunking off, tiny chunk
-budget, ngram + mqa, draft + batch expansion}, token for token against
+budget, ngram + mqa, draft + batch expansion, eagle (a random head) + mqa with
+chunked prefill}, token for token against
 transformers ``generate()`` (near-ties judged on transformers' own logits,
 ``greedy_compare``); and every refusal case refused at load with its feature
 named.
@@ -24,6 +25,7 @@ from greedy_compare import check_all_greedy
 from speculant import LLM, SamplingParams
 from speculant.core.model_loading import UnsupportedModelError
 from speculant.plugins.manager import get_registry
+from tiny_eagle import save_random_eagle
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -38,8 +40,10 @@ SETTINGS = {
     "draft-batch-expansion": dict(block_size=16, max_num_batched_tokens=40, max_num_seqs=7,
                                   speculative=dict(proposer="draft_model", scorer="batch_expansion",
                                                    num_speculative_tokens=3)),
+    "eagle-chunked": dict(block_size=4, max_num_batched_tokens=16, max_num_seqs=7,
+                          speculative=dict(proposer="eagle", scorer="mqa", num_speculative_tokens=3)),
 }
-SPECULATES = {"ngram-mqa", "draft-batch-expansion"}
+SPECULATES = {"ngram-mqa", "draft-batch-expansion", "eagle-chunked"}
 
 
 def cpu_backends() -> list[str]:
@@ -59,12 +63,14 @@ def _cells():
 
 
 @pytest.mark.parametrize("arch,backend,setting", list(_cells()))
-def test_architecture_matches_transformers(arch, backend, setting, zoo, hf_reference):
+def test_architecture_matches_transformers(arch, backend, setting, zoo, hf_reference, tmp_path):
     overrides = dict(SETTINGS[setting])
     if "speculative" in overrides:
         spec = dict(overrides["speculative"])
         if spec["proposer"] == "draft_model":
             spec["proposer_options"] = {"model": str(zoo(arch, draft=True))}
+        if spec["proposer"] == "eagle":
+            spec["proposer_options"] = {"path": str(save_random_eagle(zoo(arch), tmp_path / "eagle", 64))}
         overrides["speculative"] = spec
     model_dir = zoo(arch)
     llm = LLM(str(model_dir), attention_backend=backend, **overrides)

@@ -73,7 +73,8 @@ def standard_fakes() -> dict[str, list[type]]:
     return {
         "proposers": [fake_class("proposer", "t_lookup", options=LookupOptions),
                       fake_class("proposer", "t_heads", needs_target_hidden_states=True,
-                                 supports_chunked_prefill=False, draft_probs="full", max_num_speculative_tokens=3)],
+                                 needs_prompt_hidden_states=True, supports_chunked_prefill=False, draft_probs="full",
+                                 max_num_speculative_tokens=3)],
         "scorers": [fake_class("scorer", "t_mqa", needs_multi_token_queries=True)],
         "acceptance": [fake_class("acceptance", "t_exact")],
         "backends": [fake_class("attention_backend", "t_attn")],

@@ -27,7 +27,8 @@ def classes(make_class, proposer=None, scorer=None, acceptance=None, backend=Non
 
 RULES = [
     pytest.param(
-        dict(proposer=dict(needs_target_hidden_states=True, supports_chunked_prefill=False)),
+        dict(proposer=dict(needs_target_hidden_states=True,
+                           needs_prompt_hidden_states=True, supports_chunked_prefill=False)),
         dict(enable_chunked_prefill=True),
         "proposer 'medusa' needs the target's hidden state at every prompt position, which chunked prefill "
         "splits across steps: set scheduler.enable_chunked_prefill = false or choose another proposer",
@@ -109,10 +110,14 @@ def test_rule_reason_text(make_class, caps, settings, reason):
 
 
 NEAR_MISSES = [
-    pytest.param(dict(proposer=dict(needs_target_hidden_states=True, supports_chunked_prefill=False)),
+    pytest.param(dict(proposer=dict(needs_target_hidden_states=True,
+                                    needs_prompt_hidden_states=True, supports_chunked_prefill=False)),
                  dict(enable_chunked_prefill=False), id="hidden-state proposer, chunked prefill off"),
     pytest.param(dict(proposer=dict(needs_target_hidden_states=True, supports_chunked_prefill=True)),
                  dict(enable_chunked_prefill=True), id="hidden-state proposer that handles chunks"),
+    pytest.param(dict(proposer=dict(needs_target_hidden_states=True, needs_prompt_hidden_states=True,
+                                    supports_chunked_prefill=True)),
+                 dict(enable_chunked_prefill=True), id="every-position hidden states, chunk by chunk (eagle)"),
     pytest.param(dict(proposer=dict(draft_probs="full"), acceptance=dict(needs_draft_probs=True)),
                  dict(sampling=True), id="draft probs needed and given"),
     pytest.param(dict(proposer=dict(max_num_speculative_tokens=3)),
@@ -136,7 +141,8 @@ def test_near_misses_are_supported(make_class, caps, settings):
 
 
 def test_every_reason_is_reported(make_class):
-    caps = dict(proposer=dict(needs_target_hidden_states=True, supports_chunked_prefill=False,
+    caps = dict(proposer=dict(needs_target_hidden_states=True,
+                              needs_prompt_hidden_states=True, supports_chunked_prefill=False,
                               draft_probs="none", max_num_speculative_tokens=2),
                 acceptance=dict(needs_draft_probs=True),
                 scorer=dict(needs_multi_token_queries=True), backend=dict(multi_token_queries=False))
@@ -168,7 +174,8 @@ def registry(make_class, make_registry):
 
     return make_registry(
         proposer=[make_class("proposer", "t_lookup", options=LookupOptions),
-                  make_class("proposer", "t_heads", needs_target_hidden_states=True, supports_chunked_prefill=False),
+                  make_class("proposer", "t_heads", needs_target_hidden_states=True,
+                             needs_prompt_hidden_states=True, supports_chunked_prefill=False),
                   Checked],
         scorer=[make_class("scorer", "t_mqa")],
         acceptance=[make_class("acceptance", "t_exact"), make_class("acceptance", "t_greedy", supports_sampling=False)],

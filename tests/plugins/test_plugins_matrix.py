@@ -104,7 +104,8 @@ def test_readme_matrix_is_current(fresh_plugins):
 def small_registry(make_class, make_registry):
     return make_registry(
         proposer=[make_class("proposer", "lookup"),
-                  make_class("proposer", "heads", needs_target_hidden_states=True, supports_chunked_prefill=False,
+                  make_class("proposer", "heads", needs_target_hidden_states=True,
+                             needs_prompt_hidden_states=True, supports_chunked_prefill=False,
                              max_num_speculative_tokens=2),
                   make_class("proposer", "sampled", draft_probs="none")],
         scorer=[make_class("scorer", "mqa", needs_multi_token_queries=True)],

@@ -1,5 +1,5 @@
 """A proposer sees the target through a ``TargetView``: the fields it needs,
-the target's own LM head and final norm, and a factory for its own runner on
+the target's own LM head, final norm and token embedding, and a factory for its own runner on
 the target's backend and KV geometry; nothing else."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from speculant.core.config import ModelConfig
 from speculant.core.interfaces import TargetView
 
 FIELDS = {"tokenizer", "vocab_size", "device", "dtype", "max_model_len", "block_size", "num_blocks",
-          "output_embedding", "final_norm", "new_runner"}
+          "output_embedding", "final_norm", "input_embedding", "new_runner"}
 
 
 @pytest.fixture(scope="module")
@@ -34,6 +34,7 @@ def test_the_view_holds_what_proposers_need_and_nothing_else(engine):
     assert view.tokenizer is runner.tokenizer
     assert view.output_embedding is runner.model.get_output_embeddings()
     assert view.final_norm is runner.model.base_model.norm
+    assert view.input_embedding is runner.model.get_input_embeddings()
     with pytest.raises(dataclasses.FrozenInstanceError):
         view.vocab_size = 1  # type: ignore[misc]
 

@@ -30,12 +30,14 @@ What "equal" means:
   tests/greedy_compare.py does against ``generate()``).
 - Seeded sampling: exactly equal. Randomness is per request, keyed by the
   request's seed and output length, so batch composition does not matter.
-  Two things change a speculating request's draw, and such requests are not
+  Three things change a speculating request's draw, and such requests are not
   compared (the checker's ``events`` count them): a step in which its k was
   trimmed below what it gets alone (budget, ``disable_by_batch_size``; a
   different number of proposals verifies a different but equally valid draw,
-  as test_spec_sampling.py notes). Preemption no longer is one (issue 13
-  item 4, ``COMPARE_PREEMPTED_SPEC_SAMPLING`` below).
+  as test_spec_sampling.py notes), and proposals that depend on other
+  requests (the ``adaptive`` draft-length policy, whose k follows the batch;
+  the ``suffix`` proposer's global cache of finished outputs). Preemption no
+  longer is one (issue 13 item 4, ``COMPARE_PREEMPTED_SPEC_SAMPLING`` below).
 """
 
 from __future__ import annotations
@@ -75,7 +77,7 @@ class Req:
 class Setup:
     """An engine configuration; ``proposer=None`` means no speculation (k is then 0)."""
 
-    proposer: str | None = None  # None | "ngram" | "draft_model"
+    proposer: str | None = None  # None | "ngram" | "draft_model" | "eagle"
     k: int = 0
     scorer: str = "mqa"
     acceptance: str = "rejection"
@@ -87,12 +89,15 @@ class Setup:
     max_num_seqs: int = 8
     enable_chunked_prefill: bool = True
     disable_by_batch_size: int | None = None
+    draft_length: str = "fixed"  # the policy: "fixed" | "adaptive"
+    suffix_cache: bool = True  # suffix: keep the global cache of finished outputs
 
     @property
     def spec_key(self) -> tuple | None:
         if self.proposer is None:
             return None
-        return (self.proposer, self.k, self.scorer, self.acceptance, self.draft_confidence)
+        return (self.proposer, self.k, self.scorer, self.acceptance, self.draft_confidence, self.draft_length,
+                self.suffix_cache)
 
 
 @dataclass
@@ -123,13 +128,19 @@ class Trace:
     num_steps: int = 0
 
 
-def spec_dict(spec_key: tuple | None, draft_dir: Path, disable_by_batch_size: int | None = None) -> dict:
+def spec_dict(spec_key: tuple | None, draft_dir: Path, disable_by_batch_size: int | None = None,
+              eagle_dir: Path | None = None) -> dict:
     if spec_key is None:
         return {}
-    proposer, k, scorer, acceptance, draft_confidence = spec_key
-    cfg = {"proposer": proposer, "num_speculative_tokens": k, "scorer": scorer, "acceptance": acceptance}
+    proposer, k, scorer, acceptance, draft_confidence, draft_length, suffix_cache = spec_key
+    cfg = {"proposer": proposer, "num_speculative_tokens": k, "scorer": scorer, "acceptance": acceptance,
+           "draft_length": {"policy": draft_length, **({"token_cost": 0.3} if draft_length == "adaptive" else {})}}
+    if proposer == "suffix" and not suffix_cache:
+        cfg["proposer_options"] = {"max_cached_requests": 0}
     if proposer == "draft_model":
         cfg["proposer_options"] = {"model": str(draft_dir), "confidence_threshold": draft_confidence}
+    if proposer == "eagle":
+        cfg["proposer_options"] = {"path": str(eagle_dir)}
     if disable_by_batch_size is not None:
         cfg["disable_by_batch_size"] = disable_by_batch_size
     return cfg
@@ -174,8 +185,9 @@ class ScheduleChecker:
     """Runs examples against ``target_dir`` (draft: ``draft_dir``), caching roomy
     reference engines (a few) and solo results (all) across examples."""
 
-    def __init__(self, target_dir: Path, draft_dir: Path) -> None:
+    def __init__(self, target_dir: Path, draft_dir: Path, eagle_dir: Path | None = None) -> None:
         self.target_dir, self.draft_dir = Path(target_dir), Path(draft_dir)
+        self.eagle_dir = eagle_dir
         self._hf: HFReference | None = None
         self._roomy: OrderedDict[tuple, LLM] = OrderedDict()
         self._solo: dict[tuple, Final] = {}
@@ -197,7 +209,7 @@ class ScheduleChecker:
         mml = max_model_len or 256
         llm = LLM(model=str(self.target_dir), block_size=ROOMY_BLOCK_SIZE, max_model_len=max_model_len,
                   num_blocks=2 * math.ceil(mml / ROOMY_BLOCK_SIZE) + 2, max_num_batched_tokens=512,
-                  max_num_seqs=8, speculative=spec_dict(spec_key, self.draft_dir))
+                  max_num_seqs=8, speculative=spec_dict(spec_key, self.draft_dir, eagle_dir=self.eagle_dir))
         self._roomy[key] = llm
         while len(self._roomy) > ROOMY_ENGINES_KEPT:
             self._roomy.popitem(last=False)
@@ -229,7 +241,8 @@ class ScheduleChecker:
         return LLM(model=str(self.target_dir), block_size=setup.block_size, num_blocks=setup.num_blocks,
                    max_model_len=setup.max_model_len, max_num_batched_tokens=setup.max_num_batched_tokens,
                    max_num_seqs=setup.max_num_seqs, enable_chunked_prefill=setup.enable_chunked_prefill,
-                   speculative=spec_dict(setup.spec_key, self.draft_dir, setup.disable_by_batch_size))
+                   speculative=spec_dict(setup.spec_key, self.draft_dir, setup.disable_by_batch_size,
+                                         self.eagle_dir))
 
     def drive(self, llm: LLM, setup: Setup, reqs: list[Req]) -> Trace:
         eng = llm.engine
@@ -297,6 +310,8 @@ class ScheduleChecker:
         draft_runner = getattr(eng.spec.proposer, "runner", None)
         if draft_runner is not None:
             pools["draft"] = draft_runner.block_manager
+        head_state = getattr(eng.spec.proposer, "_state", None)  # eagle's per-request head caches
+        assert not head_state, f"proposer still holds state of {sorted(head_state or ())}"
         for name, pool in pools.items():
             held = [rid for rid in ids if pool.has(rid)]
             assert not held, f"{name} pool still holds block tables of {held}"
@@ -351,6 +366,11 @@ class ScheduleChecker:
             self._same_greedy(req, ours, self.solo(req, None, mml), what + " vs alone, no speculation")
             return
         if setup.spec_key is not None:
+            if setup.draft_length == "adaptive" or (setup.proposer == "suffix" and setup.suffix_cache):
+                # k (adaptive: it follows the batch) or the proposals (the cache holds other requests'
+                # outputs) depend on the company a request keeps: another valid draw, not comparable
+                self.events.append("sampled request not compared: proposals depend on other requests")
+                return
             if rid in trace.trimmed:
                 self.events.append("sampled request not compared: k trimmed in some step")
                 return

@@ -26,7 +26,8 @@ class NoOptions(BaseModel):
 @dataclass(frozen=True)
 class ProposerCapabilities:
     needs_target_hidden_states: bool = False
-    """The proposer reads the target's final hidden state at every position."""
+    """The proposer reads the target's final hidden states in ``Scores`` at commit
+    (at least at the rows that produced each request's newest token)."""
     supports_chunked_prefill: bool = True
     """The proposer keeps working when a prompt is split across steps."""
     draft_probs: DraftProbsKind = "one_hot"
@@ -34,6 +35,10 @@ class ProposerCapabilities:
     sampled from, an implicit one-hot on the proposed token, or nothing usable."""
     max_num_speculative_tokens: int | None = None
     """Largest k the proposer can produce per step (None: no limit)."""
+    needs_prompt_hidden_states: bool = False
+    """The proposer also reads the hidden state at every prompt position
+    (``Scores.prompt_hidden``, each prefill chunk as it is computed). Such a
+    proposer must support chunked prefill or the checker refuses chunking."""
 
 
 @dataclass(frozen=True)

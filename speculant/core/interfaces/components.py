@@ -40,7 +40,7 @@ class TargetView:
     """What a proposer may read about the target model, and the one thing it
     may build from it: its own ``ModelRunner`` (``new_runner``).
 
-    ``output_embedding`` and ``final_norm`` are the target's own modules,
+    ``output_embedding``, ``final_norm`` and ``input_embedding`` are the target's own modules,
     shared: read-only (call them; never train, move or modify them). Hidden
     states in ``Scores`` are already normed, so a head applies
     ``output_embedding`` to them directly.
@@ -62,6 +62,8 @@ class TargetView:
     """The LM head: final hidden states [..., H] -> logits [..., vocab_size]."""
     final_norm: torch.nn.Module | None
     """The norm the target applies before its LM head (None where it has none we know of)."""
+    input_embedding: torch.nn.Module
+    """The token embedding: ids [...] -> [..., H] (what the target's first layer reads)."""
     new_runner: Callable[..., ModelRunner]
     """``new_runner(model_config, option="speculative.proposer_options.model")``: a
     ``ModelRunner`` for the proposer's own model (``model_config``, a
@@ -111,7 +113,8 @@ class Proposer(ABC):
         hidden states when the proposer declares ``needs_target_hidden_states``:
         ``scores.decode_hidden[scores.cu_num_logits[i] + num_accepted[i]]`` produced decode i's newest
         token, ``scores.prefill_hidden`` the newest token of each prefill that
-        ``reports``). Only called when the step's computation succeeded.
+        ``reports``, ``scores.prompt_hidden`` every row of every prefill chunk).
+        Only called when the step's computation succeeded.
         Stateless proposers keep nothing, so the base does nothing."""
 
     def free(self, request_id: str) -> None:  # noqa: B027 - optional, like commit

@@ -94,7 +94,9 @@ class Scores:
     ``decode_logits`` holds each decode's ``1 + lens[i]`` rows back to back,
     decode i at ``cu_num_logits[i]:cu_num_logits[i + 1]`` (no padding): row
     ``cu_num_logits[i] + j`` is the target's logits after the decode's last
-    token and its first j proposals.
+    token and its first j proposals. The hidden states (final, normed) are set
+    when the proposer reads them (``needs_target_hidden_states`` or
+    ``needs_prompt_hidden_states``).
     """
 
     prefill_logits: torch.Tensor  # [num_reporting_prefills, V]
@@ -102,6 +104,7 @@ class Scores:
     cu_num_logits: torch.Tensor  # [num_decodes + 1] long, Proposals.cu_num_logits()
     prefill_hidden: torch.Tensor | None = None  # [num_reporting_prefills, H]
     decode_hidden: torch.Tensor | None = None  # [num_decodes + num_draft_tokens, H], rows as decode_logits
+    prompt_hidden: torch.Tensor | None = None  # [sum of prefill chunk lengths, H]: every chunk's rows, batch order
 
 
 @dataclass(frozen=True)

@@ -5,8 +5,10 @@ A head directory is HF-style: ``config.json`` (``model_type``, ``hidden_size``,
 hidden state that produced a request's newest token is kept per request (from
 ``Scores`` at commit), and the heads turn it into the next k proposals.
 
-These proposers declare ``supports_chunked_prefill = false``: the capability
-checker refuses them when prefill chunks split the prompt across steps.
+They read the hidden state only at rows that produce a token (a terminal
+prefill chunk's last row, a decode's kept rows), never at every prompt
+position, so they run under chunked prefill: the chunks before the terminal
+one are not theirs to see.
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ from speculant.core.request import Request
 from speculant.proposers.drafting import DraftSteps, draw_proposals
 
 HEADS_CAPABILITIES = ProposerCapabilities(
-    needs_target_hidden_states=True, supports_chunked_prefill=False, draft_probs="full")
+    needs_target_hidden_states=True, needs_prompt_hidden_states=False, supports_chunked_prefill=True,
+    draft_probs="full")
 OPTION = "speculative.proposer_options.path"
 
 

@@ -1,0 +1,1 @@
+"""EAGLE-style proposer: a one-layer autoregressive head on the target's hidden states."""

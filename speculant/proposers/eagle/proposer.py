@@ -1,0 +1,209 @@
+"""EAGLE proposer: an autoregressive one-layer head on the target's hidden states.
+
+The head's cache follows the target chunk by chunk. At commit it receives
+the target's hidden state at every position the step computed (every row of
+each prefill chunk, ``Scores.prompt_hidden``, and the kept rows of each
+decode) with the token that follows each position; those entries wait as
+*pending* and enter the head's cache in the next ``propose``, in one head
+forward for the whole batch. The last pending entry of a speculating decode
+predicts the target's next feature and so the first proposal; each further
+proposal feeds the predicted feature and the drawn token back in (one
+single-token head forward per step, batched over the decodes). Entries made
+from predicted features are rolled back at commit and recomputed from the
+target's real hidden states.
+
+A request whose state was dropped while it runs (a proposer fault) restarts
+its cache at the next position it gets hidden states for; a preempted
+request restarts from position 0 with its recompute.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+from safetensors.torch import load_file
+
+from speculant.core.batch import StepBatch
+from speculant.core.config import EngineConfig
+from speculant.core.interfaces import Proposals, Proposer, ProposerCapabilities, ProposerContext, Scores
+from speculant.core.model_files import read_text_config
+from speculant.proposers.drafting import DraftSteps, draw_proposals
+from speculant.proposers.eagle.model import MODEL_TYPE, EagleHead, SeqKV
+
+OPTION = "speculative.proposer_options.path"
+
+
+class EagleOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    path: str = Field(min_length=1)
+    """Directory with the head's config.json and model.safetensors (scripts/train_eagle.py)."""
+
+
+def read_eagle_config(path: str) -> dict:
+    cfg_path = Path(path) / "config.json"
+    if not cfg_path.is_file():
+        raise FileNotFoundError(f"{OPTION} = {path!r}: no config.json there; point it at a directory written "
+                                "by scripts/train_eagle.py")
+    data = json.loads(cfg_path.read_text())
+    if data.get("model_type") != MODEL_TYPE:
+        raise ValueError(f"{OPTION} = {path!r} holds model_type {data.get('model_type')!r}, expected "
+                         f"{MODEL_TYPE!r}; choose the proposer that matches this head")
+    return data
+
+
+def size_problems(head_cfg: dict, hidden_size: int | None, vocab_size: int | None, path: str) -> list[str]:
+    return [f"{OPTION} = {path!r}: the head has {key} {head_cfg.get(key)} but the target has {want}; "
+            "train a head on this target (scripts/train_eagle.py)"
+            for key, want in (("hidden_size", hidden_size), ("vocab_size", vocab_size))
+            if want is not None and head_cfg.get(key) != want]
+
+
+@dataclass
+class SeqState:
+    """One request's head state: cache entries for positions ``base ..
+    base + kv.length - 1`` (the first ``true_len`` from the target's hidden
+    states), then pending entries not yet in the cache."""
+
+    kv: SeqKV
+    base: int
+    true_len: int = 0
+    pending_tokens: list[int] = field(default_factory=list)
+    pending_hidden: list[torch.Tensor] = field(default_factory=list)  # [m, H] each
+
+    @property
+    def next_position(self) -> int:
+        return self.base + self.true_len + len(self.pending_tokens)
+
+
+class EagleProposer(Proposer):
+    name = "eagle"
+    capabilities = ProposerCapabilities(needs_target_hidden_states=True, needs_prompt_hidden_states=True,
+                                        supports_chunked_prefill=True, draft_probs="full")
+    Options = EagleOptions
+    options: EagleOptions
+    model_type = MODEL_TYPE
+
+    @classmethod
+    def max_tokens(cls, head_cfg: dict) -> int | None:
+        """No limit: the head drafts autoregressively (for ``speculant bench``'s head rows)."""
+        return None
+
+    @classmethod
+    def validate_against(cls, options: EagleOptions, config: EngineConfig) -> list[str]:
+        try:
+            head_cfg = read_eagle_config(options.path)
+        except (FileNotFoundError, ValueError) as exc:
+            return [str(exc)]
+        if not (Path(config.model.path) / "config.json").is_file():
+            return []  # a GGUF target: checked against the loaded model instead
+        target = read_text_config(config.model.path)
+        return size_problems(head_cfg, target.get("hidden_size"), target.get("vocab_size"), options.path)
+
+    def __init__(self, options: EagleOptions, context: ProposerContext) -> None:
+        super().__init__(options, context)
+        target = context.target
+        self.head_config = read_eagle_config(options.path)
+        weight = target.output_embedding.weight  # [V, H]
+        assert isinstance(weight, torch.Tensor)
+        problems = size_problems(self.head_config, weight.shape[1], target.vocab_size, options.path)
+        if problems:
+            raise ValueError("; ".join(problems))
+        self.head = EagleHead(self.head_config)
+        self.head.load_state_dict(load_file(str(Path(options.path) / "model.safetensors")))
+        self.head.to(device=target.device, dtype=target.dtype).eval().requires_grad_(False)
+        draft_ids = self.head.draft_ids
+        self._draft_ids = draft_ids if draft_ids.numel() else None  # [Vd] target ids, or the full vocabulary
+        self._state: dict[str, SeqState] = {}
+
+    # --- propose -------------------------------------------------------------
+    def _catch_up(self, batch: StepBatch, want_output: set[str]) -> dict[str, torch.Tensor]:
+        """Move every batch request's pending entries into its cache (one head
+        forward); returns the last entry's predicted feature [H] for ``want_output``."""
+        states = [(r.request_id, self._state[r.request_id]) for r in (e.request for e in batch.entries)
+                  if r.request_id in self._state and self._state[r.request_id].pending_tokens]
+        if not states:
+            return {}
+        device = self.context.target.device
+        tokens, positions, hidden, segments = [], [], [], []
+        for _, st in states:
+            m = len(st.pending_tokens)
+            start = st.base + st.true_len
+            tokens += st.pending_tokens
+            positions.append(torch.arange(start, start + m))
+            hidden += st.pending_hidden
+            st.kv.truncate(st.true_len)
+            segments.append((st.kv, m))
+            st.true_len += m
+            st.pending_tokens, st.pending_hidden = [], []
+        ids = torch.tensor(tokens, dtype=torch.long, device=device)
+        emb = self.context.target.input_embedding(ids)
+        feats = self.head.extend(emb, torch.cat(hidden).to(emb.dtype), torch.cat(positions).to(device), segments)
+        ends = torch.tensor([m for _, m in segments]).cumsum(0) - 1
+        return {rid: feats[int(end)] for (rid, _), end in zip(states, ends) if rid in want_output}
+
+    def _logits(self, features: torch.Tensor) -> torch.Tensor:  # [n, H] -> [n, V] float32
+        logits = self.head.draft_logits(features, self.context.target.output_embedding).float()
+        if self._draft_ids is None:
+            return logits
+        full = logits.new_full((logits.shape[0], self.context.target.vocab_size), float("-inf"))
+        full[:, self._draft_ids] = logits
+        return full
+
+    @torch.inference_mode()
+    def propose(self, batch: StepBatch) -> Proposals:
+        speculating = [i for i, d in enumerate(batch.decodes) if d.num_spec_tokens > 0]
+        features = self._catch_up(batch, {batch.decodes[i].request.request_id for i in speculating})
+        steps = DraftSteps(len(batch.decodes), self.context.target.device)
+        rows = [i for i in speculating if batch.decodes[i].request.request_id in features]
+        if not rows:
+            return steps.build()
+        feats = torch.stack([features[batch.decodes[i].request.request_id] for i in rows])  # [n, H]
+        for step in range(max(batch.decodes[i].num_spec_tokens for i in rows)):
+            requests = [batch.decodes[i].request for i in rows]
+            draw = draw_proposals(self._logits(feats), requests, step)
+            steps.add(step, rows, draw.tokens, draw.probs)
+            more = [j for j, i in enumerate(rows) if batch.decodes[i].num_spec_tokens > step + 1]
+            if not more:
+                break
+            rows = [rows[j] for j in more]
+            ids = torch.tensor([draw.tokens[j] for j in more], dtype=torch.long, device=feats.device)
+            states = [self._state[batch.decodes[i].request.request_id] for i in rows]
+            positions = torch.tensor([st.base + st.kv.length for st in states], device=feats.device)
+            feats = self.head.extend(self.context.target.input_embedding(ids), feats[more], positions,
+                                     [(st.kv, 1) for st in states])
+        return steps.build()
+
+    # --- commit --------------------------------------------------------------
+    def _add(self, request_id: str, start: int, hidden: torch.Tensor,  # [m, H] target rows at start..
+             token_ids: list[int]) -> None:
+        """Queue entries for positions ``start ..``: hidden state at each, with
+        the token after it (cut to the tokens the request holds)."""
+        following = token_ids[start + 1: start + 1 + hidden.shape[0]]
+        if not following:
+            return
+        st = self._state.get(request_id)
+        if st is None or st.next_position != start:  # new, or restarted after its state was dropped
+            kv = SeqKV(self.head.kv_heads, self.head.head_dim, self.context.target.dtype, self.context.target.device)
+            st = self._state[request_id] = SeqState(kv=kv, base=start)
+        st.pending_tokens += following
+        st.pending_hidden.append(hidden[:len(following)].clone())  # not a view of the whole forward
+
+    def commit(self, batch: StepBatch, num_accepted: list[int], scores: Scores) -> None:
+        assert scores.prompt_hidden is not None and scores.decode_hidden is not None, \
+            "eagle proposer committed without hidden states"
+        row = 0
+        for p in batch.prefills:
+            n = p.num_new_tokens
+            self._add(p.request.request_id, p.start, scores.prompt_hidden[row: row + n], p.request.token_ids)
+            row += n
+        first_rows = scores.cu_num_logits[:-1].tolist()
+        for d, first, a in zip(batch.decodes, first_rows, num_accepted):
+            self._add(d.request.request_id, d.start, scores.decode_hidden[first: first + a + 1], d.request.token_ids)
+
+    def free(self, request_id: str) -> None:
+        self._state.pop(request_id, None)

@@ -1,0 +1,147 @@
+"""The EAGLE proposer on the tiny llama with randomly initialised heads
+(correctness never depends on training): greedy output equals no speculation
+with chunked prefill on and off; the head's cache stays in sync chunk by
+chunk (its first proposal at every decode equals the head run over the whole
+prefix of the target's real hidden states, and drafts are the same whatever
+the chunk size); the checker now lets it run chunked."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from speculant import LLM, SamplingParams
+from speculant.core.config import ConfigError
+from speculant.proposers.eagle.model import EagleHead, SeqKV
+from tiny_eagle import save_random_eagle
+from tiny_models import random_prompts
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+PROMPTS = random_prompts([5, 40, 70, 13, 1], seed=3)
+GREEDY = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def heads(llama_dir, random_heads_dirs, tmp_path_factory):
+    """{"draft vocab": 256 of 384 ids (the shared fixture), "full vocab": the target's LM head}"""
+    full = save_random_eagle(llama_dir, tmp_path_factory.mktemp("eagle_full"), None, seed=1)
+    return {"draft vocab": random_heads_dirs["eagle"], "full vocab": full}
+
+
+@pytest.fixture(scope="module")
+def reference(llama_dir):
+    llm = LLM(model=str(llama_dir), max_num_batched_tokens=128, enable_chunked_prefill=False)
+    return [o.outputs[0].token_ids for o in llm.generate(PROMPTS, GREEDY, use_tqdm=False)]
+
+
+def eagle_llm(llama_dir, head, chunked: bool, budget: int = 16, **spec) -> LLM:
+    return LLM(model=str(llama_dir), max_num_batched_tokens=budget if chunked else 128, max_num_seqs=4,
+               enable_chunked_prefill=chunked, block_size=4,
+               speculative={"proposer": "eagle", "proposer_options": {"path": str(head)},
+                            "num_speculative_tokens": 3, **spec})
+
+
+def record_first_proposals(llm: LLM) -> dict[tuple[str, int], list[int]]:
+    """(request id, position of the decode's last token) -> its proposals, every step."""
+    proposer = llm.engine.spec.proposer
+    seen: dict[tuple[str, int], list[int]] = {}
+    real = proposer.propose
+
+    def propose(batch):
+        out = real(batch)
+        for d, row in zip(batch.decodes, out.to_lists()):
+            if row:
+                seen[(d.request.request_id, d.start)] = row
+        return out
+
+    proposer.propose = propose
+    return seen
+
+
+def test_extend_chunk_by_chunk_equals_the_whole_sequence():
+    cfg = {"hidden_size": 32, "vocab_size": 50, "num_attention_heads": 4, "num_key_value_heads": 2,
+           "head_dim": 8, "intermediate_size": 48, "rope_theta": 10000.0, "rms_norm_eps": 1e-6,
+           "draft_vocab_size": None}
+    torch.manual_seed(0)
+    head = EagleHead(cfg).eval()
+    emb, hidden = torch.randn(1, 23, 32), torch.randn(1, 23, 32)
+    with torch.no_grad():
+        whole = head(emb, hidden)[0]
+        kv, parts, start = SeqKV(2, 8, torch.float32, torch.device("cpu")), [], 0
+        for m in (5, 1, 9, 3, 1, 4):
+            parts.append(head.extend(emb[0, start:start + m], hidden[0, start:start + m],
+                                     torch.arange(start, start + m), [(kv, m)]))
+            start += m
+    assert torch.allclose(torch.cat(parts), whole, atol=1e-5)
+
+
+@pytest.mark.parametrize("vocab", ["draft vocab", "full vocab"])
+@pytest.mark.parametrize("chunked", [False, True], ids=["chunking-off", "chunked"])
+@pytest.mark.parametrize("scorer", ["mqa", "batch_expansion"])
+def test_greedy_equals_no_speculation(llama_dir, heads, reference, vocab, chunked, scorer):
+    llm = eagle_llm(llama_dir, heads[vocab], chunked, scorer=scorer)
+    assert [o.outputs[0].token_ids for o in llm.generate(PROMPTS, GREEDY, use_tqdm=False)] == reference
+    m = llm.get_metrics()
+    assert m["num_draft_tokens"] > 0 and m["proposer_errors"] == 0
+    assert not llm.engine.spec.proposer._state  # every request's state freed
+
+
+@torch.no_grad()
+def test_first_proposal_equals_the_head_over_the_whole_prefix(llama_dir, heads):
+    """Chunk by chunk (budget 8 splits the 40- and 70-token prompts), the
+    cache holds exactly one entry per position from the target's real hidden
+    states: the head run once over the whole prefix proposes the same token."""
+    llm = eagle_llm(llama_dir, heads["full vocab"], chunked=True, budget=8)
+    seen = record_first_proposals(llm)
+    outs = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
+    proposer = llm.engine.spec.proposer
+    target = AutoModelForCausalLM.from_pretrained(llama_dir, dtype=torch.float32).eval()
+    head = proposer.head
+    checked = 0
+    for o in outs:
+        tokens = list(o.prompt_token_ids) + list(o.outputs[0].token_ids)
+        for (rid, pos), row in seen.items():
+            if rid != o.request_id:
+                continue
+            ids = torch.tensor([tokens[:pos]])
+            h = target.base_model(input_ids=ids).last_hidden_state  # [1, pos, H]: h_0 .. h_{pos-1}
+            emb = target.get_input_embeddings()(torch.tensor([tokens[1:pos + 1]]))
+            feature = head(emb, h)[0, -1]
+            assert int(head.draft_logits(feature, target.get_output_embeddings()).argmax()) == row[0], \
+                f"request {rid}: the head's cache drifted from the target's hidden states at position {pos}"
+            checked += 1
+    assert checked >= 20
+
+
+def test_drafts_do_not_depend_on_the_chunk_size(llama_dir, heads):
+    drafts = []
+    for chunked, budget in ((False, 128), (True, 8), (True, 24)):
+        llm = eagle_llm(llama_dir, heads["draft vocab"], chunked, budget=budget)
+        seen = record_first_proposals(llm)
+        outs = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
+        index = {o.request_id: i for i, o in enumerate(outs)}
+        drafts.append({(index[rid], pos): row[0] for (rid, pos), row in seen.items()})
+    common = drafts[0].keys() & drafts[1].keys() & drafts[2].keys()
+    assert len(common) >= 20
+    assert all(drafts[0][key] == drafts[1][key] == drafts[2][key] for key in common)
+
+
+def test_sampling_runs_lossless_rows(llama_dir, heads):
+    """Sampling rows get full draft distributions (checked by proposal_checks:
+    finite, summing to 1) and the run completes without proposer faults."""
+    llm = eagle_llm(llama_dir, heads["draft vocab"], chunked=True)
+    params = SamplingParams(temperature=0.8, top_p=0.9, max_tokens=12, seed=5, ignore_eos=True)
+    outs = llm.generate(PROMPTS, params, use_tqdm=False)
+    assert all(len(o.outputs[0].token_ids) == 12 for o in outs)
+    assert llm.get_metrics()["proposer_errors"] == 0
+
+
+def test_a_head_for_another_target_is_refused(llama_dir, tmp_path):
+    cfg_dir = save_random_eagle(llama_dir, tmp_path / "eagle", None)
+    text = (cfg_dir / "config.json").read_text().replace('"hidden_size": 64', '"hidden_size": 65')
+    (cfg_dir / "config.json").write_text(text)
+    with pytest.raises(ConfigError, match="the head has hidden_size 65 but the target has 64; train a head on "
+                                          r"this target \(scripts/train_eagle.py\)"):
+        eagle_llm(llama_dir, cfg_dir, chunked=True)

@@ -1,0 +1,72 @@
+"""Lossless sampling end to end with the EAGLE proposer: the statistical test
+of ``test_spec_lossless.py`` (same 16-token llama, prompt, N seeded requests,
+chi-square per output position, same power check) with a randomly
+initialised EAGLE head (full vocabulary) as the proposer."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from test_spec_lossless import (
+    MAX_TOKENS,
+    P_MIN,
+    K,
+    N,
+    V,
+    chi_square_p,
+    filtered_probs,
+    marginals,
+    small_vocab,  # noqa: F401 - the shared fixture
+)
+from transformers import AutoModelForCausalLM
+
+from spec_helpers import run
+from speculant import LLM, SamplingParams
+from speculant.proposers.eagle.model import EagleHead
+from tiny_eagle import save_random_eagle
+
+
+@pytest.fixture(scope="module")
+def v16_eagle(small_vocab, tmp_path_factory):  # noqa: F811
+    return save_random_eagle(small_vocab[0], tmp_path_factory.mktemp("v16_eagle"), None, seed=2)
+
+
+@torch.no_grad()
+def eagle_first_draft(target, head_dir, prompt: list[int], sp: SamplingParams) -> torch.Tensor:
+    """[V, V]: row a is the head's filtered distribution of its first proposal
+    after the prompt and the sampled token a (entries: the prompt's tokens 1..
+    then a, beside the target's hidden states over the prompt)."""
+    model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32).eval()
+    head = EagleHead(json.loads((head_dir / "config.json").read_text()))
+    head.load_state_dict(load_file(str(head_dir / "model.safetensors")))
+    hidden = model.base_model(input_ids=torch.tensor([prompt])).last_hidden_state.expand(V, -1, -1)
+    following = torch.cat([torch.tensor(prompt[1:]).expand(V, -1), torch.arange(V).unsqueeze(1)], dim=1)
+    feats = head(model.get_input_embeddings()(following), hidden)[:, -1]
+    return filtered_probs(head.draft_logits(feats, model.get_output_embeddings()), sp.temperature, sp.top_k,
+                          sp.top_p, sp.min_p)
+
+
+@pytest.mark.parametrize("sampling", [dict(temperature=1.0), dict(temperature=0.8, top_k=6, top_p=0.9, min_p=0.02)],
+                         ids=["plain", "filtered"])
+def test_eagle_rejection_sampling_matches_target_distribution(sampling, small_vocab, v16_eagle):  # noqa: F811
+    target, _, prompts = small_vocab
+    prompt = prompts["draft_model"]  # a permutation of the vocabulary
+    llm = LLM(model=str(target), max_num_seqs=1024, max_num_batched_tokens=1024 * (len(prompt) + 1),
+              speculative={"proposer": "eagle", "proposer_options": {"path": str(v16_eagle)},
+                           "acceptance": "rejection", "num_speculative_tokens": K})
+    params = [SamplingParams(seed=i, max_tokens=MAX_TOKENS, ignore_eos=True, **sampling) for i in range(N)]
+    tokens = torch.tensor([o.outputs[0].token_ids for o in run(llm, [prompt] * N, params)])
+    m = llm.get_metrics()
+    assert m["num_accepted_tokens"] >= 100 and m["num_draft_tokens"] - m["num_accepted_tokens"] >= 100, m
+    expected = marginals(target, prompt, params[0])
+    for j in range(MAX_TOKENS):
+        counts = torch.bincount(tokens[:, j], minlength=V)
+        assert int(counts[expected[j] == 0].sum()) == 0, f"token {j}: sampled a token the filters remove"
+        p = chi_square_p(counts, expected[j])
+        assert p > P_MIN, f"output token {j} does not follow the target's marginal (chi-square p = {p:.2e})"
+    # power: emitting the head's first proposal unchecked gives a marginal the test rejects
+    unchecked = expected[0] @ eagle_first_draft(target, v16_eagle, prompt, params[0]).double()
+    assert chi_square_p(torch.bincount(tokens[:, 1], minlength=V), unchecked) < 1e-6
