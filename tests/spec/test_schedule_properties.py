@@ -10,11 +10,9 @@ Each example draws:
   longest prompt); chunked prefill on/off; ``max_model_len`` just above the
   longest request or cutting some requests short; a KV pool either a few
   blocks above one ``max_model_len`` sequence (so requests preempt) or large;
-  speculation off, or ``ngram`` / ``suffix`` (with or without its global
-  cache) / ``draft_model`` (a noisy copy of the target,
+  speculation off, or ``ngram`` / ``draft_model`` (a noisy copy of the target,
   ``spec_noisy_draft_dir``) with k 1..4, scorer ``mqa`` / ``batch_expansion``,
-  acceptance ``rejection`` (sometimes ``typical``), draft-length policy
-  ``fixed`` (sometimes ``adaptive``), sometimes
+  acceptance ``rejection`` (sometimes ``typical``), sometimes
   ``disable_by_batch_size`` and, for the draft, a confidence threshold;
 - 1..6 requests: prompts of 1..80 tokens (random, or periodic so that n-gram
   lookup finds matches), ``max_tokens`` 1..24, greedy or seeded sampling
@@ -136,7 +134,7 @@ def requests(draw, pools: Pools) -> list[Req]:
 
 @st.composite
 def setups(draw, reqs: list[Req]) -> Setup:
-    proposer = draw(st.sampled_from([None, "ngram", "suffix", "draft_model", "eagle"]))
+    proposer = draw(st.sampled_from([None, "ngram", "draft_model", "eagle"]))
     spec = {}
     if proposer is not None:
         spec = dict(proposer=proposer, k=draw(st.integers(1, 4)),
@@ -145,9 +143,6 @@ def setups(draw, reqs: list[Req]) -> Setup:
                     disable_by_batch_size=draw(st.one_of(st.none(), st.none(), st.none(), st.integers(1, 3))))
         if proposer == "draft_model":
             spec["draft_confidence"] = draw(st.sampled_from([0.0, 0.0, 0.3]))
-        if proposer == "suffix":
-            spec["suffix_cache"] = draw(st.booleans())
-        spec["draft_length"] = draw(st.sampled_from(["fixed", "fixed", "adaptive"]))
     block_size = draw(st.sampled_from([1, 2, 4, 8, 16]))
     longest_prompt = max(len(r.prompt) for r in reqs)
     longest_request = max(len(r.prompt) + r.params.max_tokens for r in reqs)
