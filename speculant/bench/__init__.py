@@ -145,7 +145,8 @@ def run_bench(target: str, draft: str | None = None, *, prompts: list[str] | Non
                      "max_tokens": max_tokens, "k": k, "draft_confidence": confidence, "repeats": repeats,
                      "concurrency": concurrency, "num_prompts": len(texts),
                      "greedy": True, "ignore_eos": True, "hf_batched": hf_batched,
-                     "medusa": (heads or {}).get("medusa"), "mlp_speculator": (heads or {}).get("mlp_speculator")},
+                     "medusa": (heads or {}).get("medusa"), "mlp_speculator": (heads or {}).get("mlp_speculator"),
+                     "eagle": (heads or {}).get("eagle")},
         "notes": [ITL_NOTE, "tokens/s: generated tokens / wall time (prefill included), median over repeats.",
                   "decode tok/s: tokens after the first / time after the first token (batch 1 only); TTFT: time "
                   "to the first token.",

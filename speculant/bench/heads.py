@@ -1,4 +1,4 @@
-"""Hidden-state head rows of ``speculant bench`` (``--medusa DIR``, ``--mlp-speculator DIR``).
+"""Hidden-state head rows of ``speculant bench`` (``--medusa DIR``, ``--mlp-speculator DIR``, ``--eagle DIR``).
 
 A head directory (``config.json`` + ``model.safetensors``, written by
 ``scripts/train_heads.py`` or ``save_heads()``) is checked here, before any
@@ -7,12 +7,13 @@ model loads, so a wrong directory is a clear CLI error that names the option:
 * it must hold a ``config.json`` whose ``model_type`` matches the proposer;
 * its ``hidden_size`` / ``vocab_size`` must equal the target's;
 * the heads predict at most N tokens (Medusa: ``num_heads``, MLP speculator:
-  ``n_predict``), so the row runs with ``k = min(--k, N)`` and says so.
+  ``n_predict``; EAGLE drafts autoregressively, without a limit), so the row
+  runs with ``k = min(--k, N)`` and says so.
 
-These proposers declare ``supports_chunked_prefill = False``, so their engine
-is built with ``scheduler.enable_chunked_prefill = false``; the row's ``note``
-says so. Without chunking a prompt must fit one step's token budget, so the
-budget is raised to the longest prompt when that is longer than the default.
+A proposer that declares ``supports_chunked_prefill = False`` gets an engine
+with ``scheduler.enable_chunked_prefill = false``; the row's ``note`` says so.
+Without chunking a prompt must fit one step's token budget, so the budget is
+raised to the longest prompt when that is longer than the default.
 """
 
 from __future__ import annotations
@@ -24,7 +25,9 @@ from typing import Any
 from speculant.bench.speculant_runs import Method
 
 # proposer name -> CLI option that names its directory
-HEAD_OPTIONS = {"medusa": "--medusa", "mlp_speculator": "--mlp-speculator"}
+HEAD_OPTIONS = {"medusa": "--medusa", "mlp_speculator": "--mlp-speculator", "eagle": "--eagle"}
+TRAINERS = {"medusa": "scripts/train_heads.py --kind medusa", "mlp_speculator": "scripts/train_heads.py --kind "
+            "mlp_speculator", "eagle": "scripts/train_eagle.py"}
 
 
 def _read_json(path: Path, option: str, fix: str) -> dict:
@@ -35,8 +38,8 @@ def _read_json(path: Path, option: str, fix: str) -> dict:
 
 
 def head_method(proposer: str, path: str, target: str, k: int, longest_prompt: int) -> Method:
-    """The Speculant row for heads at ``path`` (proposer ``medusa`` or
-    ``mlp_speculator``) on ``target``; raises ``ValueError`` naming the option."""
+    """The Speculant row for heads at ``path`` (proposer ``medusa``,
+    ``mlp_speculator`` or ``eagle``) on ``target``; raises ``ValueError`` naming the option."""
     from speculant.core.config import SchedulerConfig
     from speculant.plugins import get_registry
 
@@ -45,21 +48,21 @@ def head_method(proposer: str, path: str, target: str, k: int, longest_prompt: i
     cfg_path = Path(path) / "config.json"
     if not cfg_path.is_file():
         raise ValueError(f"{option} {path}: no config.json there, so these are not trained {proposer} heads; "
-                         f"point {option} at a directory written by scripts/train_heads.py --kind {proposer}")
-    head_cfg = _read_json(cfg_path, option, f"point {option} at a directory written by scripts/train_heads.py")
+                         f"point {option} at a directory written by {TRAINERS[proposer]}")
+    head_cfg = _read_json(cfg_path, option, f"point {option} at a directory written by {TRAINERS[proposer]}")
     if head_cfg.get("model_type") != cls.model_type:
         raise ValueError(f"{option} {path}: config.json has model_type {head_cfg.get('model_type')!r}, but "
                          f"{option} needs {cls.model_type!r} heads; pass this directory to the option "
-                         f"that matches its heads (--medusa or --mlp-speculator)")
+                         f"that matches its heads (--medusa, --mlp-speculator or --eagle)")
     target_cfg = _read_json(Path(target) / "config.json", "--target", "pass a Hugging Face model directory")
     target_cfg = target_cfg.get("text_config", target_cfg)
     for key in ("hidden_size", "vocab_size"):
         if head_cfg.get(key) != target_cfg.get(key):
             raise ValueError(f"{option} {path}: the heads have {key} {head_cfg.get(key)} but --target {target} "
                              f"has {target_cfg.get(key)}; heads only fit the model they were trained on, so "
-                             f"train heads for this target (scripts/train_heads.py) or pass its own target")
-    max_k = int(cls.max_tokens(head_cfg))
-    k_eff = min(k, max_k)
+                             f"train heads for this target ({TRAINERS[proposer]}) or pass its own target")
+    max_k = cls.max_tokens(head_cfg)
+    k_eff = k if max_k is None else min(k, max_k)
     notes = []
     kwargs: dict[str, Any] = {}
     if not cls.capabilities.supports_chunked_prefill:

@@ -27,8 +27,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Greedy tokens/s, acceptance and inter-token latency on the same prompts (EOS ignored).\n\n"
                     "Speculant rows: no_spec, ngram, draft_mqa and draft_batch_expansion (with --draft),\n"
-                    "  medusa / mlp_speculator (with --medusa / --mlp-speculator: MQA scoring, chunked\n"
-                    "  prefill off, k capped to the number of tokens the heads predict).\n"
+                    "  medusa / mlp_speculator / eagle (with --medusa / --mlp-speculator / --eagle: MQA scoring,\n"
+                    "  k capped to the number of tokens the heads predict).\n"
                     "transformers rows: generate (batch 1; at concurrency > 1 one static left-padded batch),\n"
                     "  assisted and prompt_lookup (batch 1 only), continuous_batching (concurrency > 1 only:\n"
                     "  transformers 5 generate_batch; 'unsupported: <reason>' where unavailable).\n\n"
@@ -48,6 +48,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--mlp-speculator", default=None, metavar="DIR",
                    help="trained MLP-speculator heads for the target (scripts/train_heads.py --kind "
                         "mlp_speculator): adds 'mlp_speculator' rows")
+    p.add_argument("--eagle", default=None, metavar="DIR",
+                   help="a trained EAGLE head for the target (scripts/train_eagle.py): adds 'eagle' rows")
     p.add_argument("--prompts", default=None, metavar="FILE",
                    help="one prompt per line (a literal \\n in a line becomes a newline); "
                         "default: built-in code prompts")
@@ -83,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"error: {name} {path}: neither a Hugging Face model directory (config.json) nor a .gguf file; "
                   "pass one of those", file=sys.stderr)
             return 2
-    for name, path in (("--medusa", args.medusa), ("--mlp-speculator", args.mlp_speculator)):
+    for name, path in (("--medusa", args.medusa), ("--mlp-speculator", args.mlp_speculator), ("--eagle", args.eagle)):
         if path is not None and not Path(path).is_dir():
             print(f"error: {name} {path}: no such directory; pass the directory of trained heads for the "
                   f"target (scripts/train_heads.py writes one)", file=sys.stderr)
@@ -114,7 +116,8 @@ def run(args: argparse.Namespace) -> int:
         result = run_bench(args.target, args.draft, prompts=prompts, max_tokens=max_tokens, k=args.k,
                            repeats=repeats, concurrency=concurrency, hf=not args.no_hf,
                            hf_batched=not args.quick, log=log,
-                           heads={"medusa": args.medusa, "mlp_speculator": args.mlp_speculator},
+                           heads={"medusa": args.medusa, "mlp_speculator": args.mlp_speculator,
+                                  "eagle": args.eagle},
                            confidence=args.draft_confidence, dtype=args.dtype, chat=args.chat)
     except (ConfigError, ValueError, FileNotFoundError, TypeError, RuntimeError) as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -1,4 +1,4 @@
-"""``speculant bench --medusa / --mlp-speculator``: hidden-state head rows."""
+"""``speculant bench --medusa / --mlp-speculator / --eagle``: hidden-state head rows."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 
 from speculant.cli import main
 
-HEAD_METHODS = ("medusa", "mlp_speculator")
+HEAD_METHODS = ("medusa", "mlp_speculator", "eagle")
 
 
 @pytest.fixture(scope="module")
@@ -17,7 +17,8 @@ def heads_result(tmp_path_factory, llama_dir, random_heads_dirs, one_thread):
     out = tmp_path_factory.mktemp("bench_heads") / "r.json"
     code = main(["bench", "--quick", "--no-hf", "--target", str(llama_dir), "--k", "5", "--concurrency", "1,2",
                  "--medusa", str(random_heads_dirs["medusa"]),
-                 "--mlp-speculator", str(random_heads_dirs["mlp_speculator"]), "--out", str(out)])
+                 "--mlp-speculator", str(random_heads_dirs["mlp_speculator"]),
+                 "--eagle", str(random_heads_dirs["eagle"]), "--out", str(out)])
     return code, json.loads(out.read_text()) if out.is_file() else None
 
 
@@ -33,16 +34,17 @@ def test_head_rows_run_at_every_concurrency(heads_result):
             assert r["num_tokens"] == 2 * 8  # 2 prompts one by one at c=1, 2 requests at once at c=2
             assert 0.0 <= r["acceptance_rate"] <= 1.0
     assert rows[("medusa", 1)]["itl_p50_ms"] > 0 and rows[("medusa", 2)]["itl_p50_ms"] is None
-    assert data["settings"]["medusa"] and data["settings"]["mlp_speculator"]
+    assert data["settings"]["medusa"] and data["settings"]["mlp_speculator"] and data["settings"]["eagle"]
 
 
-def test_head_rows_note_chunked_prefill_off_and_cap_k(heads_result):
+def test_head_rows_cap_k_to_what_the_heads_predict(heads_result):
     _, data = heads_result
     for r in data["rows"]:
-        if r["method"] in HEAD_METHODS:
+        if r["method"] in ("medusa", "mlp_speculator"):
             assert r["k"] == 4 and r["heads_max_k"] == 4, r
-            assert "chunked prefill off" in r["note"], r
-            assert "--k 5 capped to the 4 tokens" in r["note"], r
+            assert r["note"] == "k=4: --k 5 capped to the 4 tokens these heads predict", r
+        elif r["method"] == "eagle":  # drafts autoregressively: no cap
+            assert r["k"] == 5 and r["heads_max_k"] is None and "note" not in r, r
         elif r["method"] == "ngram":
             assert "note" not in r  # other rows keep chunked prefill and --k
 
@@ -52,10 +54,19 @@ def test_head_rows_keep_k_when_heads_suffice(tmp_path, llama_dir, random_heads_d
 
     m = head_method("medusa", str(random_heads_dirs["medusa"]), str(llama_dir), 3, 10)
     assert m.speculative["num_speculative_tokens"] == 3 and m.fields == {"k": 3, "heads_max_k": 4}
-    assert m.engine_kwargs == {"enable_chunked_prefill": False}
-    assert "capped" not in m.note
+    assert m.engine_kwargs == {} and m.note is None  # chunked prefill stays on
+
+
+def test_a_proposer_without_chunked_prefill_gets_an_unchunked_engine(llama_dir, random_heads_dirs, monkeypatch):
+    from speculant.bench.heads import head_method
+    from speculant.core.interfaces import ProposerCapabilities
+    from speculant.proposers.heads.mlp_speculator import MLPSpeculatorProposer
+
+    monkeypatch.setattr(MLPSpeculatorProposer, "capabilities", ProposerCapabilities(
+        needs_target_hidden_states=True, supports_chunked_prefill=False, draft_probs="full"))
     long = head_method("mlp_speculator", str(random_heads_dirs["mlp_speculator"]), str(llama_dir), 3, 600)
     assert long.engine_kwargs == {"enable_chunked_prefill": False, "max_num_batched_tokens": 600}
+    assert "chunked prefill off" in long.note
 
 
 @pytest.mark.parametrize(("option", "kind", "expect"), [
