@@ -30,12 +30,14 @@ What "equal" means:
   tests/greedy_compare.py does against ``generate()``).
 - Seeded sampling: exactly equal. Randomness is per request, keyed by the
   request's seed and output length, so batch composition does not matter.
-  Two things change a speculating request's draw, and such requests are not
+  Three things change a speculating request's draw, and such requests are not
   compared (the checker's ``events`` count them): a step in which its k was
   trimmed below what it gets alone (budget, ``disable_by_batch_size``; a
   different number of proposals verifies a different but equally valid draw,
-  as test_spec_sampling.py notes). Preemption no longer is one (issue 13
-  item 4, ``COMPARE_PREEMPTED_SPEC_SAMPLING`` below).
+  as test_spec_sampling.py notes), and proposals that depend on other
+  requests (the ``adaptive`` draft-length policy, whose k follows the batch;
+  the ``suffix`` proposer's global cache of finished outputs). Preemption no
+  longer is one (issue 13 item 4, ``COMPARE_PREEMPTED_SPEC_SAMPLING`` below).
 """
 
 from __future__ import annotations
@@ -87,12 +89,15 @@ class Setup:
     max_num_seqs: int = 8
     enable_chunked_prefill: bool = True
     disable_by_batch_size: int | None = None
+    draft_length: str = "fixed"  # the policy: "fixed" | "adaptive"
+    suffix_cache: bool = True  # suffix: keep the global cache of finished outputs
 
     @property
     def spec_key(self) -> tuple | None:
         if self.proposer is None:
             return None
-        return (self.proposer, self.k, self.scorer, self.acceptance, self.draft_confidence)
+        return (self.proposer, self.k, self.scorer, self.acceptance, self.draft_confidence, self.draft_length,
+                self.suffix_cache)
 
 
 @dataclass
@@ -127,8 +132,11 @@ def spec_dict(spec_key: tuple | None, draft_dir: Path, disable_by_batch_size: in
               eagle_dir: Path | None = None) -> dict:
     if spec_key is None:
         return {}
-    proposer, k, scorer, acceptance, draft_confidence = spec_key
-    cfg = {"proposer": proposer, "num_speculative_tokens": k, "scorer": scorer, "acceptance": acceptance}
+    proposer, k, scorer, acceptance, draft_confidence, draft_length, suffix_cache = spec_key
+    cfg = {"proposer": proposer, "num_speculative_tokens": k, "scorer": scorer, "acceptance": acceptance,
+           "draft_length": {"policy": draft_length, **({"token_cost": 0.3} if draft_length == "adaptive" else {})}}
+    if proposer == "suffix" and not suffix_cache:
+        cfg["proposer_options"] = {"max_cached_requests": 0}
     if proposer == "draft_model":
         cfg["proposer_options"] = {"model": str(draft_dir), "confidence_threshold": draft_confidence}
     if proposer == "eagle":
@@ -358,6 +366,11 @@ class ScheduleChecker:
             self._same_greedy(req, ours, self.solo(req, None, mml), what + " vs alone, no speculation")
             return
         if setup.spec_key is not None:
+            if setup.draft_length == "adaptive" or (setup.proposer == "suffix" and setup.suffix_cache):
+                # k (adaptive: it follows the batch) or the proposals (the cache holds other requests'
+                # outputs) depend on the company a request keeps: another valid draw, not comparable
+                self.events.append("sampled request not compared: proposals depend on other requests")
+                return
             if rid in trace.trimmed:
                 self.events.append("sampled request not compared: k trimmed in some step")
                 return

@@ -10,9 +10,11 @@ Each example draws:
   longest prompt); chunked prefill on/off; ``max_model_len`` just above the
   longest request or cutting some requests short; a KV pool either a few
   blocks above one ``max_model_len`` sequence (so requests preempt) or large;
-  speculation off, or ``ngram`` / ``draft_model`` (a noisy copy of the target,
+  speculation off, or ``ngram`` / ``suffix`` (with or without its global
+  cache) / ``draft_model`` (a noisy copy of the target,
   ``spec_noisy_draft_dir``) with k 1..4, scorer ``mqa`` / ``batch_expansion``,
-  acceptance ``rejection`` (sometimes ``typical``), sometimes
+  acceptance ``rejection`` (sometimes ``typical``), draft-length policy
+  ``fixed`` (sometimes ``adaptive``), sometimes
   ``disable_by_batch_size`` and, for the draft, a confidence threshold;
 - 1..6 requests: prompts of 1..80 tokens (random, or periodic so that n-gram
   lookup finds matches), ``max_tokens`` 1..24, greedy or seeded sampling
@@ -133,8 +135,8 @@ def requests(draw, pools: Pools) -> list[Req]:
 
 
 @st.composite
-def setups(draw, reqs: list[Req]) -> Setup:
-    proposer = draw(st.sampled_from([None, "ngram", "draft_model", "eagle"]))
+def setups(draw, reqs: list[Req], proposers: tuple = (None, "ngram", "suffix", "draft_model", "eagle")) -> Setup:
+    proposer = draw(st.sampled_from(proposers))
     spec = {}
     if proposer is not None:
         spec = dict(proposer=proposer, k=draw(st.integers(1, 4)),
@@ -143,6 +145,9 @@ def setups(draw, reqs: list[Req]) -> Setup:
                     disable_by_batch_size=draw(st.one_of(st.none(), st.none(), st.none(), st.integers(1, 3))))
         if proposer == "draft_model":
             spec["draft_confidence"] = draw(st.sampled_from([0.0, 0.0, 0.3]))
+        if proposer == "suffix":
+            spec["suffix_cache"] = draw(st.booleans())
+        spec["draft_length"] = draw(st.sampled_from(["fixed", "fixed", "fixed", "adaptive"]))
     block_size = draw(st.sampled_from([1, 2, 4, 8, 16]))
     longest_prompt = max(len(r.prompt) for r in reqs)
     longest_request = max(len(r.prompt) + r.params.max_tokens for r in reqs)
@@ -161,10 +166,10 @@ def setups(draw, reqs: list[Req]) -> Setup:
                  max_num_batched_tokens=budget, max_num_seqs=max_num_seqs, enable_chunked_prefill=chunked, **spec)
 
 
-def run_example(data, schedule_models) -> None:
+def run_example(data, schedule_models, **setup_kw) -> None:
     checker, pools = schedule_models
     reqs = data.draw(requests(pools), label="requests")
-    setup = data.draw(setups(reqs), label="setup")
+    setup = data.draw(setups(reqs, **setup_kw), label="setup")
     trace = checker.check(setup, reqs)
     note(f"steps={trace.num_steps} aborted={sorted(trace.aborted)} preempted={sorted(trace.preempted)} "
          f"trimmed={sorted(trace.trimmed)}")
@@ -179,6 +184,14 @@ def run_example(data, schedule_models) -> None:
 @given(data=st.data())
 def test_schedules_match_solo_runs(data, schedule_models):
     run_example(data, schedule_models)
+
+
+@settings(max_examples=8, **COMMON)
+@given(data=st.data())
+def test_suffix_schedules_match_solo_runs(data, schedule_models):
+    """The suffix proposer (with and without its global cache, under both
+    draft-length policies) gets examples of its own in the default run."""
+    run_example(data, schedule_models, proposers=("suffix",))
 
 
 @pytest.fixture
