@@ -1,11 +1,15 @@
 """``speculant bench``: Speculant vs transformers on one local model pair.
 
-Same prompts (tokenized once with the target's tokenizer, so both sides see
-identical token ids), greedy, EOS ignored. Each row reports median tokens/s
-over repeats, acceptance rate and mean accepted length (Speculant rows with
-speculation), p50/p99 inter-token latency (concurrency 1 only) and whether
-its greedy tokens equal the Speculant no-speculation run at the same
-concurrency.
+Same prompts (tokenized once with the target's tokenizer, raw or rendered
+with its chat template, so both sides see identical token ids), greedy, EOS
+ignored, one dtype for both engines. Each row reports median tokens/s over
+repeats (end to end, and decode-only with TTFT at concurrency 1), the
+fraction of the memory-bandwidth bound (``bandwidth``), acceptance rate and
+mean accepted length (Speculant rows with speculation), p50/p99 inter-token
+latency (concurrency 1 only) and whether its greedy tokens equal the
+Speculant no-speculation run at the same concurrency. Repeats run in rounds:
+every row once per round (``report.merge_repeats`` joins them), so a burst of
+load from other jobs costs every row alike instead of the ones it hit.
 
 Rows (``engine``/``method``):
 
@@ -17,8 +21,8 @@ Rows (``engine``/``method``):
   ``continuous_batching`` (concurrency > 1 only, ``generate_batch``).
 
 Modules: ``speculant_runs`` and ``heads`` (Speculant rows), ``hf_runs`` and
-``hf_cb`` (transformers rows), ``report`` (statistics, JSON, Markdown) and
-``chart`` (PNG).
+``hf_cb`` (transformers rows), ``bandwidth`` (the memory-bandwidth bound),
+``report`` (statistics, JSON, Markdown) and ``chart`` (PNG).
 """
 
 from __future__ import annotations
@@ -106,7 +110,7 @@ def run_bench(target: str, draft: str | None = None, *, prompts: list[str] | Non
     from speculant.bench.bandwidth import bound_tokens_per_s, model_decode_bytes, read_bandwidth
     from speculant.bench.heads import head_methods
     from speculant.bench.hf_runs import run_hf
-    from speculant.bench.report import environment
+    from speculant.bench.report import drop_raw, environment, merge_repeats
     from speculant.bench.speculant_runs import run_speculant, speculant_methods
     from speculant.core.config import SchedulerConfig
     from speculant.core.gguf_source import resolve_model_source
@@ -121,18 +125,22 @@ def run_bench(target: str, draft: str | None = None, *, prompts: list[str] | Non
                                                                          max(len(p) for p in ids))
     env = environment()
     bandwidth = [read_bandwidth()]
-    rows = run_speculant(target_dir, methods, ids, max_tokens=max_tokens, repeats=repeats,
-                         concurrency=concurrency, dtype=dtype, log=log)
-    if hf:
-        pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-        rows += run_hf(target_dir, draft_dir, ids, max_tokens=max_tokens, k=k, repeats=repeats,
-                       concurrency=concurrency, batched=hf_batched, pad_id=pad,
-                       max_batch_tokens=SchedulerConfig().max_num_batched_tokens, confidence=confidence,
-                       dtype=dtype, log=log)
+    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    runs = []
+    for rep in range(repeats):  # every row once per round, so load from other jobs hits all rows alike
+        log(f"round {rep + 1} of {repeats}")
+        run = run_speculant(target_dir, methods, ids, max_tokens=max_tokens, repeats=1,
+                            concurrency=concurrency, dtype=dtype, log=log)
+        if hf:
+            run += run_hf(target_dir, draft_dir, ids, max_tokens=max_tokens, k=k, repeats=1,
+                          concurrency=concurrency, batched=hf_batched, pad_id=pad,
+                          max_batch_tokens=SchedulerConfig().max_num_batched_tokens, confidence=confidence,
+                          dtype=dtype, log=log)
+        runs.append(run)
+    rows = merge_repeats(runs)
     bandwidth.append(read_bandwidth())
     _mark_matches(rows)
-    for r in rows:
-        r.pop("token_ids", None)
+    drop_raw(rows)
     facts = model_decode_bytes(target_dir, getattr(torch, dtype))
     best = max(b["best_gb_s"] for b in bandwidth)
     bound = bound_tokens_per_s(facts["weight_bytes_per_decode_step"], best)
@@ -147,7 +155,9 @@ def run_bench(target: str, draft: str | None = None, *, prompts: list[str] | Non
                      "greedy": True, "ignore_eos": True, "hf_batched": hf_batched,
                      "medusa": (heads or {}).get("medusa"), "mlp_speculator": (heads or {}).get("mlp_speculator"),
                      "eagle": (heads or {}).get("eagle")},
-        "notes": [ITL_NOTE, "tokens/s: generated tokens / wall time (prefill included), median over repeats.",
+        "notes": [ITL_NOTE,
+                  "tokens/s: generated tokens / wall time (prefill included), median over repeats; the repeats run "
+                  "in rounds (every row once per round), so load from other jobs hits all rows alike.",
                   "decode tok/s: tokens after the first / time after the first token (batch 1 only); TTFT: time "
                   "to the first token.",
                   f"of bound: decode tok/s / memory-bandwidth bound ({bound:.1f} tok/s = best read bandwidth "

@@ -20,7 +20,7 @@ import time
 from typing import Any
 
 from speculant.bench.hf_cb import CBUnsupported, run_continuous_batching
-from speculant.bench.report import median, percentile, rate, timing_fields
+from speculant.bench.report import median, rate, timing_fields
 
 BATCHED_ONLY = ("continuous_batching",)  # methods with rows at concurrency > 1 only
 
@@ -118,9 +118,8 @@ def _run_bs1(model, prompts, max_tokens, repeats, pad_id, extra) -> dict[str, An
             rates.append(rate(num_tokens, total_t))
             decode_rates.append(rate(num_tokens - len(token_ids), decode_t))
     return {"num_requests": len(prompts), "num_tokens": num_tokens, "tokens_per_s": median(rates),
-            "tokens_per_s_samples": [round(r, 2) for r in rates], **timing_fields(decode_rates, ttfts),
-            "itl_p50_ms": 1e3 * percentile(gaps, 50) if gaps else None,
-            "itl_p99_ms": 1e3 * percentile(gaps, 99) if gaps else None, "token_ids": token_ids}
+            "tokens_per_s_samples": [round(r, 2) for r in rates], **timing_fields(decode_rates, ttfts, gaps),
+            "token_ids": token_ids}
 
 
 def _run_batched(model, requests, max_tokens, repeats, pad_id) -> dict[str, Any]:

@@ -31,12 +31,67 @@ def rate(count: float, seconds: float) -> float:
     return count / seconds if seconds > 0 else 0.0
 
 
-def timing_fields(decode_rates: list[float], ttfts: list[float]) -> dict[str, Any]:
-    """Batch-1 row fields: median decode-only tokens/s over repeats (first token
-    excluded) and median time to first token; null where not measured."""
+def timing_fields(decode_rates: list[float], ttfts: list[float], gaps: list[float]) -> dict[str, Any]:
+    """Batch-1 row fields from raw samples: median decode-only tokens/s over
+    repeats (first token excluded), median time to first token, p50/p99
+    inter-token latency; null where not measured. The raw TTFTs and gaps (in
+    seconds) ride along as ``_ttfts`` / ``_gaps`` so repeats measured apart can
+    be merged (``merge_repeats``); ``drop_raw`` removes them before output."""
     return {"decode_tokens_per_s": median(decode_rates),
             "decode_tokens_per_s_samples": [round(r, 2) for r in decode_rates],
-            "ttft_ms": 1e3 * statistics.median(ttfts) if ttfts else None}
+            "ttft_ms": 1e3 * statistics.median(ttfts) if ttfts else None,
+            "itl_p50_ms": 1e3 * percentile(gaps, 50) if gaps else None,
+            "itl_p99_ms": 1e3 * percentile(gaps, 99) if gaps else None,
+            "_ttfts": list(ttfts), "_gaps": list(gaps)}
+
+
+def merge_repeats(runs: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """One row per (engine, method, concurrency) from runs of one repeat each
+    (interleaved so that load from other jobs hits every row alike): samples
+    concatenated, medians and percentiles recomputed, acceptance averaged. A
+    repeat that failed fails the row; tokens that differ between repeats too."""
+    merged: dict[tuple, dict[str, Any]] = {}
+    for rows in runs:
+        for r in rows:
+            key = (r["engine"], r["method"], r["concurrency"])
+            accept = {"_accept": [r["acceptance_rate"]] if r.get("acceptance_rate") is not None else [],
+                      "_accepted_len": ([r["mean_accepted_length"]]
+                                        if r.get("mean_accepted_length") is not None else [])}
+            if key not in merged:
+                merged[key] = {**r, **accept}
+                continue
+            m = merged[key]
+            if m.get("status") != "ok":
+                continue
+            if r.get("status") != "ok":
+                m["status"] = r["status"]
+                continue
+            if r.get("token_ids") != m.get("token_ids"):
+                m["status"] = "error: greedy tokens differ between repeats"
+                continue
+            for field in ("_accept", "_accepted_len"):
+                m[field] = m[field] + accept[field]
+            for field in ("tokens_per_s_samples", "decode_tokens_per_s_samples", "_ttfts", "_gaps"):
+                m[field] = list(m.get(field) or []) + list(r.get(field) or [])
+    out = []
+    for m in merged.values():
+        accept, accepted_len = m.pop("_accept"), m.pop("_accepted_len")
+        if m.get("status") == "ok":
+            m["tokens_per_s"] = median(m.get("tokens_per_s_samples") or [])
+            if "_ttfts" in m:
+                decode = m.get("decode_tokens_per_s_samples") or []
+                m.update(timing_fields(decode, m["_ttfts"], m["_gaps"]))
+            m["acceptance_rate"] = statistics.fmean(accept) if accept else m.get("acceptance_rate")
+            m["mean_accepted_length"] = statistics.fmean(accepted_len) if accepted_len else m.get(
+                "mean_accepted_length")
+        out.append(m)
+    return out
+
+
+def drop_raw(rows: list[dict[str, Any]]) -> None:
+    for r in rows:
+        for field in ("_ttfts", "_gaps", "token_ids"):
+            r.pop(field, None)
 
 
 def environment() -> dict[str, Any]:

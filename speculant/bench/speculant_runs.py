@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from speculant.bench.report import median, percentile, rate, timing_fields
+from speculant.bench.report import median, rate, timing_fields
 from speculant.core.sampling_params import SamplingParams
 
 
@@ -146,11 +146,9 @@ def run_method(llm, prompts: list[list[int]], max_tokens: int, concurrency: int,
         "num_tokens": num_tokens,
         "tokens_per_s": median(rates),
         "tokens_per_s_samples": [round(r, 2) for r in rates],
-        **timing_fields(decode_rates, ttfts),
+        **timing_fields(decode_rates, ttfts, gaps),
         "acceptance_rate": metrics.get("acceptance_rate") if spec else None,
         "mean_accepted_length": metrics.get("mean_accepted_length") if spec else None,
-        "itl_p50_ms": 1e3 * percentile(gaps, 50) if gaps else None,
-        "itl_p99_ms": 1e3 * percentile(gaps, 99) if gaps else None,
         "token_ids": token_ids,
     }
 
