@@ -9,7 +9,7 @@ first / time after the first), and reported as TTFT. At higher concurrency
 requests go through ``LLM.generate`` at once and only throughput is reported
 (ITL, TTFT and decode-only rate are null).
 
-Methods: ``no_spec``, ``ngram``, ``draft_mqa`` / ``draft_batch_expansion``
+Methods: ``no_spec``, ``ngram``, ``suffix``, ``draft_mqa`` / ``draft_batch_expansion``
 (with ``--draft``) and, with trained head directories, ``medusa`` /
 ``mlp_speculator`` (built in ``speculant.bench.heads``: MQA scoring, chunked
 prefill off). Each method is one engine, reused across concurrency levels.
@@ -43,9 +43,10 @@ class Method:
 
 
 def speculant_methods(k: int, draft: str | None, confidence: float = 0.4) -> list[Method]:
-    """No speculation, ngram and the two draft-model scorers (skipped without a
+    """No speculation, ngram, suffix and the two draft-model scorers (skipped without a
     draft); ``confidence`` is the draft's ``confidence_threshold``."""
-    methods = [Method("no_spec"), Method("ngram", {"proposer": "ngram", "num_speculative_tokens": k})]
+    methods = [Method("no_spec"), Method("ngram", {"proposer": "ngram", "num_speculative_tokens": k}),
+               Method("suffix", {"proposer": "suffix", "num_speculative_tokens": k})]
     for scorer in ("mqa", "batch_expansion"):
         name = f"draft_{scorer}"
         if draft is None:

@@ -9,7 +9,7 @@ import pytest
 from speculant.cli import main
 from tiny_models import build_model
 
-SPECULANT_METHODS = {"no_spec", "ngram", "draft_mqa", "draft_batch_expansion"}
+SPECULANT_METHODS = {"no_spec", "ngram", "suffix", "draft_mqa", "draft_batch_expansion"}
 HF_METHODS = {"generate", "assisted", "prompt_lookup"}
 
 
