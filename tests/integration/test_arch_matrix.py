@@ -1,7 +1,7 @@
 """The architecture matrix: every verified decoder architecture × every
 attention backend that runs on this machine × {chunking off, tiny chunk
 budget, ngram + mqa, draft + batch expansion, eagle (a random head) + mqa with
-chunked prefill}, token for token against
+chunked prefill, suffix + batch expansion with the adaptive draft length}, token for token against
 transformers ``generate()`` (near-ties judged on transformers' own logits,
 ``greedy_compare``); and every refusal case refused at load with its feature
 named.
@@ -42,8 +42,11 @@ SETTINGS = {
                                                    num_speculative_tokens=3)),
     "eagle-chunked": dict(block_size=4, max_num_batched_tokens=16, max_num_seqs=7,
                           speculative=dict(proposer="eagle", scorer="mqa", num_speculative_tokens=3)),
+    "suffix-adaptive": dict(block_size=8, max_num_batched_tokens=20, max_num_seqs=7,
+                            speculative=dict(proposer="suffix", scorer="batch_expansion", num_speculative_tokens=4,
+                                             draft_length={"policy": "adaptive", "token_cost": 0.3})),
 }
-SPECULATES = {"ngram-mqa", "draft-batch-expansion", "eagle-chunked"}
+SPECULATES = {"ngram-mqa", "draft-batch-expansion", "eagle-chunked", "suffix-adaptive"}
 
 
 def cpu_backends() -> list[str]:
