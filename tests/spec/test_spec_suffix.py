@@ -61,3 +61,22 @@ def test_state_released_after_finish_abort_and_preemption(llama_dir):
     assert not proposer._state, sorted(proposer._state)
     assert not eng.draft_length._state, sorted(eng.draft_length._state)
     assert len(proposer.cache.sequences) == 2  # the aborted request's output is not cached
+
+
+def test_seeded_sampling_alone_equals_preempted_in_company(llama_dir):
+    """Without its cache the suffix proposer's drafts depend only on the
+    request's own tokens, so seeded sampling is the same alone and preempted
+    among others (with the cache, drafts depend on which requests finished
+    first: another valid draw, as for the adaptive policy)."""
+    prompts = random_prompts([9, 14, 21, 26, 30, 12], seed=23)
+    params = [SamplingParams(temperature=1.0, seed=100 + i, max_tokens=24, ignore_eos=True)
+              for i in range(len(prompts))]
+    spec = {"proposer": "suffix", "num_speculative_tokens": 3,
+            "proposer_options": {"max_cached_requests": 0, "max_spec_factor": 3.0, "min_token_prob": 0.0}}
+    roomy = LLM(model=str(llama_dir), block_size=4, max_model_len=64, speculative=spec)
+    alone = [roomy.generate([p], sp, use_tqdm=False)[0].outputs[0].token_ids for p, sp in zip(prompts, params)]
+    tight = LLM(model=str(llama_dir), block_size=4, max_model_len=64, num_blocks=16, speculative=spec)
+    outs = tight.generate(prompts, params, use_tqdm=False)
+    assert sum(o.metrics["num_preemptions"] for o in outs) >= 3, "the tiny pool was meant to preempt"
+    assert tight.get_metrics()["num_draft_tokens"] > 0
+    assert [o.outputs[0].token_ids for o in outs] == alone
