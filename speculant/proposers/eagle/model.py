@@ -147,6 +147,20 @@ class EagleHead(nn.Module):
         return self._finish(x, attn.transpose(1, 2).flatten(-2))
 
     # --- drafting: new entries appended to per-sequence caches ------------------
+    def _attend(self, q: torch.Tensor,  # [m, heads, D], the last m of the sequence's positions
+                keys: torch.Tensor, values: torch.Tensor,  # [L, kv_heads, D]
+                ) -> torch.Tensor:  # [m, heads, D]
+        """Causal attention of the newest m entries over the cache, the query heads
+        of each K/V head as one batched matmul (small, so no SDPA dispatch)."""
+        m, total, rep = q.shape[0], keys.shape[0], self.heads // self.kv_heads
+        grouped = q.permute(1, 0, 2).reshape(self.kv_heads, rep * m, self.head_dim)  # head h -> kv head h // rep
+        scores = grouped @ keys.permute(1, 2, 0) * self.head_dim ** -0.5  # [kv_heads, rep * m, L]
+        if m > 1:  # query i (position total - m + i) sees keys up to its own position
+            mask = torch.ones(m, total, dtype=torch.bool, device=q.device).tril(total - m).repeat(rep, 1)
+            scores = scores.masked_fill(~mask, float("-inf"))
+        out = scores.softmax(-1) @ values.transpose(0, 1)  # [kv_heads, rep * m, D]
+        return out.reshape(self.heads, m, self.head_dim).transpose(0, 1)
+
     def extend(self, token_emb: torch.Tensor, hidden: torch.Tensor,  # [T, H] each, sequences back to back
                positions: torch.Tensor,  # [T] long
                segments: list[tuple[SeqKV, int]],  # (cache, rows) per sequence, in row order
@@ -156,12 +170,6 @@ class EagleHead(nn.Module):
         outs, row = [], 0
         for cache, m in segments:
             keys, values = cache.append(k[row: row + m], v[row: row + m])
-            total = keys.shape[0]
-            mask = None
-            if m > 1:  # query i (position total - m + i) sees keys up to its own position
-                mask = torch.ones(m, total, dtype=torch.bool, device=x.device).tril(total - m)
-            out = F.scaled_dot_product_attention(q[row: row + m].transpose(0, 1), keys.transpose(0, 1),
-                                                 values.transpose(0, 1), attn_mask=mask, enable_gqa=True)
-            outs.append(out.transpose(0, 1))
+            outs.append(self._attend(q[row: row + m], keys, values))
             row += m
         return self._finish(x, torch.cat(outs).flatten(-2))

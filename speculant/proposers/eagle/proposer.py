@@ -27,11 +27,13 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 from safetensors.torch import load_file
 
+from speculant.core.acceptance import verifies_by_argmax
 from speculant.core.batch import StepBatch
 from speculant.core.config import EngineConfig
 from speculant.core.interfaces import Proposals, Proposer, ProposerCapabilities, ProposerContext, Scores
 from speculant.core.model_files import read_text_config
-from speculant.proposers.drafting import DraftSteps, draw_proposals
+from speculant.core.request import Request
+from speculant.proposers.drafting import DraftDraw, DraftSteps, draw_proposals
 from speculant.proposers.eagle.model import MODEL_TYPE, EagleHead, SeqKV
 
 OPTION = "speculative.proposer_options.path"
@@ -118,6 +120,9 @@ class EagleProposer(Proposer):
         self.head.to(device=target.device, dtype=target.dtype).eval().requires_grad_(False)
         draft_ids = self.head.draft_ids
         self._draft_ids = draft_ids if draft_ids.numel() else None  # [Vd] target ids, or the full vocabulary
+        # the LM head's rows for the draft vocabulary, read once: a packed LM head (linear_backend) makes
+        # every .weight read a dense copy of the whole [V, H] matrix
+        self._draft_weight = weight[draft_ids].to(target.dtype) if self._draft_ids is not None else None  # [Vd, H]
         self._state: dict[str, SeqState] = {}
 
     # --- propose -------------------------------------------------------------
@@ -146,13 +151,16 @@ class EagleProposer(Proposer):
         ends = torch.tensor([m for _, m in segments]).cumsum(0) - 1
         return {rid: feats[int(end)] for (rid, _), end in zip(states, ends) if rid in want_output}
 
-    def _logits(self, features: torch.Tensor) -> torch.Tensor:  # [n, H] -> [n, V] float32
-        logits = self.head.draft_logits(features, self.context.target.output_embedding).float()
-        if self._draft_ids is None:
-            return logits
-        full = logits.new_full((logits.shape[0], self.context.target.vocab_size), float("-inf"))
+    def _draw(self, features: torch.Tensor,  # [n, H] predicted features
+              requests: list[Request], step: int) -> DraftDraw:
+        if self._draft_ids is None or self._draft_weight is None:
+            return draw_proposals(self.context.target.output_embedding(features).float(), requests, step)
+        logits = torch.nn.functional.linear(features, self._draft_weight).float()  # [n, Vd]
+        if verifies_by_argmax(requests):  # no distribution needed: the argmax, mapped to target ids
+            return DraftDraw(self._draft_ids[logits.argmax(dim=-1)].tolist(), None, None)
+        full = logits.new_full((logits.shape[0], self.context.target.vocab_size), float("-inf"))  # [n, V]
         full[:, self._draft_ids] = logits
-        return full
+        return draw_proposals(full, requests, step)
 
     @torch.inference_mode()
     def propose(self, batch: StepBatch) -> Proposals:
@@ -165,7 +173,7 @@ class EagleProposer(Proposer):
         feats = torch.stack([features[batch.decodes[i].request.request_id] for i in rows])  # [n, H]
         for step in range(max(batch.decodes[i].num_spec_tokens for i in rows)):
             requests = [batch.decodes[i].request for i in rows]
-            draw = draw_proposals(self._logits(feats), requests, step)
+            draw = self._draw(feats, requests, step)
             steps.add(step, rows, draw.tokens, draw.probs)
             more = [j for j, i in enumerate(rows) if batch.decodes[i].num_spec_tokens > step + 1]
             if not more:
