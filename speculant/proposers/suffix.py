@@ -17,6 +17,7 @@ from speculant.proposers.suffix_index import (
     POS_MASK,
     SuffixCache,
     SuffixIndex,
+    deepest,
     extend_hashes,
     match_levels,
     vote,
@@ -39,7 +40,7 @@ class SuffixOptions(BaseModel):
     indexed (one index entry per level per token)."""
     max_candidates: int = Field(default=32, ge=1, le=4096)
     """Most recent occurrences of the matched suffix whose continuations are counted."""
-    max_spec_factor: float = Field(default=1.0, gt=0)
+    max_spec_factor: float = Field(default=4.0, gt=0)
     """A match of m tokens proposes at most ``max_spec_factor * m + max_spec_offset``
     tokens: longer matches are trusted with longer drafts."""
     max_spec_offset: float = Field(default=0.0, ge=0)
@@ -125,17 +126,19 @@ class SuffixProposer(Proposer):
         level, entries = state.index.lookup(state.hashes, skip_last=len(tokens))
         if level:
             streams: list[tuple[Sequence[int], int]] = [(tokens, e) for e in reversed(entries[-o.max_candidates:])]
-            best = max(best, self._vote(streams, level, budget), key=_score)
+            best = max(best, self._vote(streams, tokens, level, budget), key=_score)
         level, entries = self.cache.index.lookup(state.hashes)
         if level:
             cache = self.cache
             streams = [(cache.tokens_of(e >> POS_BITS), e & POS_MASK) for e in reversed(entries[-o.max_candidates:])]
-            best = max(best, self._vote(streams, level, budget), key=_score)
+            best = max(best, self._vote(streams, tokens, level, budget), key=_score)
         return best[1]
 
-    def _vote(self, streams: list[tuple[Sequence[int], int]], level: int, budget: int) -> tuple[float, list[int]]:
+    def _vote(self, streams: list[tuple[Sequence[int], int]], context: Sequence[int], level: int,
+              budget: int) -> tuple[float, list[int]]:
         o = self.options
-        limit = min(budget, int(o.max_spec_factor * level + o.max_spec_offset))
+        match, streams = deepest(streams, context, level, o.max_match_len)
+        limit = min(budget, int(o.max_spec_factor * match + o.max_spec_offset))
         tokens, score = vote(streams, limit, o.min_token_prob)
         return score, tokens
 

@@ -123,6 +123,26 @@ class SuffixIndex:
         return 0, []
 
 
+def deepest(streams: list[tuple[Sequence[int], int]], context: Sequence[int], level: int,
+            max_len: int) -> tuple[int, list[tuple[Sequence[int], int]]]:
+    """The occurrences of ``streams`` (each a sequence and the position after
+    an occurrence of the context's last ``level`` tokens) that match the
+    context furthest back, up to ``max_len`` tokens, and that match length:
+    the deepest suffix-tree node the context reaches, which a level only
+    bounds from below."""
+    best, kept = level, []
+    n = len(context)
+    for seq, pos in streams:
+        m = level
+        while m < max_len and m < pos and m < n and seq[pos - 1 - m] == context[n - 1 - m]:
+            m += 1
+        if m > best:
+            best, kept = m, [(seq, pos)]
+        elif m == best:
+            kept.append((seq, pos))
+    return best, kept
+
+
 def vote(streams: list[tuple[Sequence[int], int]], max_len: int, min_prob: float) -> tuple[list[int], float]:
     """The most frequent continuation of ``streams`` (each a token sequence and
     the position its continuation starts at; most recent first, which wins

@@ -9,7 +9,15 @@ from collections import defaultdict
 
 import pytest
 
-from speculant.proposers.suffix_index import POS_BITS, SuffixCache, SuffixIndex, extend_hashes, match_levels, vote
+from speculant.proposers.suffix_index import (
+    POS_BITS,
+    SuffixCache,
+    SuffixIndex,
+    deepest,
+    extend_hashes,
+    match_levels,
+    vote,
+)
 
 
 def hashes_of(tokens) -> list[int]:
@@ -141,3 +149,14 @@ def test_cache_off_and_long_sequences():
     short = SuffixCache(match_levels(4), max_requests=10, max_tokens=3)
     short.add([1, 2, 3, 4, 5])  # keeps its first max_tokens tokens
     assert [t for _, t in short.sequences] == [[1, 2, 3]]
+
+
+def test_deepest_keeps_the_occurrences_matching_furthest_back():
+    a = [1, 2, 3, 9]  # occurrence of [2, 3] preceded by 1
+    b = [7, 2, 3, 8]  # preceded by 7
+    context = [5, 1, 2, 3]
+    match, kept = deepest([(a, 3), (b, 3)], context, level=2, max_len=8)
+    assert match == 3 and kept == [(a, 3)]
+    match, kept = deepest([(a, 3), (b, 3)], [4, 2, 3], level=2, max_len=8)
+    assert match == 2 and kept == [(a, 3), (b, 3)]  # neither extends: both kept
+    assert deepest([(a, 3)], context, level=2, max_len=2) == (2, [(a, 3)])  # capped

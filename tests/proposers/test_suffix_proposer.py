@@ -52,11 +52,12 @@ def test_drafts_from_its_own_prompt():
 
 
 def test_draft_length_grows_with_the_match():
-    p = make()  # max_spec_factor 1: a match at level m (1, 2, 4, ...) drafts at most m
+    p = make(max_spec_factor=1.0)  # a match of m tokens drafts at most m
     text = [5, 6, 7, 8, 9, 10, 11, 12]
     assert propose(p, (request(text + [40, 7]), 8)) == [[8]]
     assert propose(p, (request(text + [41, 6, 7], request_id="b"), 8)) == [[8, 9]]
-    assert propose(p, (request(text + [42, 5, 6, 7], request_id="c"), 8)) == [[8, 9]]  # 3 counts as level 2
+    # 3 tokens: found at level 2, then extended to the full match
+    assert propose(p, (request(text + [42, 5, 6, 7], request_id="c"), 8)) == [[8, 9, 10]]
     assert propose(p, (request(text + [43, 5, 6, 7, 8], request_id="d"), 8)) == [[9, 10, 11, 12]]
 
 

@@ -1,0 +1,150 @@
+"""Adaptive vs fixed draft length with 32 concurrent requests (issue 16, item 4).
+
+SmolLM2-135M-Instruct (float32), greedy: 32 chat requests submitted together
+(the 20 ``unittest`` tasks and 12 ``edit`` tasks of ``repeated_tasks.py``),
+for each config: no speculation; ``ngram`` and ``suffix`` with a fixed k; the
+same with ``speculative.draft_length = {policy = "adaptive"}`` (the policy's
+default cost model, or ``--token-cost``). A fresh engine per run, configs
+alternating within each repeat; the figure is the median of output tokens /
+wall time. Every config's tokens must equal no speculation's (checked).
+
+Besides wall time (noisy on a shared machine), each run records the tokens
+of every step, and ``model_s`` prices them with the forward-cost fit of
+``results/verify_cost.json`` (sum over steps of a + b * tokens): the time the
+same steps would take on a quiet machine, so the ratio of two configs'
+model_s is the speedup that the step structure alone explains.
+
+    nice -n 10 python benchmarks/adaptive_bench.py --repeats 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from repeated_tasks import conversations
+from suffix_bench import build
+
+from common import environment, write_json
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def configs(k: int, token_cost: float | None) -> dict[str, dict]:
+    adaptive = {"policy": "adaptive", **({"token_cost": token_cost} if token_cost is not None else {})}
+    ngram = {"proposer": "ngram", "proposer_options": {"min_n": 2, "max_n": 4}}
+    suffix = {"proposer": "suffix"}
+    return {
+        "none": {},
+        f"ngram_fixed_k{k}": ngram,
+        "ngram_adaptive": {**ngram, "draft_length": adaptive},
+        f"suffix_fixed_k{k}": suffix,
+        "suffix_adaptive": {**suffix, "draft_length": adaptive},
+    }
+
+
+def workload() -> list[list[dict[str, str]]]:
+    return conversations("unittest") + conversations("edit")[:12]
+
+
+def run(spec: dict, k: int, max_tokens: int, threads: int | None, fit: tuple[float, float] | None) -> dict:
+    from speculant import SamplingParams
+
+    llm = build(spec, k, threads)
+    llm.generate(["Hello"], SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)  # warm-up
+    llm.engine.reset_metrics()
+    step_tokens: list[int] = []
+    schedule = llm.engine.scheduler.schedule
+
+    def recorded(*args, **kwargs):
+        batch = schedule(*args, **kwargs)
+        step_tokens.append(batch.num_tokens)
+        return batch
+
+    llm.engine.scheduler.schedule = recorded
+    t0 = time.perf_counter()
+    outs = llm.chat(workload(), SamplingParams(temperature=0, max_tokens=max_tokens), use_tqdm=False)
+    seconds = time.perf_counter() - t0
+    tokens = [list(o.outputs[0].token_ids) for o in outs]
+    total = sum(len(t) for t in tokens)
+    m = llm.get_metrics()
+    model_s = sum(fit[0] + fit[1] * n for n in step_tokens if n) if fit else None
+    return {"tok_per_s": total / seconds, "seconds": seconds, "output_tokens": total, "token_ids": tokens,
+            "steps": sum(1 for n in step_tokens if n), "step_tokens": step_tokens, "model_s": model_s,
+            "model_tok_per_s": total / model_s if model_s else None,
+            **{key: m.get(key) for key in ("mean_accepted_length", "acceptance_rate", "num_draft_tokens",
+                                           "mean_planned_draft_length", "planned_zero_fraction", "propose_s",
+                                           "score_s", "accept_s")}}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--k", type=int, default=4)
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--token-cost", type=float, default=None)
+    ap.add_argument("--configs", default=None, help="comma-separated subset")
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--out", type=Path, default=RESULTS / "adaptive_concurrent.json")
+    args = ap.parse_args()
+    cost = RESULTS / "verify_cost.json"
+    fit = None
+    if cost.is_file():  # the measured cost model: prices the steps, and is the policy's token_cost
+        c = json.loads(cost.read_text())
+        fit = (c["fit_fixed_s"], c["fit_per_token_s"])
+        if args.token_cost is None:
+            args.token_cost = round(c["token_cost"], 4)
+    cfgs = configs(args.k, args.token_cost)
+    names = args.configs.split(",") if args.configs else list(cfgs)
+    env = environment()
+    runs: dict[str, list[dict]] = {n: [] for n in names}
+    for r in range(args.repeats):
+        for name in (names if r % 2 == 0 else names[::-1]):
+            res = run(cfgs[name], args.k, args.max_tokens, args.threads, fit)
+            runs[name].append(res)
+            print(f"repeat {r} {name:18s} {res['tok_per_s']:6.2f} tok/s  steps {res['steps']}  "
+                  f"model {res['model_tok_per_s'] or 0:.1f} tok/s  "
+                  f"accepted/step {res['mean_accepted_length'] or 0:.2f}  "
+                  f"planned k {res['mean_planned_draft_length'] or 0:.2f}", flush=True)
+    reference = runs[names[0]][0]["token_ids"]
+    summary = {}
+    for name, rs in runs.items():
+        summary[name] = {
+            "median_tok_per_s": statistics.median(x["tok_per_s"] for x in rs),
+            "tok_per_s": [x["tok_per_s"] for x in rs],
+            "steps": rs[0]["steps"],
+            "model_tok_per_s": rs[0]["model_tok_per_s"],
+            "mean_accepted_length": rs[0]["mean_accepted_length"],
+            "acceptance_rate": rs[0]["acceptance_rate"],
+            "mean_planned_draft_length": rs[0]["mean_planned_draft_length"],
+            "engine_split_s": {key: statistics.median(x[key] for x in rs)
+                               for key in ("propose_s", "score_s", "accept_s")},
+            "identical_to_first_config": all(x["token_ids"] == reference for x in rs),
+        }
+    if "none" in summary:
+        for s in summary.values():
+            s["speedup_vs_none"] = s["median_tok_per_s"] / summary["none"]["median_tok_per_s"]
+            if s["model_tok_per_s"] and summary["none"]["model_tok_per_s"]:
+                s["model_speedup_vs_none"] = s["model_tok_per_s"] / summary["none"]["model_tok_per_s"]
+    env["load_avg_end"] = [round(x, 2) for x in os.getloadavg()]
+    write_json(args.out, {
+        "benchmark": "adaptive_concurrent", "label": f"{env['cpu']}, {env['date_utc'][:10]}",
+        "environment": env, "model": "SmolLM2-135M-Instruct (float32)",
+        "workload": "32 chat requests at once (20 unittest + 12 edit tasks, benchmarks/repeated_tasks.py), greedy",
+        "k": args.k, "max_tokens": args.max_tokens, "token_cost": args.token_cost, "cost_fit": fit,
+        "repeats": args.repeats, "summary": summary,
+        "runs": {n: [{k: v for k, v in x.items() if k != "token_ids"} for x in rs] for n, rs in runs.items()}})
+    for name, s in summary.items():
+        print(f"{name:18s} {s['median_tok_per_s']:6.2f} tok/s  x{s.get('speedup_vs_none', 0):.2f} (model "
+              f"x{s.get('model_speedup_vs_none', 0):.2f})  identical {s['identical_to_first_config']}")
+
+
+if __name__ == "__main__":
+    main()
