@@ -91,15 +91,20 @@ class Serving:
         return self.reply.whole(out)
 
     async def _final(self, request: Request) -> RequestOutput:
-        while True:
-            try:
-                out = await asyncio.wait_for(self.stream.next(), DISCONNECT_POLL_S)
-            except TimeoutError:
-                if await request.is_disconnected():
-                    raise ClientGone from None
-                continue
-            if out.finished:
-                return out
+        watcher = asyncio.create_task(self._watch(request))
+        try:
+            while not (out := await self.stream.next()).finished:
+                pass
+            return out
+        finally:
+            watcher.cancel()
+
+    async def _watch(self, request: Request) -> None:
+        """Wake ``_final`` with ClientGone once the client has hung up (a separate
+        task, so no wait on the stream is ever cut short and no output lost)."""
+        while not await request.is_disconnected():
+            await asyncio.sleep(DISCONNECT_POLL_S)
+        self.stream.queue.put_nowait(ClientGone())
 
     async def events(self, include_usage: bool) -> AsyncIterator[str]:
         out: RequestOutput | None = None
