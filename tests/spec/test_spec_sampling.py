@@ -17,6 +17,8 @@ PROMPTS = random_prompts([7, 12, 5, 16], seed=4)
 def spec(proposer: str, llama_dir, noisy_dir, scorer="mqa", acceptance="rejection", **extra) -> dict:
     if proposer == "ngram":
         base = {"proposer": "ngram", "proposer_options": {"min_n": 1, "max_n": 3}}
+    elif proposer == "suffix":  # without its global cache: drafts depend on the request's own tokens only
+        base = {"proposer": "suffix", "proposer_options": {"max_cached_requests": 0}}
     else:
         draft = llama_dir if proposer == "draft_self" else noisy_dir
         base = {"proposer": "draft_model", "proposer_options": {"model": str(draft)}}
@@ -31,7 +33,7 @@ OTHERS = [SamplingParams(temperature=0.9, seed=100, max_tokens=20, ignore_eos=Tr
 
 @pytest.mark.parametrize("proposer,scorer,acceptance", [
     ("draft_noisy", "mqa", "rejection"), ("ngram", "batch_expansion", "rejection"),
-    ("draft_self", "mqa", "typical")])
+    ("suffix", "mqa", "rejection"), ("draft_self", "mqa", "typical")])
 def test_seeded_sampling_independent_of_batch(proposer, scorer, acceptance, llama_dir, spec_noisy_draft_dir):
     """Request R (seed 7) alone, then behind three other requests (so it
     prefills while they decode and speculates next to them), then with a
@@ -103,7 +105,7 @@ def test_typical_greedy_equals_no_speculation(proposer, scorer, llama_dir, spec_
         assert llm.get_metrics()["acceptance_rate"] == 1.0
 
 
-@pytest.mark.parametrize("proposer", ["draft_self", "draft_noisy", "ngram"])
+@pytest.mark.parametrize("proposer", ["draft_self", "draft_noisy", "ngram", "suffix"])
 def test_typical_sampling_valid_and_accepts(proposer, llama_dir, spec_noisy_draft_dir):
     llm = LLM(model=str(llama_dir), block_size=4, max_num_batched_tokens=32, max_num_seqs=4,
               speculative=spec(proposer, llama_dir, spec_noisy_draft_dir, "mqa", "typical",
@@ -118,7 +120,7 @@ def test_typical_sampling_valid_and_accepts(proposer, llama_dir, spec_noisy_draf
         assert all(0 <= t < vocab for t in c.token_ids)
         assert len(c.logprobs) == 14 and all(t in lp for t, lp in zip(c.token_ids, c.logprobs))
     m = llm.get_metrics()
-    if proposer != "ngram":
+    if proposer not in ("ngram", "suffix"):
         assert m["num_draft_tokens"] > 0 and m["num_accepted_tokens"] > 0
         assert 0 < m["acceptance_rate"] <= 1 and m["mean_accepted_length"] > 1
     if proposer == "draft_self":
