@@ -1,7 +1,8 @@
 """Load on the main server (n-gram speculation, a 256-slot KV pool, 16 running):
 concurrent streams of mixed lengths that preempt each other all complete, once,
 greedy ones as they would alone; clients that vanish mid-stream free their KV
-blocks, and memory levels off across rounds."""
+blocks, and memory levels off across rounds. The slow variant runs 128 streams
+on a server speculating with a draft model."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import random
 
 import httpx
 import pytest
+from server_proc import ServerProcess, engine_config, write_toml
 
 from speculant import SamplingParams
 from tiny_models import random_prompts
@@ -94,11 +96,25 @@ def test_clients_vanishing_mid_stream_free_their_blocks(server):
 
 
 @pytest.mark.slow
-def test_two_hundred_streams_of_mixed_lengths(server, reference):
-    """The same checks at 200 concurrent streams (more preemption, a longer queue)."""
-    bodies = _bodies(200, seed=9)
-    results = asyncio.run(_gather(server.url, bodies, [None] * len(bodies)))
-    for body, events in zip(bodies, results):
-        assert events[-1] == "[DONE]" and events[-2]["usage"]["completion_tokens"] == body["max_tokens"]
-    m = server.wait_idle()
-    assert m["speculant_kv_blocks_in_use"] == 0
+def test_draft_model_speculation_under_load(chat_model_dir, spec_noisy_draft_dir, reference, tmp_path):
+    """The load test on a second server speculating with a draft model (the target
+    plus noise: partial agreement) and 128 streams: all complete, greedy ones
+    equal solo runs without speculation, the pool preempts and returns to idle."""
+    data = engine_config(chat_model_dir, proposer="draft_model", draft_dir=spec_noisy_draft_dir)
+    server = ServerProcess(["--config", str(write_toml(data, tmp_path / "draft.toml"))], tmp_path).start()
+    try:
+        bodies = _bodies(128, seed=9)
+        results = asyncio.run(_gather(server.url, bodies, [None] * len(bodies)))
+        preemptions, accepted = 0, 0
+        for body, events in zip(bodies, results):
+            assert events[-1] == "[DONE]" and events[-2]["usage"]["completion_tokens"] == body["max_tokens"]
+            summary = events[-3]["speculant"]
+            preemptions, accepted = preemptions + summary["preemptions"], accepted + summary["accepted_tokens"]
+            if body["temperature"] == 0:
+                params = SamplingParams(max_tokens=body["max_tokens"], temperature=0, ignore_eos=True)
+                alone = reference.generate([body["prompt"]], params, use_tqdm=False)[0].outputs[0].text
+                assert "".join(e["choices"][0]["text"] for e in events[:-2]) == alone
+        assert preemptions > 0 and accepted > 0
+        assert server.wait_idle()["speculant_kv_blocks_in_use"] == 0
+    finally:
+        assert server.stop() == 0, server.read_log()
