@@ -18,7 +18,7 @@ import httpx
 import openai
 import pytest
 from faulty_server import PROPOSE_FAIL, SCORE_FAIL, SLOW
-from server_proc import ServerProcess, engine_config, write_toml
+from server_proc import ServerProcess, engine_config, sse_events, write_toml
 
 from speculant import SamplingParams
 
@@ -60,6 +60,21 @@ def test_a_scorer_failing_one_request_is_a_500_naming_the_plugin(faulty, referen
         want = reference.generate([prompt], SamplingParams(max_tokens=12, temperature=0), use_tqdm=False)
         assert out.choices[0].text == want[0].outputs[0].text
     assert faulty.metrics()["speculant_failed_requests_total"] == 1
+
+
+def test_a_streamed_request_that_fails_ends_with_an_error_event(faulty):
+    """Headers are sent before the engine runs: the failure arrives as an error event
+    (OpenAI's shape, naming the plugin) followed by [DONE]; the openai client raises it."""
+    body = {"prompt": SCORE_FAIL + " streamed", "max_tokens": 8, "stream": True, "temperature": 0}
+    with httpx.stream("POST", faulty.url + "/v1/completions", json=body, timeout=60) as r:
+        events = sse_events(r)
+    assert events[-1] == "[DONE]"
+    error = events[-2]["error"]
+    assert "scorer plugin 'faulty_scorer'" in error["message"] and error["code"] == "request_failed", events
+    client = faulty.client()
+    with pytest.raises(openai.APIError, match="faulty_scorer"):
+        list(client.completions.create(model=client.models.list().data[0].id, prompt=SCORE_FAIL, max_tokens=4,
+                                       stream=True))
 
 
 def test_a_proposer_fault_costs_speculation_not_the_request(faulty, reference):
