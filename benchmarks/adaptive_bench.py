@@ -8,11 +8,14 @@ default cost model, or ``--token-cost``). A fresh engine per run, configs
 alternating within each repeat; the figure is the median of output tokens /
 wall time. Every config's tokens must equal no speculation's (checked).
 
-Besides wall time (noisy on a shared machine), each run records the tokens
-of every step, and ``model_s`` prices them with the forward-cost fit of
-``results/verify_cost.json`` (sum over steps of a + b * tokens): the time the
-same steps would take on a quiet machine, so the ratio of two configs'
-model_s is the speedup that the step structure alone explains.
+Wall time on a shared machine mostly measures the other tenants (this
+process runs niced), so each run also records its own CPU time (one torch
+thread: CPU seconds are the work done) and ``tok_per_cpu_s``, the figure the
+comparison rests on. Each run also records the tokens
+scheduled in every step (with speculation: the k budgets, an upper bound on
+the proposals actually scored), and ``model_s`` prices them with the
+forward-cost fit of ``results/verify_cost.json`` (sum over steps of a + b *
+tokens): a rough quiet-machine estimate of the step structure's cost.
 
     nice -n 10 python benchmarks/adaptive_bench.py --repeats 2
 """
@@ -30,7 +33,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from repeated_tasks import conversations
-from suffix_bench import build
+from suffix_bench import alternating_runs, build
 
 from common import environment, write_json
 
@@ -69,14 +72,15 @@ def run(spec: dict, k: int, max_tokens: int, threads: int | None, fit: tuple[flo
         return batch
 
     llm.engine.scheduler.schedule = recorded
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     outs = llm.chat(workload(), SamplingParams(temperature=0, max_tokens=max_tokens), use_tqdm=False)
-    seconds = time.perf_counter() - t0
+    seconds, cpu_seconds = time.perf_counter() - t0, time.process_time() - c0
     tokens = [list(o.outputs[0].token_ids) for o in outs]
     total = sum(len(t) for t in tokens)
     m = llm.get_metrics()
     model_s = sum(fit[0] + fit[1] * n for n in step_tokens if n) if fit else None
     return {"tok_per_s": total / seconds, "seconds": seconds, "output_tokens": total, "token_ids": tokens,
+            "cpu_seconds": cpu_seconds, "tok_per_cpu_s": total / cpu_seconds,
             "steps": sum(1 for n in step_tokens if n), "step_tokens": step_tokens, "model_s": model_s,
             "model_tok_per_s": total / model_s if model_s else None,
             **{key: m.get(key) for key in ("mean_accepted_length", "acceptance_rate", "num_draft_tokens",
@@ -104,20 +108,16 @@ def main() -> None:
     cfgs = configs(args.k, args.token_cost)
     names = args.configs.split(",") if args.configs else list(cfgs)
     env = environment()
-    runs: dict[str, list[dict]] = {n: [] for n in names}
-    for r in range(args.repeats):
-        for name in (names if r % 2 == 0 else names[::-1]):
-            res = run(cfgs[name], args.k, args.max_tokens, args.threads, fit)
-            runs[name].append(res)
-            print(f"repeat {r} {name:18s} {res['tok_per_s']:6.2f} tok/s  steps {res['steps']}  "
-                  f"model {res['model_tok_per_s'] or 0:.1f} tok/s  "
-                  f"accepted/step {res['mean_accepted_length'] or 0:.2f}  "
-                  f"planned k {res['mean_planned_draft_length'] or 0:.2f}", flush=True)
+    runs = alternating_runs(
+        names, args.repeats, lambda name: run(cfgs[name], args.k, args.max_tokens, args.threads, fit),
+        lambda res: f"steps {res['steps']}  accepted/step {res['mean_accepted_length'] or 0:.2f}  "
+                    f"planned k {res['mean_planned_draft_length'] or 0:.2f}")
     reference = runs[names[0]][0]["token_ids"]
     summary = {}
     for name, rs in runs.items():
         summary[name] = {
             "median_tok_per_s": statistics.median(x["tok_per_s"] for x in rs),
+            "median_tok_per_cpu_s": statistics.median(x["tok_per_cpu_s"] for x in rs),
             "tok_per_s": [x["tok_per_s"] for x in rs],
             "steps": rs[0]["steps"],
             "model_tok_per_s": rs[0]["model_tok_per_s"],
@@ -131,6 +131,7 @@ def main() -> None:
     if "none" in summary:
         for s in summary.values():
             s["speedup_vs_none"] = s["median_tok_per_s"] / summary["none"]["median_tok_per_s"]
+            s["cpu_speedup_vs_none"] = s["median_tok_per_cpu_s"] / summary["none"]["median_tok_per_cpu_s"]
             if s["model_tok_per_s"] and summary["none"]["model_tok_per_s"]:
                 s["model_speedup_vs_none"] = s["model_tok_per_s"] / summary["none"]["model_tok_per_s"]
     env["load_avg_end"] = [round(x, 2) for x in os.getloadavg()]
@@ -142,7 +143,8 @@ def main() -> None:
         "repeats": args.repeats, "summary": summary,
         "runs": {n: [{k: v for k, v in x.items() if k != "token_ids"} for x in rs] for n, rs in runs.items()}})
     for name, s in summary.items():
-        print(f"{name:18s} {s['median_tok_per_s']:6.2f} tok/s  x{s.get('speedup_vs_none', 0):.2f} (model "
+        print(f"{name:18s} {s['median_tok_per_s']:6.2f} tok/s  x{s.get('speedup_vs_none', 0):.2f}  cpu "
+              f"x{s.get('cpu_speedup_vs_none', 0):.2f} (model "
               f"x{s.get('model_speedup_vs_none', 0):.2f})  identical {s['identical_to_first_config']}")
 
 
