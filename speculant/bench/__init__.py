@@ -30,6 +30,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, TypedDict
 
+import torch
+
+from speculant.bench.bandwidth import bound_tokens_per_s, model_decode_bytes, read_bandwidth
+from speculant.bench.heads import head_methods
+from speculant.bench.hf_runs import run_hf
+from speculant.bench.report import drop_raw, environment, merge_repeats
+from speculant.bench.speculant_runs import run_speculant, speculant_methods
+from speculant.core.config import SchedulerConfig
+from speculant.core.gguf_source import resolve_model_source
+
 DEFAULT_PROMPTS = (
     "def fibonacci(n):\n    ",
     "class Stack:\n    def __init__(self):\n        self.items = []\n\n    def push(self, item):\n",
@@ -104,16 +114,7 @@ def run_bench(target: str, draft: str | None = None, *, prompts: list[str] | Non
     (converted once, cached), loaded in ``dtype`` by both engines; ``heads`` maps
     ``medusa`` / ``mlp_speculator`` to trained head directories. Raises
     ``ValueError`` (naming the option) for bad heads or ``--chat`` without a template."""
-    import torch
     from transformers import AutoTokenizer
-
-    from speculant.bench.bandwidth import bound_tokens_per_s, model_decode_bytes, read_bandwidth
-    from speculant.bench.heads import head_methods
-    from speculant.bench.hf_runs import run_hf
-    from speculant.bench.report import drop_raw, environment, merge_repeats
-    from speculant.bench.speculant_runs import run_speculant, speculant_methods
-    from speculant.core.config import SchedulerConfig
-    from speculant.core.gguf_source import resolve_model_source
 
     concurrency = concurrency or [1, 32]
     target_dir = resolve_model_source(str(target), None, dtype, option="--target")

@@ -46,7 +46,7 @@ def test_cli_rounds_give_one_sample_per_round(tmp_path, llama_dir, one_thread):
     out = tmp_path / "r.json"
     assert main(["bench", "--quick", "--no-hf", "--repeats", "2", "--target", str(llama_dir), "--out", str(out)]) == 0
     rows = [r for r in json.loads(out.read_text())["rows"] if r["status"] == "ok"]
-    assert {r["method"] for r in rows} == {"no_spec", "ngram"}
+    assert {"no_spec", "ngram"} <= {r["method"] for r in rows}
     for r in rows:
         assert len(r["tokens_per_s_samples"]) == 2 and len(r["decode_tokens_per_s_samples"]) == 2
         assert r["matches_no_spec"] is True and "_gaps" not in r
