@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -74,6 +75,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--val-rows", type=int, default=24)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--bf16", action="store_true", help="bfloat16 autocast for the training matmuls")
+    p.add_argument("--init", default=None, help="start from this head directory (same draft vocabulary)")
     p.add_argument("--eval", action="store_true", help="measure the engine's acceptance on held-out chat prompts")
     p.add_argument("--eval-dtype", default="float32")
     args = p.parse_args(argv)
@@ -93,6 +95,9 @@ def main(argv: list[str] | None = None) -> dict:
         coverage = float(torch.isin(data["tokens"][data["mask"]], head.draft_ids).float().mean())
     else:
         coverage = 1.0
+    if args.init:  # continue a trained head: its weights and its draft vocabulary
+        head.load_state_dict(load_file(str(Path(args.init) / "model.safetensors")))
+        head.float()
     t0 = time.time()
     emb_w, lm_w = target.get_input_embeddings().weight, target.get_output_embeddings().weight
     result = train_head(head, Path(args.cache), emb_w, lm_w,
