@@ -26,7 +26,7 @@ def _cells():
 @pytest.fixture(scope="module")
 def proposer_options(llama_dir, random_heads_dirs) -> dict[str, dict]:
     """Options that make each built-in proposer runnable on the tiny llama."""
-    return {"ngram": {}, "draft_model": {"model": str(llama_dir)},
+    return {"ngram": {}, "suffix": {}, "draft_model": {"model": str(llama_dir)},
             "medusa": {"path": str(random_heads_dirs["medusa"])},
             "mlp_speculator": {"path": str(random_heads_dirs["mlp_speculator"])},
             "eagle": {"path": str(random_heads_dirs["eagle"])}}
