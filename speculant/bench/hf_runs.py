@@ -1,8 +1,8 @@
 """transformers side of ``speculant bench``: plain ``generate()``, assisted
 generation (``assistant_model=``), prompt lookup (``prompt_lookup_num_tokens=``)
 and continuous batching (``generate_batch``), greedy with EOS ignored
-(``min_new_tokens = max_new_tokens``; ``eos_token_id = -1`` for continuous
-batching).
+(``eos_token_id = -1``: EOS is an ordinary token, as with Speculant's
+``ignore_eos``; transformers logs a warning about it, which is silenced here).
 
 At concurrency 1 each prompt runs alone and a streamer times every token the
 model emits (ITL as on the Speculant side: a burst of n tokens counts as n
@@ -58,8 +58,9 @@ class _TimingStreamer:
 
 
 def _gen_kwargs(max_tokens: int, pad_id: int | None) -> dict[str, Any]:
-    return {"max_new_tokens": max_tokens, "min_new_tokens": max_tokens, "do_sample": False,
-            "pad_token_id": pad_id}
+    # eos_token_id = -1: EOS neither stops nor is masked, as Speculant's ignore_eos (min_new_tokens
+    # would forbid EOS, and a chat model's greedy reply then parts from the engine's at its first EOS)
+    return {"max_new_tokens": max_tokens, "eos_token_id": -1, "do_sample": False, "pad_token_id": pad_id}
 
 
 def hf_methods(k: int, draft: str | None, confidence: float = 0.4) -> list[tuple[str, dict | None, str | None]]:
@@ -158,6 +159,21 @@ def run_hf(target: str, draft: str | None, prompts: list[list[int]], *, max_toke
            confidence: float = 0.4, dtype: str = "float32", log=print) -> list[dict[str, Any]]:
     """transformers rows; ``max_batch_tokens`` is the continuous-batching step budget,
     ``confidence`` assisted generation's confidence threshold, ``dtype`` both models' dtype."""
+    from transformers.utils import logging as hf_logging
+
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # the eos_token_id = -1 warning, once per generate() call
+    try:
+        return _run_rows(target, draft, prompts, max_tokens=max_tokens, k=k, repeats=repeats,
+                         concurrency=concurrency, batched=batched, pad_id=pad_id,
+                         max_batch_tokens=max_batch_tokens, confidence=confidence, dtype=dtype, log=log)
+    finally:
+        hf_logging.set_verbosity(verbosity)
+
+
+def _run_rows(target: str, draft: str | None, prompts: list[list[int]], *, max_tokens: int, k: int, repeats: int,
+              concurrency: list[int], batched: bool, pad_id: int | None, max_batch_tokens: int,
+              confidence: float, dtype: str, log) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     base = {"engine": "transformers", "acceptance_rate": None, "mean_accepted_length": None}
     model = _load(target, dtype)

@@ -14,6 +14,7 @@ from chat_models import with_chat_template
 from speculant.bench import add_bound, render_prompts
 from speculant.bench.bandwidth import bound_tokens_per_s, decode_weight_bytes, model_decode_bytes
 from speculant.cli import main
+from tiny_models import copy_model
 
 
 @pytest.mark.parametrize("tied", [True, False])
@@ -74,3 +75,23 @@ def test_gguf_target_in_bfloat16_with_chat_prompts(tmp_path, tokenizer_dir, one_
         assert r["decode_tokens_per_s"] > 0 and r["ttft_ms"] > 0
         assert r["bound_fraction"] == pytest.approx(r["decode_tokens_per_s"] / facts["bound_decode_tokens_per_s"])
     assert by[("speculant", "ngram")]["matches_no_spec"] is True
+
+
+def test_transformers_rows_keep_eos_as_an_ordinary_token(tmp_path, llama_dir, tokenizer_dir, one_thread):
+    """A model that emits its EOS early (as a chat model ends its reply): both engines
+    generate past it, EOS included, so transformers' rows equal Speculant's token for
+    token (masking EOS with min_new_tokens would part them at the first EOS)."""
+    from speculant import LLM, SamplingParams
+    from speculant.bench import DEFAULT_PROMPTS
+    from tiny_models import set_eos_token
+
+    prompt = AutoTokenizer.from_pretrained(llama_dir)(DEFAULT_PROMPTS[0])["input_ids"]
+    greedy = LLM(str(llama_dir)).generate([prompt], SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True),
+                                          use_tqdm=False)[0].outputs[0].token_ids
+    model = set_eos_token(copy_model(llama_dir, tmp_path / "eos_model"), greedy[2])
+    out = tmp_path / "r.json"
+    assert main(["bench", "--quick", "--target", str(model), "--out", str(out)]) == 0
+    by = {(r["engine"], r["method"]): r for r in json.loads(out.read_text())["rows"]}
+    assert by[("speculant", "no_spec")]["num_tokens"] == 2 * 8
+    for method in ("generate", "prompt_lookup"):
+        assert by[("transformers", method)]["matches_no_spec"] is True, by[("transformers", method)]
