@@ -159,6 +159,20 @@ def first_proposal(proposer: str, tokens: list[int]) -> list[int]:
     return suffix.propose(StepBatch(decodes=[ScheduledRequest(req, 1, K)])).token_ids[:1].tolist()
 
 
+def assert_follows_marginals(tokens: torch.Tensor,  # [N, MAX_TOKENS] sampled outputs
+                             expected: list[torch.Tensor],  # per position [V], the target's marginal
+                             what: str) -> None:
+    """Every output position follows the target's marginal: no filtered-out token
+    sampled, and a chi-square test that does not reject at ``P_MIN``."""
+    n = tokens.shape[0]
+    for j in range(tokens.shape[1]):
+        counts = torch.bincount(tokens[:, j], minlength=V)
+        assert int(counts[expected[j] == 0].sum()) == 0, f"{what}: token {j}: sampled a token the filters remove"
+        p = chi_square_p(counts, expected[j])
+        assert p > P_MIN, (f"{what}: output token {j} does not follow the target's marginal (chi-square "
+                           f"p = {p:.2e});\n observed {(counts / n).tolist()}\n expected {expected[j].tolist()}")
+
+
 def chi_square_p(counts: torch.Tensor, probs: torch.Tensor) -> float:
     """Pearson chi-square goodness-of-fit p-value; cells expected < 5 pooled."""
     counts, expected = counts.double(), probs.double() * counts.sum()
@@ -210,12 +224,7 @@ def test_rejection_sampling_matches_target_distribution(case, small_vocab):
     assert m["num_accepted_tokens"] >= 100 and m["num_draft_tokens"] - m["num_accepted_tokens"] >= 100, m
 
     expected = marginals(target, prompt, params[0])
-    for j in range(MAX_TOKENS):
-        counts = torch.bincount(tokens[:, j], minlength=V)
-        assert int(counts[expected[j] == 0].sum()) == 0, f"token {j}: sampled a token the filters remove"
-        p = chi_square_p(counts, expected[j])
-        assert p > P_MIN, (f"{case}: output token {j} does not follow the target's marginal (chi-square "
-                           f"p = {p:.2e});\n observed {(counts / N).tolist()}\n expected {expected[j].tolist()}")
+    assert_follows_marginals(tokens, expected, case)
 
     # power: output token 1 is the first verified proposal; the same test rejects the
     # marginal it would have if proposals were emitted unchecked
