@@ -35,6 +35,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--text-per-shard", type=int, default=128)
     p.add_argument("--text-len", type=int, default=256)
     p.add_argument("--gen-dtype", default="bfloat16", help="dtype the replies are generated in")
+    p.add_argument("--max-num-seqs", type=int, default=32, help="replies generated concurrently")
     p.add_argument("--threads", type=int, default=2)
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -55,7 +56,7 @@ def main(argv: list[str] | None = None) -> None:
             continue
         t0 = time.time()
         chunk = prompts[i * args.chat_per_shard: (i + 1) * args.chat_per_shard]
-        seqs = chat_sequences(gen_dir, chunk, args.chat_max_tokens, args.gen_dtype)
+        seqs = chat_sequences(gen_dir, chunk, args.chat_max_tokens, args.gen_dtype, args.max_num_seqs)
         print(f"{name}: generated {sum(map(len, seqs))} tokens in {time.time() - t0:.0f}s", flush=True)
         write_shard(cache, name, model, seqs, length, pad, meta)
         meta[name]["generate_s"] = round(time.time() - t0, 1)

@@ -1,0 +1,1 @@
+"""Distil a small standalone draft model from a target (``scripts/train_draft.py``)."""
