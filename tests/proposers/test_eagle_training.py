@@ -43,3 +43,12 @@ def test_draft_vocabulary_keeps_forced_ids_then_frequency_then_low_ids():
     mask = torch.tensor([[True] * 6 + [False]])  # 40 is padding: not counted
     ids = frequent_tokens(tokens, mask, 6, always=[44, None], vocab_size=50)
     assert ids.tolist() == [0, 1, 5, 7, 9, 44]
+
+
+def test_heldout_prompt_file_matches_the_heldout_list():
+    """examples/prompts/chat_heldout.txt (the bench's prompts) is the list the training scripts hold out."""
+    from eagle_training.chat_prompts import HELDOUT, training_prompts
+
+    path = Path(__file__).resolve().parents[2] / "examples" / "prompts" / "chat_heldout.txt"
+    assert path.read_text().splitlines() == HELDOUT
+    assert not set(HELDOUT) & set(training_prompts(10_000))
