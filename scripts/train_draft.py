@@ -26,23 +26,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from draft_distill.model import DraftShape, build_draft, param_count
 from draft_distill.train import train_draft
-from eagle_training.chat_prompts import HELDOUT
-from speculant import LLM, SamplingParams
+from eagle_training.engine_eval import engine_acceptance
 from speculant.core.gguf_source import resolve_model_source
 from speculant.core.model_files import read_text_config
-
-
-def engine_acceptance(target: str, draft_dir: str, k: int, max_tokens: int, dtype: str) -> dict:
-    """Greedy generation on the held-out chat prompts with the saved draft."""
-    llm = LLM(model=target, dtype=dtype, max_num_seqs=8, max_num_batched_tokens=1024,
-              speculative={"proposer": "draft_model", "num_speculative_tokens": k,
-                           "proposer_options": {"model": draft_dir}})
-    llm.chat([[{"role": "user", "content": p}] for p in HELDOUT],
-             SamplingParams(temperature=0, max_tokens=max_tokens), use_tqdm=False)
-    m = llm.get_metrics()
-    return {"prompts": f"{len(HELDOUT)} held-out chat prompts (scripts/eagle_training/chat_prompts.py)",
-            "dtype": dtype, "max_tokens": max_tokens, "num_speculative_tokens": k,
-            "acceptance_rate": m["acceptance_rate"], "mean_accepted_length": m["mean_accepted_length"]}
 
 
 def save_draft(draft, tokenizer, out: Path) -> None:
@@ -96,7 +82,8 @@ def main(argv: list[str] | None = None) -> dict:
                                                          "threads", "fp32")},
               "train_seconds": round(time.time() - t0, 1), **result}
     if args.eval:
-        report["engine_eval"] = engine_acceptance(args.target, str(out), 4, 128, args.eval_dtype)
+        report["engine_eval"] = engine_acceptance(args.target, "draft_model", {"model": str(out)}, 4, 128,
+                                                  args.eval_dtype)
     (out / "training.json").write_text(json.dumps(report, indent=2))
     return report
 

@@ -24,9 +24,8 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from eagle_training.chat_prompts import HELDOUT
+from eagle_training.engine_eval import engine_acceptance
 from eagle_training.train import frequent_tokens, load_shards, train_head
-from speculant import LLM, SamplingParams
 from speculant.core.gguf_source import resolve_model_source
 from speculant.core.model_files import read_text_config
 from speculant.proposers.eagle.model import EagleHead, eagle_config
@@ -45,18 +44,6 @@ def init_from_target(head: EagleHead, target) -> None:
         for ours, theirs in LAYER_WEIGHTS.items():
             getattr(head, ours).weight.copy_(last.get_submodule(theirs).weight)
         head.norm.weight.copy_(target.model.norm.weight)
-
-
-def engine_acceptance(target: str, head_dir: str, k: int, max_tokens: int, dtype: str) -> dict:
-    """Greedy generation on the held-out chat prompts with the saved head."""
-    llm = LLM(model=target, dtype=dtype, max_num_seqs=8, max_num_batched_tokens=1024,
-              speculative={"proposer": "eagle", "num_speculative_tokens": k, "proposer_options": {"path": head_dir}})
-    llm.chat([[{"role": "user", "content": p}] for p in HELDOUT],
-             SamplingParams(temperature=0, max_tokens=max_tokens), use_tqdm=False)
-    m = llm.get_metrics()
-    return {"prompts": f"{len(HELDOUT)} held-out chat prompts (scripts/eagle_training/chat_prompts.py)",
-            "dtype": dtype, "max_tokens": max_tokens, "num_speculative_tokens": k,
-            "acceptance_rate": m["acceptance_rate"], "mean_accepted_length": m["mean_accepted_length"]}
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -111,7 +98,7 @@ def main(argv: list[str] | None = None) -> dict:
                                                          "cls_weight", "threads", "bf16")},
               "train_seconds": round(time.time() - t0, 1), **result}
     if args.eval:
-        report["engine_eval"] = engine_acceptance(args.target, args.out, 4, 128, args.eval_dtype)
+        report["engine_eval"] = engine_acceptance(args.target, "eagle", {"path": args.out}, 4, 128, args.eval_dtype)
     (Path(args.out) / "training.json").write_text(json.dumps(report, indent=2))
     return report
 

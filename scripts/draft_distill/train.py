@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from eagle_training.train import load_shards
+from eagle_training.train import load_shards, sample_windows, set_lr
 
 WARMUP = 100  # steps
 
@@ -62,7 +62,6 @@ def train_draft(draft, cache: Path, lm_w: torch.Tensor,  # [V, H_target], in the
     are held out."""
     gen = torch.Generator().manual_seed(seed)
     data = load_shards(cache)
-    lengths = data["mask"].sum(1)
     val_idx, train_idx = torch.arange(val_rows), torch.arange(val_rows, data["tokens"].shape[0])
     opt = torch.optim.AdamW(draft.parameters(), lr=lr, weight_decay=0.01, betas=(0.9, 0.95))
     before = evaluate(draft, lm_w, data, val_idx, ce_weight)
@@ -71,16 +70,10 @@ def train_draft(draft, cache: Path, lm_w: torch.Tensor,  # [V, H_target], in the
     draft.train()
     while time.time() - t0 < budget and (max_steps is None or step < max_steps):
         frac = step / max_steps if max_steps else (time.time() - t0) / budget
-        scale = min(1.0, (step + 1) / warmup) * 0.5 * (1 + torch.cos(torch.tensor(frac * torch.pi)).item())
-        for g in opt.param_groups:
-            g["lr"] = lr * max(scale, 0.02)
-        rows = train_idx[torch.randint(len(train_idx), (batch,), generator=gen)]
-        starts = [int(torch.randint(max(1, int(lengths[r]) - seq_len + 1), (1,), generator=gen)) for r in rows]
-        window = torch.stack([torch.arange(s, s + seq_len) for s in starts]).clamp(max=data["tokens"].shape[1] - 1)
-        pick = rows.unsqueeze(1)
+        set_lr(opt, lr, step, frac, warmup)
+        w = sample_windows(data, train_idx, batch, seq_len, gen)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-            loss, stats = distill_loss(draft, lm_w, data["tokens"][pick, window], data["mask"][pick, window],
-                                       data["hidden"][pick, window], ce_weight)
+            loss, stats = distill_loss(draft, lm_w, w["tokens"], w["mask"], w["hidden"], ce_weight)
         opt.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)

@@ -47,6 +47,26 @@ def frequent_tokens(tokens: torch.Tensor, mask: torch.Tensor, size: int, always:
     return torch.tensor(sorted((chosen + extra)[:size]))
 
 
+def set_lr(opt: torch.optim.Optimizer, lr: float, step: int, frac: float, warmup: int) -> None:
+    """Linear warmup over ``warmup`` steps, then cosine decay over the budget fraction ``frac``
+    (floored at 2 % of ``lr``)."""
+    scale = min(1.0, (step + 1) / warmup) * 0.5 * (1 + torch.cos(torch.tensor(frac * torch.pi)).item())
+    for g in opt.param_groups:
+        g["lr"] = lr * max(scale, 0.02)
+
+
+def sample_windows(data: dict[str, torch.Tensor], rows_from: torch.Tensor, batch: int, seq_len: int,
+                   gen: torch.Generator) -> dict[str, torch.Tensor]:
+    """``batch`` random windows of ``seq_len`` positions from rows ``rows_from``: each entry of
+    ``data`` cut to [batch, seq_len, ...] (windows past a row's end read its padding)."""
+    lengths = data["mask"].sum(1)
+    rows = rows_from[torch.randint(len(rows_from), (batch,), generator=gen)]
+    starts = [int(torch.randint(max(1, int(lengths[r]) - seq_len + 1), (1,), generator=gen)) for r in rows]
+    window = torch.stack([torch.arange(s, s + seq_len) for s in starts]).clamp(max=data["tokens"].shape[1] - 1)
+    pick = rows.unsqueeze(1)
+    return {k: v[pick, window] for k, v in data.items()}
+
+
 def head_loss(head: EagleHead, emb_w: torch.Tensor, draft_w: torch.Tensor,  # [V, H], [Vd, H]
               tokens: torch.Tensor, mask: torch.Tensor, hidden: torch.Tensor,  # [B, T], [B, T], [B, T, H]
               depth: int, noise: float, cls_weight: float) -> tuple[torch.Tensor, dict]:
@@ -93,19 +113,12 @@ def train_head(head: EagleHead, cache: Path, emb_w: torch.Tensor, lm_w: torch.Te
             print(f"reloaded: {loaded} shards, {int(data['mask'].sum())} tokens", flush=True)
         if time.time() - last_load > reload_minutes * 60:
             last_load = time.time()
-        lengths = data["mask"].sum(1)
         val_idx, train_idx = torch.arange(val_rows), torch.arange(val_rows, data["tokens"].shape[0])
-        frac = (time.time() - t0) / budget
-        scale = min(1.0, (step + 1) / 50) * 0.5 * (1 + torch.cos(torch.tensor(frac * torch.pi)).item())
-        for g in opt.param_groups:
-            g["lr"] = lr * max(scale, 0.02)
-        rows = train_idx[torch.randint(len(train_idx), (batch,), generator=gen)]
-        starts = [int(torch.randint(max(1, int(lengths[r]) - seq_len + 1), (1,), generator=gen)) for r in rows]
-        window = torch.stack([torch.arange(s, s + seq_len) for s in starts]).clamp(max=data["tokens"].shape[1] - 1)
-        pick = rows.unsqueeze(1)
+        set_lr(opt, lr, step, (time.time() - t0) / budget, warmup=50)
+        w = sample_windows(data, train_idx, batch, seq_len, gen)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-            loss, stats = head_loss(head, emb_w, draft_w, data["tokens"][pick, window], data["mask"][pick, window],
-                                    data["hidden"][pick, window], depth, noise, cls_weight)
+            loss, stats = head_loss(head, emb_w, draft_w, w["tokens"], w["mask"], w["hidden"], depth, noise,
+                                    cls_weight)
         opt.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
