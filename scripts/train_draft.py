@@ -27,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from draft_distill.model import DraftShape, build_draft, param_count
 from draft_distill.train import train_draft
 from eagle_training.engine_eval import engine_acceptance
+from eagle_training.train import assistant_marker
 from speculant.core.gguf_source import resolve_model_source
 from speculant.core.model_files import read_text_config
 
@@ -60,26 +61,35 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--fp32", action="store_true",
                    help="float32 matmuls (default: bfloat16 autocast for the draft and a bfloat16 teacher "
                         "output layer, ~5x faster on CPUs with AVX512-BF16)")
+    p.add_argument("--init", default=None, help="continue training this draft directory (its shape wins over "
+                                                "--hidden/--layers/...)")
     p.add_argument("--eval", action="store_true", help="measure the engine's acceptance on held-out chat prompts")
     p.add_argument("--eval-dtype", default="float32")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     target_dir = resolve_model_source(args.target, None, "float32")
     target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval().requires_grad_(False)
-    shape = DraftShape(args.hidden, args.layers, args.heads, args.kv_heads, args.intermediate)
-    draft = build_draft(read_text_config(target_dir), target.get_input_embeddings().weight, shape)
+    tokenizer = AutoTokenizer.from_pretrained(target_dir)
+    if args.init:
+        draft = AutoModelForCausalLM.from_pretrained(args.init, dtype=torch.float32)
+        c = draft.config
+        shape = DraftShape(c.hidden_size, c.num_hidden_layers, c.num_attention_heads, c.num_key_value_heads,
+                           c.intermediate_size)
+    else:
+        shape = DraftShape(args.hidden, args.layers, args.heads, args.kv_heads, args.intermediate)
+        draft = build_draft(read_text_config(target_dir), target.get_input_embeddings().weight, shape)
     lm_w = target.get_output_embeddings().weight
     lm_w = lm_w if args.fp32 else lm_w.to(torch.bfloat16)
     t0 = time.time()
     result = train_draft(draft, Path(args.cache), lm_w, minutes=args.minutes, batch=args.batch,
                          seq_len=args.seq_len, lr=args.lr, ce_weight=args.ce_weight, val_rows=args.val_rows,
-                         bf16=not args.fp32)
+                         bf16=not args.fp32, marker=assistant_marker(tokenizer))
     out = Path(args.out)
-    save_draft(draft, AutoTokenizer.from_pretrained(target_dir), out)
+    save_draft(draft, tokenizer, out)
     report = {"target": str(args.target), "params": param_count(draft), "shape": shape.__dict__,
               "data": json.loads((Path(args.cache) / "meta.json").read_text()),
               "settings": {k: getattr(args, k) for k in ("minutes", "batch", "seq_len", "lr", "ce_weight",
-                                                         "threads", "fp32")},
+                                                         "threads", "fp32", "init")},
               "train_seconds": round(time.time() - t0, 1), **result}
     if args.eval:
         report["engine_eval"] = engine_acceptance(args.target, "draft_model", {"model": str(out)}, 4, 128,

@@ -25,7 +25,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from eagle_training.engine_eval import engine_acceptance
-from eagle_training.train import frequent_tokens, load_shards, train_head
+from eagle_training.train import assistant_marker, frequent_tokens, load_shards, train_head
 from speculant.core.gguf_source import resolve_model_source
 from speculant.core.model_files import read_text_config
 from speculant.proposers.eagle.model import EagleHead, eagle_config
@@ -90,12 +90,12 @@ def main(argv: list[str] | None = None) -> dict:
     result = train_head(head, Path(args.cache), emb_w, lm_w,
                         minutes=args.minutes, batch=args.batch, seq_len=args.seq_len, lr=args.lr, depth=args.depth,
                         noise=args.noise, cls_weight=args.cls_weight, val_rows=args.val_rows,
-                        bf16=args.bf16)
+                        bf16=args.bf16, marker=assistant_marker(tokenizer))
     save_heads(head.to(torch.float16), cfg, args.out)
     report = {"target": str(args.target), "data": json.loads((Path(args.cache) / "meta.json").read_text()),
               "draft_vocab": args.draft_vocab, "draft_vocab_coverage": round(coverage, 4),
               "settings": {k: getattr(args, k) for k in ("minutes", "batch", "seq_len", "lr", "depth", "noise",
-                                                         "cls_weight", "threads", "bf16")},
+                                                         "cls_weight", "threads", "bf16", "init")},
               "train_seconds": round(time.time() - t0, 1), **result}
     if args.eval:
         report["engine_eval"] = engine_acceptance(args.target, "eagle", {"path": args.out}, 4, 128, args.eval_dtype)

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from eagle_training.train import load_shards, sample_windows, set_lr
+from eagle_training.train import load_shards, reply_mask, sample_windows, set_lr
 
 WARMUP = 100  # steps
 
@@ -25,7 +25,9 @@ WARMUP = 100  # steps
 def distill_loss(draft, lm_w: torch.Tensor,  # [V, H_target]
                  tokens: torch.Tensor, mask: torch.Tensor,  # [B, T], [B, T]
                  hidden: torch.Tensor,  # [B, T, H_target] float16
-                 ce_weight: float) -> tuple[torch.Tensor, dict[str, float]]:
+                 ce_weight: float,
+                 reply: torch.Tensor | None = None,  # [B, T] bool: positions also scored as ``reply_agree``
+                 ) -> tuple[torch.Tensor, dict[str, float]]:
     valid = mask[:, :-1] & mask[:, 1:]  # [B, T-1]: position j predicts token j+1
     logits = draft(input_ids=tokens[:, :-1], use_cache=False).logits[valid].float()  # [N, V]
     with torch.no_grad():
@@ -35,18 +37,24 @@ def distill_loss(draft, lm_w: torch.Tensor,  # [V, H_target]
     kd = F.kl_div(d_logp, t_logp, log_target=True, reduction="batchmean")
     ce = F.nll_loss(d_logp, tokens[:, 1:][valid])
     with torch.no_grad():
-        agree = (d_logp.argmax(-1) == t_logp.argmax(-1)).float().mean()
-    return kd + ce_weight * ce, {"kd": kd.item(), "ce": ce.item(), "agree": agree.item()}
+        hit = (d_logp.argmax(-1) == t_logp.argmax(-1)).float()  # [N]
+        stats = {"kd": kd.item(), "ce": ce.item(), "agree": hit.mean().item()}
+        if reply is not None:
+            scored = reply[:, :-1][valid].float()
+            stats["reply_agree"] = ((hit * scored).sum() / scored.sum().clamp(min=1)).item()
+    return kd + ce_weight * ce, stats
 
 
 @torch.no_grad()
 def evaluate(draft, lm_w, data: dict[str, torch.Tensor], rows: torch.Tensor, ce_weight: float,
-             batch: int = 4) -> dict[str, float]:
+             marker: list[int] | None = None, batch: int = 4) -> dict[str, float]:
     draft.eval()
     sums: dict[str, float] = {}
     for i in range(0, len(rows), batch):
         r = rows[i: i + batch]
-        _, stats = distill_loss(draft, lm_w, data["tokens"][r], data["mask"][r], data["hidden"][r], ce_weight)
+        tokens, mask = data["tokens"][r], data["mask"][r]
+        _, stats = distill_loss(draft, lm_w, tokens, mask, data["hidden"][r], ce_weight,
+                                reply=reply_mask(tokens, mask, marker))
         for k, v in stats.items():
             sums[k] = sums.get(k, 0.0) + v * len(r)
     draft.train()
@@ -56,15 +64,16 @@ def evaluate(draft, lm_w, data: dict[str, torch.Tensor], rows: torch.Tensor, ce_
 def train_draft(draft, cache: Path, lm_w: torch.Tensor,  # [V, H_target], in the teacher's matmul dtype
                 *, minutes: float, batch: int, seq_len: int,
                 lr: float, ce_weight: float, val_rows: int, bf16: bool = False, log_every: int = 10,
-                max_steps: int | None = None, seed: int = 0) -> dict:
+                max_steps: int | None = None, seed: int = 0, marker: list[int] | None = None) -> dict:
     """AdamW, warmup then cosine decay over the wall-time budget (or ``max_steps``),
     random windows of ``seq_len`` tokens; the first ``val_rows`` rows (of ``chat_0``)
-    are held out."""
+    are held out (``reply_agree``: agreement on the reply after the chat
+    template's ``marker`` only, what drafting meets)."""
     gen = torch.Generator().manual_seed(seed)
     data = load_shards(cache)
     val_idx, train_idx = torch.arange(val_rows), torch.arange(val_rows, data["tokens"].shape[0])
     opt = torch.optim.AdamW(draft.parameters(), lr=lr, weight_decay=0.01, betas=(0.9, 0.95))
-    before = evaluate(draft, lm_w, data, val_idx, ce_weight)
+    before = evaluate(draft, lm_w, data, val_idx, ce_weight, marker)
     budget, t0, step, history = minutes * 60, time.time(), 0, []
     warmup = min(WARMUP, max(1, max_steps // 5)) if max_steps else WARMUP
     draft.train()
@@ -86,4 +95,4 @@ def train_draft(draft, cache: Path, lm_w: torch.Tensor,  # [V, H_target], in the
     draft.eval()
     return {"steps": step, "train_tokens": int(data["mask"][val_rows:].sum()),
             "train_minutes": round((time.time() - t0) / 60, 1), "val_before": before,
-            "val": evaluate(draft, lm_w, data, val_idx, ce_weight), "history": history[-5:]}
+            "val": evaluate(draft, lm_w, data, val_idx, ce_weight, marker), "history": history[-5:]}

@@ -47,6 +47,36 @@ def frequent_tokens(tokens: torch.Tensor, mask: torch.Tensor, size: int, always:
     return torch.tensor(sorted((chosen + extra)[:size]))
 
 
+def assistant_marker(tokenizer) -> list[int] | None:
+    """The token ids the chat template puts before a reply (what adding the
+    generation prompt appends); None for a tokenizer without a chat template."""
+    if not getattr(tokenizer, "chat_template", None):
+        return None
+    chat = [{"role": "user", "content": "x"}]
+    bare = tokenizer.apply_chat_template(chat, tokenize=False)
+    full = tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+    header = full[len(bare):] if full.startswith(bare) else ""
+    return tokenizer.encode(header, add_special_tokens=False) or None
+
+
+def reply_mask(tokens: torch.Tensor, mask: torch.Tensor,  # [N, T], [N, T]
+               marker: list[int] | None) -> torch.Tensor:  # [N, T] bool
+    """Positions of the reply: at or after the end of the last ``marker`` (the
+    chat template's assistant header) in each row. The target's hidden state
+    there predicts a reply token after the first, which is what a proposer drafts;
+    rows without the marker (plain text) and ``marker=None`` count whole."""
+    if not marker:
+        return mask.clone()
+    n, t, m = tokens.shape[0], tokens.shape[1], len(marker)
+    hits = torch.ones(n, t - m + 1, dtype=torch.bool)
+    for i, tok in enumerate(marker):
+        hits &= tokens[:, i: t - m + 1 + i] == tok
+    pos = torch.arange(t - m + 1).expand(n, -1)
+    last = torch.where(hits, pos, torch.full_like(pos, -1)).max(dim=1).values  # [N]
+    start = torch.where(last >= 0, last + m, torch.zeros_like(last))
+    return mask & (torch.arange(t).expand(n, -1) >= start.unsqueeze(1))
+
+
 def set_lr(opt: torch.optim.Optimizer, lr: float, step: int, frac: float, warmup: int) -> None:
     """Linear warmup over ``warmup`` steps, then cosine decay over the budget fraction ``frac``
     (floored at 2 % of ``lr``)."""
@@ -69,8 +99,11 @@ def sample_windows(data: dict[str, torch.Tensor], rows_from: torch.Tensor, batch
 
 def head_loss(head: EagleHead, emb_w: torch.Tensor, draft_w: torch.Tensor,  # [V, H], [Vd, H]
               tokens: torch.Tensor, mask: torch.Tensor, hidden: torch.Tensor,  # [B, T], [B, T], [B, T, H]
-              depth: int, noise: float, cls_weight: float) -> tuple[torch.Tensor, dict]:
-    """Loss of one batch and its per-pass top-1 agreement with the target."""
+              depth: int, noise: float, cls_weight: float,
+              reply: torch.Tensor | None = None,  # [B, T] bool: positions also scored as ``reply_acc``
+              ) -> tuple[torch.Tensor, dict]:
+    """Loss of one batch and its per-pass top-1 agreement with the target (over
+    every position, and with ``reply`` over the reply's positions only)."""
     h_in = hidden[:, :-1].float()
     if noise:
         h_in = h_in + torch.randn_like(h_in) * noise * h_in.std()
@@ -87,7 +120,11 @@ def head_loss(head: EagleHead, emb_w: torch.Tensor, draft_w: torch.Tensor,  # [V
         logq = (feats @ draft_w.T).log_softmax(-1)
         cls = (-(target_p * logq).sum(-1) * valid).sum() / valid.sum()
         total = total + (reg + cls_weight * cls) * (1.0 if d == 1 else 0.5)
-        stats[f"acc{d}"] = float(((logq.argmax(-1) == target_top).float() * valid).sum() / valid.sum())
+        hit = (logq.argmax(-1) == target_top).float()
+        stats[f"acc{d}"] = float((hit * valid).sum() / valid.sum())
+        if reply is not None:  # entry j is scored at the target's position j + 1
+            scored = valid * reply[:, 1:].float()
+            stats[f"reply_acc{d}"] = float((hit * scored).sum() / scored.sum().clamp(min=1))
         stats[f"reg{d}"] = float(reg.detach())
     return total, stats
 
@@ -95,10 +132,11 @@ def head_loss(head: EagleHead, emb_w: torch.Tensor, draft_w: torch.Tensor,  # [V
 def train_head(head: EagleHead, cache: Path, emb_w: torch.Tensor, lm_w: torch.Tensor, *,
                minutes: float, batch: int, seq_len: int, lr: float, depth: int, noise: float,
                cls_weight: float, val_rows: int, bf16: bool = False, reload_minutes: float = 5.0,
-               log_every: int = 5, seed: int = 0) -> dict:
+               log_every: int = 5, seed: int = 0, marker: list[int] | None = None) -> dict:
     """AdamW with warmup + cosine decay over the time budget; random windows of
     ``seq_len`` tokens from the training rows; the first ``val_rows`` rows
-    (of ``chat_0``) are held out and report agreement. Shards that appear in
+    (of ``chat_0``) are held out and report agreement (``reply_acc``: on the
+    reply after the chat template's ``marker`` only, what drafting meets). Shards that appear in
     ``cache`` while training (data generation still running) are loaded every
     ``reload_minutes``."""
     gen = torch.Generator().manual_seed(seed)
@@ -130,7 +168,8 @@ def train_head(head: EagleHead, cache: Path, emb_w: torch.Tensor, lm_w: torch.Te
             print(history[-1], flush=True)
     head.eval()
     with torch.no_grad():
-        _, val = head_loss(head, emb_w, draft_w, data["tokens"][val_idx], data["mask"][val_idx],
-                           data["hidden"][val_idx], depth, 0.0, cls_weight)
+        tokens, mask = data["tokens"][val_idx], data["mask"][val_idx]
+        _, val = head_loss(head, emb_w, draft_w, tokens, mask, data["hidden"][val_idx], depth, 0.0, cls_weight,
+                           reply=reply_mask(tokens, mask, marker))
     return {"steps": step, "shards": loaded, "train_tokens": int(data["mask"][val_rows:].sum()),
             "train_minutes": round((time.time() - t0) / 60, 1), "val": val, "history": history[-5:]}

@@ -80,6 +80,8 @@ def test_training_raises_agreement_and_the_saved_draft_runs_exactly(teacher_cach
     assert result["steps"] == 150
     assert result["val"]["kd"] < 0.7 * result["val_before"]["kd"], result
     assert result["val"]["agree"] > result["val_before"]["agree"] + 0.2, result
+    # no chat marker given: every position counts as reply
+    assert result["val"]["reply_agree"] == pytest.approx(result["val"]["agree"], abs=2e-4)
 
     out = tmp_path / "draft"
     save_draft(draft, AutoTokenizer.from_pretrained(TARGET), out)

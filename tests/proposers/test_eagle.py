@@ -145,3 +145,54 @@ def test_a_head_for_another_target_is_refused(llama_dir, tmp_path):
     with pytest.raises(ConfigError, match="the head has hidden_size 65 but the target has 64; train a head on "
                                           r"this target \(scripts/train_eagle.py\)"):
         eagle_llm(llama_dir, cfg_dir, chunked=True)
+
+
+@pytest.mark.parametrize("scorer", ["mqa", "batch_expansion"])
+def test_unsure_head_proposes_one_token_and_stays_exact(llama_dir, heads, reference, scorer):
+    """``confidence_threshold``: a random head never gives a token probability
+    0.99, so every request's run stops after its first proposal; the output
+    stays exact and the head's rolled-back entries leave its cache in sync."""
+    llm = eagle_llm(llama_dir, heads["draft vocab"], chunked=True, scorer=scorer, proposer_options={
+        "path": str(heads["draft vocab"]), "confidence_threshold": 0.99})
+    seen = record_first_proposals(llm)
+    assert [o.outputs[0].token_ids for o in llm.generate(PROMPTS, GREEDY, use_tqdm=False)] == reference
+    assert len(seen) >= 20 and all(len(row) == 1 for row in seen.values())
+    assert llm.get_metrics()["num_draft_tokens"] == len(seen)
+
+
+def test_confident_runs_match_drafting_k(llama_dir, heads):
+    """A threshold the head always clears drafts the same k tokens as no threshold."""
+    runs = []
+    for threshold in (0.0, 1e-9):
+        llm = eagle_llm(llama_dir, heads["full vocab"], chunked=True, proposer_options={
+            "path": str(heads["full vocab"]), "confidence_threshold": threshold})
+        seen = record_first_proposals(llm)
+        llm.generate(PROMPTS, GREEDY, use_tqdm=False)
+        runs.append(sorted(seen.values()))
+    assert runs[0] == runs[1] and any(len(row) == 3 for row in runs[0])
+
+
+@pytest.mark.parametrize("value", [-0.1, 1.0])
+def test_confidence_threshold_out_of_range_is_refused(llama_dir, heads, value):
+    with pytest.raises(ConfigError, match="confidence_threshold"):
+        eagle_llm(llama_dir, heads["draft vocab"], chunked=True, proposer_options={
+            "path": str(heads["draft vocab"]), "confidence_threshold": value})
+
+
+def test_packed_head_drafts_what_the_default_linears_draft(llama_dir, heads, reference):
+    """``linear_backend``: 'onednn' packs the head's layers and its draft-vocabulary
+    output layer; proposals and output match the unpacked ('default') head."""
+    from speculant.core.linear_backend import OneDNNLinear
+
+    runs = {}
+    for backend in ("default", "onednn"):
+        llm = eagle_llm(llama_dir, heads["draft vocab"], chunked=True, proposer_options={
+            "path": str(heads["draft vocab"]), "linear_backend": backend})
+        proposer = llm.engine.spec.proposer
+        packed = [m for m in (proposer.head.fc, proposer.head.down_proj, proposer._draft_out)
+                  if isinstance(m, OneDNNLinear)]
+        assert len(packed) == (3 if backend == "onednn" else 0)
+        seen = record_first_proposals(llm)
+        assert [o.outputs[0].token_ids for o in llm.generate(PROMPTS, GREEDY, use_tqdm=False)] == reference
+        runs[backend] = sorted(seen.values())
+    assert runs["default"] == runs["onednn"]

@@ -9,11 +9,12 @@ import sys
 from pathlib import Path
 
 import torch
+from transformers import AutoTokenizer
 
 from speculant.proposers.eagle.model import EagleHead, SeqKV
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
-from eagle_training.train import frequent_tokens
+from eagle_training.train import assistant_marker, frequent_tokens, reply_mask
 from eagle_training.unroll import unrolled_features
 
 CFG = {"hidden_size": 32, "vocab_size": 50, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8,
@@ -52,3 +53,27 @@ def test_heldout_prompt_file_matches_the_heldout_list():
     path = Path(__file__).resolve().parents[2] / "examples" / "prompts" / "chat_heldout.txt"
     assert path.read_text().splitlines() == HELDOUT
     assert not set(HELDOUT) & set(training_prompts(10_000))
+
+
+def test_reply_mask_starts_after_the_last_assistant_header():
+    marker = [7, 8]
+    tokens = torch.tensor([[1, 7, 8, 3, 7, 8, 4, 5, 0, 0],    # two headers: the reply follows the last
+                           [1, 2, 3, 4, 5, 6, 0, 0, 0, 0],    # plain text: counted whole
+                           [7, 8, 9, 9, 9, 9, 9, 9, 9, 7]])   # a header cut off at the end is no header
+    mask = torch.tensor([[True] * 8 + [False] * 2, [True] * 6 + [False] * 4, [True] * 10])
+    got = reply_mask(tokens, mask, marker)
+    assert got[0].tolist() == [False] * 6 + [True, True, False, False]
+    assert got[1].tolist() == mask[1].tolist()
+    assert got[2].tolist() == [False, False] + [True] * 8
+    assert torch.equal(reply_mask(tokens, mask, None), mask)
+
+
+def test_assistant_marker_is_the_generation_prompt():
+    tok = AutoTokenizer.from_pretrained(Path(__file__).resolve().parents[2] / "models" / "smollm2-draft")
+    marker = assistant_marker(tok)
+    assert tok.decode(marker) == "<|im_start|>assistant\n"
+    chat = tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True)
+    ids = tok.encode(chat, add_special_tokens=False)
+    assert ids[-len(marker):] == marker
+    tok.chat_template = None
+    assert assistant_marker(tok) is None

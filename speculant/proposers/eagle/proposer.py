@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
@@ -31,6 +32,7 @@ from speculant.core.acceptance import verifies_by_argmax
 from speculant.core.batch import StepBatch
 from speculant.core.config import EngineConfig
 from speculant.core.interfaces import Proposals, Proposer, ProposerCapabilities, ProposerContext, Scores
+from speculant.core.linear_backend import LinearBackendError, pack_linear_layers
 from speculant.core.model_files import read_text_config
 from speculant.core.request import Request
 from speculant.proposers.drafting import DraftDraw, DraftSteps, draw_proposals
@@ -44,6 +46,15 @@ class EagleOptions(BaseModel):
 
     path: str = Field(min_length=1)
     """Directory with the head's config.json and model.safetensors (scripts/train_eagle.py)."""
+    linear_backend: Literal["auto", "default", "onednn"] = "auto"
+    """The head's linear layers and its draft-vocabulary output layer, as the
+    target's ``model.linear_backend``: ``auto`` packs them for oneDNN on the CPU
+    (float32/bfloat16), where one-row linears run near the memory bound."""
+    confidence_threshold: float = Field(default=0.0, ge=0.0, lt=1.0)
+    """Stop drafting a request's proposals after the first one the head gives a
+    probability below this (it is still proposed); 0 always drafts k. Saves head
+    forwards and verify rows for tokens the target would likely reject; the
+    output is unchanged (acceptance is lossless either way)."""
 
 
 def read_eagle_config(path: str) -> dict:
@@ -120,10 +131,25 @@ class EagleProposer(Proposer):
         self.head.to(device=target.device, dtype=target.dtype).eval().requires_grad_(False)
         draft_ids = self.head.draft_ids
         self._draft_ids = draft_ids if draft_ids.numel() else None  # [Vd] target ids, or the full vocabulary
-        # the LM head's rows for the draft vocabulary, read once: a packed LM head (linear_backend) makes
-        # every .weight read a dense copy of the whole [V, H] matrix
-        self._draft_weight = weight[draft_ids].to(target.dtype) if self._draft_ids is not None else None  # [Vd, H]
+        # the LM head's rows for the draft vocabulary as a layer of their own, read once: a packed LM head
+        # makes every .weight read a dense copy of the whole [V, H] matrix
+        self._draft_out: torch.nn.Module | None = None
+        if self._draft_ids is not None:
+            out = torch.nn.Linear(weight.shape[1], len(draft_ids), bias=False, device=target.device,
+                                  dtype=target.dtype)
+            out.weight.data.copy_(weight[draft_ids])  # [Vd, H]
+            self._draft_out = out.requires_grad_(False)
+        self._pack(options.linear_backend)
         self._state: dict[str, SeqState] = {}
+
+    def _pack(self, backend: str) -> None:
+        layers = torch.nn.ModuleDict({"head": self.head, **({"out": self._draft_out} if self._draft_out else {})})
+        try:
+            pack_linear_layers(layers, backend)
+        except LinearBackendError as exc:
+            raise ValueError(f"speculative.proposer_options.linear_backend = {backend!r}: {exc}; "
+                             "choose 'auto' or 'default' for this head") from exc
+        self._draft_out = layers["out"] if "out" in layers else None
 
     # --- propose -------------------------------------------------------------
     def _catch_up(self, batch: StepBatch, want_output: set[str]) -> dict[str, torch.Tensor]:
@@ -152,15 +178,18 @@ class EagleProposer(Proposer):
         return {rid: feats[int(end)] for (rid, _), end in zip(states, ends) if rid in want_output}
 
     def _draw(self, features: torch.Tensor,  # [n, H] predicted features
-              requests: list[Request], step: int) -> DraftDraw:
-        if self._draft_ids is None or self._draft_weight is None:
-            return draw_proposals(self.context.target.output_embedding(features).float(), requests, step)
-        logits = torch.nn.functional.linear(features, self._draft_weight).float()  # [n, Vd]
+              requests: list[Request], step: int, with_confidence: bool) -> DraftDraw:
+        if self._draft_ids is None or self._draft_out is None:
+            return draw_proposals(self.context.target.output_embedding(features).float(), requests, step,
+                                  with_confidence)
+        logits = self._draft_out(features).float()  # [n, Vd]
         if verifies_by_argmax(requests):  # no distribution needed: the argmax, mapped to target ids
-            return DraftDraw(self._draft_ids[logits.argmax(dim=-1)].tolist(), None, None)
+            top, argmax = logits.max(dim=-1)  # [n], [n]
+            conf = (top - logits.logsumexp(dim=-1)).exp() if with_confidence else None
+            return DraftDraw(self._draft_ids[argmax].tolist(), None, conf)
         full = logits.new_full((logits.shape[0], self.context.target.vocab_size), float("-inf"))  # [n, V]
         full[:, self._draft_ids] = logits
-        return draw_proposals(full, requests, step)
+        return draw_proposals(full, requests, step, with_confidence)
 
     @torch.inference_mode()
     def propose(self, batch: StepBatch) -> Proposals:
@@ -171,11 +200,15 @@ class EagleProposer(Proposer):
         if not rows:
             return steps.build()
         feats = torch.stack([features[batch.decodes[i].request.request_id] for i in rows])  # [n, H]
+        threshold = self.options.confidence_threshold
         for step in range(max(batch.decodes[i].num_spec_tokens for i in rows)):
             requests = [batch.decodes[i].request for i in rows]
-            draw = self._draw(feats, requests, step)
+            draw = self._draw(feats, requests, step, with_confidence=threshold > 0)
             steps.add(step, rows, draw.tokens, draw.probs)
-            more = [j for j, i in enumerate(rows) if batch.decodes[i].num_spec_tokens > step + 1]
+            sure = draw.confidence.tolist() if draw.confidence is not None else [1.0] * len(rows)
+            # go on with rows that want more proposals and whose last one the head is confident in
+            more = [j for j, i in enumerate(rows) if batch.decodes[i].num_spec_tokens > step + 1
+                    and sure[j] >= threshold]
             if not more:
                 break
             rows = [rows[j] for j in more]
