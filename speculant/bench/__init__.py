@@ -123,7 +123,7 @@ def run_bench(target: str, draft: str | None = None, *, prompts: list[str] | Non
     texts = list(prompts or DEFAULT_PROMPTS)
     ids = render_prompts(tok, texts, chat)
     methods = speculant_methods(k, draft_dir, confidence) + head_methods(heads, target_dir, k,
-                                                                         max(len(p) for p in ids))
+                                                                         max(len(p) for p in ids), confidence)
     env = environment()
     bandwidth = [read_bandwidth()]
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id

@@ -37,9 +37,12 @@ def _read_json(path: Path, option: str, fix: str) -> dict:
         raise ValueError(f"{option} {path.parent}: cannot read {path.name} ({exc}); {fix}") from None
 
 
-def head_method(proposer: str, path: str, target: str, k: int, longest_prompt: int) -> Method:
+def head_method(proposer: str, path: str, target: str, k: int, longest_prompt: int,
+                confidence: float = 0.0) -> Method:
     """The Speculant row for heads at ``path`` (proposer ``medusa``,
-    ``mlp_speculator`` or ``eagle``) on ``target``; raises ``ValueError`` naming the option."""
+    ``mlp_speculator`` or ``eagle``) on ``target``; a proposer whose options
+    have a ``confidence_threshold`` gets ``confidence`` there. Raises
+    ``ValueError`` naming the option."""
     from speculant.core.config import SchedulerConfig
     from speculant.plugins import get_registry
 
@@ -75,17 +78,20 @@ def head_method(proposer: str, path: str, target: str, k: int, longest_prompt: i
                          "prompt fits one step")
     if k_eff < k:
         notes.append(f"k={k_eff}: --k {k} capped to the {max_k} tokens these heads predict")
-    spec = {"proposer": proposer, "scorer": "mqa", "num_speculative_tokens": k_eff,
-            "proposer_options": {"path": str(path)}}
+    options: dict[str, Any] = {"path": str(path)}
+    if "confidence_threshold" in cls.Options.model_fields:
+        options["confidence_threshold"] = confidence
+    spec = {"proposer": proposer, "scorer": "mqa", "num_speculative_tokens": k_eff, "proposer_options": options}
     return Method(proposer, spec, engine_kwargs=kwargs, note="; ".join(notes) or None,
                   fields={"k": k_eff, "heads_max_k": max_k})
 
 
-def head_methods(heads: dict[str, str] | None, target: str, k: int, longest_prompt: int) -> list[Method]:
+def head_methods(heads: dict[str, str] | None, target: str, k: int, longest_prompt: int,
+                 confidence: float = 0.0) -> list[Method]:
     """``head_method`` for each given directory, in ``HEAD_OPTIONS`` order."""
     heads = heads or {}
     unknown = sorted(set(heads) - set(HEAD_OPTIONS))
     if unknown:
         raise ValueError(f"heads={unknown}: unknown head kinds; use {sorted(HEAD_OPTIONS)}")
-    return [head_method(name, heads[name], target, k, longest_prompt)
+    return [head_method(name, heads[name], target, k, longest_prompt, confidence)
             for name in HEAD_OPTIONS if heads.get(name)]

@@ -57,9 +57,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--k", type=int, default=4, help="speculative tokens per step (default 4); medusa / "
                    "mlp_speculator rows use at most as many as their heads predict")
     p.add_argument("--draft-confidence", type=float, default=0.4, metavar="P",
-                   help="draft rows: stop drafting after a proposal the draft gives probability < P, in both "
-                        "engines (Speculant's confidence_threshold, transformers' assistant_confidence_threshold; "
-                        "default 0.4, transformers' own default; 0 always drafts k)")
+                   help="draft rows (and --eagle): stop drafting after a proposal the draft gives probability "
+                        "< P, in both engines (Speculant's confidence_threshold, transformers' "
+                        "assistant_confidence_threshold; default 0.4, transformers' own default; 0 always drafts k)")
     p.add_argument("--repeats", type=int, default=None, help="timed runs per row; median reported (default 3)")
     p.add_argument("--concurrency", type=_concurrency, default=None, metavar="1,32",
                    help="concurrency levels (default 1,32)")

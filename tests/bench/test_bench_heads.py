@@ -55,6 +55,16 @@ def test_head_rows_keep_k_when_heads_suffice(tmp_path, llama_dir, random_heads_d
     m = head_method("medusa", str(random_heads_dirs["medusa"]), str(llama_dir), 3, 10)
     assert m.speculative["num_speculative_tokens"] == 3 and m.fields == {"k": 3, "heads_max_k": 4}
     assert m.engine_kwargs == {} and m.note is None  # chunked prefill stays on
+    assert m.speculative["proposer_options"] == {"path": str(random_heads_dirs["medusa"])}  # no threshold option
+
+
+def test_eagle_row_gets_the_draft_confidence(llama_dir, random_heads_dirs):
+    from speculant.bench.heads import head_methods
+
+    (m,) = head_methods({"eagle": str(random_heads_dirs["eagle"])}, str(llama_dir), 4, 10, confidence=0.3)
+    assert m.speculative["proposer_options"] == {"path": str(random_heads_dirs["eagle"]),
+                                                 "confidence_threshold": 0.3}
+    assert m.fields == {"k": 4, "heads_max_k": None}
 
 
 def test_a_proposer_without_chunked_prefill_gets_an_unchunked_engine(llama_dir, random_heads_dirs, monkeypatch):
