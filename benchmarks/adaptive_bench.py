@@ -1,6 +1,6 @@
 """Adaptive vs fixed draft length with 32 concurrent requests (issue 16, item 4).
 
-SmolLM2-135M-Instruct (float32), greedy: 32 chat requests submitted together
+SmolLM2-135M-Instruct (``--dtype``, float32 by default), greedy: 32 chat requests submitted together
 (the 20 ``unittest`` tasks and 12 ``edit`` tasks of ``repeated_tasks.py``),
 for each config: no speculation; ``ngram`` and ``suffix`` with a fixed k; the
 same with ``speculative.draft_length = {policy = "adaptive"}`` (the policy's
@@ -57,10 +57,11 @@ def workload() -> list[list[dict[str, str]]]:
     return conversations("unittest") + conversations("edit")[:12]
 
 
-def run(spec: dict, k: int, max_tokens: int, threads: int | None, fit: tuple[float, float] | None) -> dict:
+def run(spec: dict, k: int, max_tokens: int, threads: int | None, fit: tuple[float, float] | None,
+        dtype: str = "float32") -> dict:
     from speculant import SamplingParams
 
-    llm = build(spec, k, threads)
+    llm = build(spec, k, threads, dtype=dtype)
     llm.generate(["Hello"], SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)  # warm-up
     llm.engine.reset_metrics()
     step_tokens: list[int] = []
@@ -96,9 +97,12 @@ def main() -> None:
     ap.add_argument("--token-cost", type=float, default=None)
     ap.add_argument("--configs", default=None, help="comma-separated subset")
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    ap.add_argument("--cost", type=Path, default=RESULTS / "verify_cost.json",
+                    help="verify_cost.py's result for this dtype: the step-cost fit and default token_cost")
     ap.add_argument("--out", type=Path, default=RESULTS / "adaptive_concurrent.json")
     args = ap.parse_args()
-    cost = RESULTS / "verify_cost.json"
+    cost = args.cost
     fit = None
     if cost.is_file():  # the measured cost model: prices the steps, and is the policy's token_cost
         c = json.loads(cost.read_text())
@@ -109,7 +113,7 @@ def main() -> None:
     names = args.configs.split(",") if args.configs else list(cfgs)
     env = environment()
     runs = alternating_runs(
-        names, args.repeats, lambda name: run(cfgs[name], args.k, args.max_tokens, args.threads, fit),
+        names, args.repeats, lambda name: run(cfgs[name], args.k, args.max_tokens, args.threads, fit, args.dtype),
         lambda res: f"steps {res['steps']}  accepted/step {res['mean_accepted_length'] or 0:.2f}  "
                     f"planned k {res['mean_planned_draft_length'] or 0:.2f}")
     reference = runs[names[0]][0]["token_ids"]
@@ -137,7 +141,7 @@ def main() -> None:
     env["load_avg_end"] = [round(x, 2) for x in os.getloadavg()]
     write_json(args.out, {
         "benchmark": "adaptive_concurrent", "label": f"{env['cpu']}, {env['date_utc'][:10]}",
-        "environment": env, "model": "SmolLM2-135M-Instruct (float32)",
+        "environment": env, "model": f"SmolLM2-135M-Instruct ({args.dtype})",
         "workload": "32 chat requests at once (20 unittest + 12 edit tasks, benchmarks/repeated_tasks.py), greedy",
         "k": args.k, "max_tokens": args.max_tokens, "token_cost": args.token_cost, "cost_fit": fit,
         "repeats": args.repeats, "summary": summary,

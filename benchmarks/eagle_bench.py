@@ -49,8 +49,8 @@ def build(args, chunked: bool, eagle: bool) -> LLM:
     kw = dict(model=args.target, dtype=args.dtype, max_num_seqs=1, enable_chunked_prefill=chunked,
               max_num_batched_tokens=args.chunk if chunked else 512)
     if eagle:
-        kw["speculative"] = {"proposer": "eagle", "proposer_options": {"path": args.head},
-                             "num_speculative_tokens": args.k}
+        kw["speculative"] = {"proposer": "eagle", "num_speculative_tokens": args.k, "proposer_options": {
+            "path": args.head, "confidence_threshold": args.confidence}}
     return LLM(**kw)
 
 
@@ -81,6 +81,8 @@ def main() -> None:
     ap.add_argument("--head", default="models/smollm2-eagle")
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--k", type=int, default=4)
+    ap.add_argument("--confidence", type=float, default=0.0,
+                    help="the head's confidence_threshold (0: always draft k)")
     ap.add_argument("--chunk", type=int, default=16, help="token budget with chunked prefill on")
     ap.add_argument("--prompts", type=int, default=10, help="how many held-out chat prompts")
     ap.add_argument("--max-tokens", type=int, default=128)
@@ -118,7 +120,8 @@ def main() -> None:
     identical = all(outputs[n] == outputs["no_spec"] for n in configs)
     per_position = llms["eagle"].get_metrics()["acceptance_per_position"]
     data = {"benchmark": "eagle_smollm2", "environment": env, "target": args.target, "head": args.head,
-            "settings": {"dtype": args.dtype, "k": args.k, "chunk_budget": args.chunk, "prompts": len(prompts),
+            "settings": {"dtype": args.dtype, "k": args.k, "confidence_threshold": args.confidence,
+                         "chunk_budget": args.chunk, "prompts": len(prompts),
                          "max_tokens": args.max_tokens, "repeats": args.repeats, "batch_size": 1,
                          "greedy": True, "ignore_eos": True},
             "greedy_outputs_identical": identical, "acceptance_per_position": per_position,

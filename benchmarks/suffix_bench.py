@@ -67,7 +67,7 @@ def smollm2_path() -> str:
     return out.stdout.strip()
 
 
-def build(spec: dict, k: int, threads: int | None, max_num_seqs: int = 64):
+def build(spec: dict, k: int, threads: int | None, max_num_seqs: int = 64, dtype: str = "float32"):
     import torch
 
     from speculant import LLM
@@ -76,7 +76,7 @@ def build(spec: dict, k: int, threads: int | None, max_num_seqs: int = 64):
         torch.set_num_threads(threads)
     if spec:
         spec = {**spec, "num_speculative_tokens": k}
-    return LLM.from_dict({"model": {"path": smollm2_path()},
+    return LLM.from_dict({"model": {"path": smollm2_path(), "dtype": dtype},
                           "scheduler": {"max_num_batched_tokens": 1024, "max_num_seqs": max_num_seqs},
                           "speculative": spec})
 

@@ -1,7 +1,7 @@
 """The target forward's cost against its token count: the cost model of the
 adaptive draft-length policy (``speculative.draft_length.token_cost``).
 
-SmolLM2-135M-Instruct (float32, the engine's defaults), no speculation: n
+SmolLM2-135M-Instruct (``--dtype``, float32 by default; the engine's defaults), no speculation: n
 requests decode together (n = 1 .. 64), so each step is one target forward
 over n tokens; the median score time of the decode-only steps at each n is
 fitted with T(n) = a + b * n (least squares). The policy's ``token_cost`` is
@@ -49,10 +49,11 @@ def main() -> None:
     ap.add_argument("--sizes", default="1,2,4,8,16,32,48,64")
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results" / "verify_cost.json")
     args = ap.parse_args()
     env = environment()
-    llm = build({}, 0, args.threads)
+    llm = build({}, 0, args.threads, dtype=args.dtype)
     step_times(llm, 2, 2)  # warm-up
     sizes = [int(x) for x in args.sizes.split(",")]
     medians = {}
@@ -68,7 +69,7 @@ def main() -> None:
     print(f"T(n) = {1e3 * a:.2f} ms + {1e3 * b:.3f} ms * n  ->  token_cost = {token_cost:.3f}")
     env["load_avg_end"] = [round(x, 2) for x in __import__("os").getloadavg()]
     write_json(args.out, {"benchmark": "verify_cost", "label": f"{env['cpu']}, {env['date_utc'][:10]}",
-                          "environment": env, "model": "SmolLM2-135M-Instruct (float32)",
+                          "environment": env, "model": f"SmolLM2-135M-Instruct ({args.dtype})",
                           "median_forward_s_by_tokens": medians, "fit_fixed_s": a, "fit_per_token_s": b,
                           "token_cost": token_cost})
 
