@@ -49,20 +49,25 @@ def eagle_first_draft(target, head_dir, prompt: list[int], sp: SamplingParams) -
                           sp.top_p, sp.min_p)
 
 
-@pytest.mark.parametrize("sampling", [
-    dict(temperature=1.0),
-    pytest.param(dict(temperature=0.8, top_k=6, top_p=0.9, min_p=0.02), marks=pytest.mark.slow),  # CI time
-], ids=["plain", "filtered"])
-def test_eagle_rejection_sampling_matches_target_distribution(sampling, small_vocab, v16_eagle):  # noqa: F811
+@pytest.mark.parametrize(("sampling", "threshold"), [
+    (dict(temperature=1.0), 0.0),
+    # runs of different lengths: each request stops after a proposal the head gives < 0.15
+    (dict(temperature=1.0), 0.15),
+    pytest.param(dict(temperature=0.8, top_k=6, top_p=0.9, min_p=0.02), 0.0, marks=pytest.mark.slow),  # CI time
+], ids=["plain", "plain-confidence", "filtered"])
+def test_eagle_rejection_sampling_matches_target_distribution(sampling, threshold, small_vocab,  # noqa: F811
+                                                              v16_eagle):
     target, _, prompts = small_vocab
     prompt = prompts["draft_model"]  # a permutation of the vocabulary
     llm = LLM(model=str(target), max_num_seqs=1024, max_num_batched_tokens=1024 * (len(prompt) + 1),
-              speculative={"proposer": "eagle", "proposer_options": {"path": str(v16_eagle)},
-                           "acceptance": "rejection", "num_speculative_tokens": K})
+              speculative={"proposer": "eagle", "acceptance": "rejection", "num_speculative_tokens": K,
+                           "proposer_options": {"path": str(v16_eagle), "confidence_threshold": threshold}})
     params = [SamplingParams(seed=i, max_tokens=MAX_TOKENS, ignore_eos=True, **sampling) for i in range(N)]
     tokens = torch.tensor([o.outputs[0].token_ids for o in run(llm, [prompt] * N, params)])
     m = llm.get_metrics()
     assert m["num_accepted_tokens"] >= 100 and m["num_draft_tokens"] - m["num_accepted_tokens"] >= 100, m
+    if threshold:  # some runs stopped after one proposal, others drafted K: both kinds were verified
+        assert m["num_steps"] < m["num_draft_tokens"] < m["num_steps"] * K, m
     expected = marginals(target, prompt, params[0])
     assert_follows_marginals(tokens, expected, "eagle")
     # power: emitting the head's first proposal unchecked gives a marginal the test rejects
