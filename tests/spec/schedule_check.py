@@ -81,7 +81,7 @@ class Setup:
     k: int = 0
     scorer: str = "mqa"
     acceptance: str = "rejection"
-    draft_confidence: float = 0.0  # draft_model's confidence_threshold
+    draft_confidence: float = 0.0  # draft_model's / eagle's confidence_threshold
     block_size: int = 16
     num_blocks: int | None = None
     max_model_len: int | None = None
@@ -140,7 +140,7 @@ def spec_dict(spec_key: tuple | None, draft_dir: Path, disable_by_batch_size: in
     if proposer == "draft_model":
         cfg["proposer_options"] = {"model": str(draft_dir), "confidence_threshold": draft_confidence}
     if proposer == "eagle":
-        cfg["proposer_options"] = {"path": str(eagle_dir)}
+        cfg["proposer_options"] = {"path": str(eagle_dir), "confidence_threshold": draft_confidence}
     if disable_by_batch_size is not None:
         cfg["disable_by_batch_size"] = disable_by_batch_size
     return cfg
