@@ -196,3 +196,12 @@ def test_packed_head_drafts_what_the_default_linears_draft(llama_dir, heads, ref
         assert [o.outputs[0].token_ids for o in llm.generate(PROMPTS, GREEDY, use_tqdm=False)] == reference
         runs[backend] = sorted(seen.values())
     assert runs["default"] == runs["onednn"]
+
+
+def test_onednn_on_a_float16_head_is_refused_with_the_option_named(llama_dir, heads):
+    with pytest.raises(ConfigError, match=r"speculative.proposer_options.linear_backend = 'onednn': the head "
+                                          r"runs in model.dtype = 'float16', and oneDNN packing supports float32 "
+                                          r"and bfloat16; choose 'auto'"):
+        LLM(model=str(llama_dir), dtype="float16", speculative={
+            "proposer": "eagle", "num_speculative_tokens": 2,
+            "proposer_options": {"path": str(heads["draft vocab"]), "linear_backend": "onednn"}})

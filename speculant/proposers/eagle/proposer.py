@@ -32,7 +32,7 @@ from speculant.core.acceptance import verifies_by_argmax
 from speculant.core.batch import StepBatch
 from speculant.core.config import EngineConfig
 from speculant.core.interfaces import Proposals, Proposer, ProposerCapabilities, ProposerContext, Scores
-from speculant.core.linear_backend import LinearBackendError, pack_linear_layers
+from speculant.core.linear_backend import onednn_unavailable_reason, pack_linear_layers
 from speculant.core.model_files import read_text_config
 from speculant.core.request import Request
 from speculant.proposers.drafting import DraftDraw, DraftSteps, draw_proposals
@@ -76,6 +76,11 @@ def size_problems(head_cfg: dict, hidden_size: int | None, vocab_size: int | Non
             if want is not None and head_cfg.get(key) != want]
 
 
+def onednn_problem(reason: str) -> str:
+    return (f"speculative.proposer_options.linear_backend = 'onednn': {reason}; choose 'auto' (packs what "
+            "oneDNN supports, runs the rest on the default path) or 'default'")
+
+
 @dataclass
 class SeqState:
     """One request's head state: cache entries for positions ``base ..
@@ -108,6 +113,9 @@ class EagleProposer(Proposer):
 
     @classmethod
     def validate_against(cls, options: EagleOptions, config: EngineConfig) -> list[str]:
+        if options.linear_backend == "onednn" and config.model.dtype not in ("float32", "bfloat16"):
+            return [onednn_problem(f"the head runs in model.dtype = {config.model.dtype!r}, and oneDNN packing "
+                                   "supports float32 and bfloat16")]
         try:
             head_cfg = read_eagle_config(options.path)
         except (FileNotFoundError, ValueError) as exc:
@@ -143,12 +151,13 @@ class EagleProposer(Proposer):
         self._state: dict[str, SeqState] = {}
 
     def _pack(self, backend: str) -> None:
-        layers = torch.nn.ModuleDict({"head": self.head, **({"out": self._draft_out} if self._draft_out else {})})
-        try:
-            pack_linear_layers(layers, backend)
-        except LinearBackendError as exc:
-            raise ValueError(f"speculative.proposer_options.linear_backend = {backend!r}: {exc}; "
-                             "choose 'auto' or 'default' for this head") from exc
+        reason = onednn_unavailable_reason(self.head.fc.weight) if backend == "onednn" else None
+        if reason is not None:  # the device or torch build (the dtype is checked in validate_against)
+            raise ValueError(onednn_problem(reason))
+        layers = torch.nn.ModuleDict({"head": self.head})
+        if self._draft_out is not None:
+            layers["out"] = self._draft_out
+        pack_linear_layers(layers, backend)
         self._draft_out = layers["out"] if "out" in layers else None
 
     # --- propose -------------------------------------------------------------
@@ -183,10 +192,9 @@ class EagleProposer(Proposer):
             return draw_proposals(self.context.target.output_embedding(features).float(), requests, step,
                                   with_confidence)
         logits = self._draft_out(features).float()  # [n, Vd]
-        if verifies_by_argmax(requests):  # no distribution needed: the argmax, mapped to target ids
-            top, argmax = logits.max(dim=-1)  # [n], [n]
-            conf = (top - logits.logsumexp(dim=-1)).exp() if with_confidence else None
-            return DraftDraw(self._draft_ids[argmax].tolist(), None, conf)
+        if verifies_by_argmax(requests):  # no distribution needed: the draft vocabulary's argmax, as target ids
+            draw = draw_proposals(logits, requests, step, with_confidence)
+            return DraftDraw(self._draft_ids[draw.tokens].tolist(), None, draw.confidence)
         full = logits.new_full((logits.shape[0], self.context.target.vocab_size), float("-inf"))  # [n, V]
         full[:, self._draft_ids] = logits
         return draw_proposals(full, requests, step, with_confidence)
