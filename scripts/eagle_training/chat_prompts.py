@@ -86,10 +86,66 @@ HELDOUT = [
 ]
 
 
+# A second set, appended after every first-set pair (so the shards cached from
+# the first set keep their prompts): conversational wordings and more topics,
+# again none of them a held-out topic or wording.
+MORE_TEMPLATES = [
+    "Can you help me understand {t}?",
+    "I'm curious about {t}. Where should I start?",
+    "My friend asked me about {t} and I didn't know what to say. Can you help?",
+    "Give me a step-by-step guide to getting started with {t}.",
+    "Why do people find {t} interesting?",
+    "Suggest three weekend activities related to {t}.",
+    "What does someone who works with {t} actually do?",
+    "Who gains the most from {t}, and how?",
+    "Write a short dialogue between two people talking about {t}.",
+    "What mistakes do people often make with {t}?",
+    "Write a riddle whose answer is {t}.",
+    "If you could change one thing about {t}, what would it be and why?",
+    "Write a short speech about {t} for a school assembly.",
+    "What is the most surprising thing about {t}?",
+    "Give me a quick quiz with three questions about {t}.",
+    "Write a tweet about {t}.",
+    "Explain {t} using an analogy.",
+    "What would happen if {t} disappeared tomorrow?",
+    "Write a short diary entry from someone discovering {t}.",
+    "How has {t} changed over the last hundred years?",
+    "What do experts disagree about when it comes to {t}?",
+    "Write a short advertisement for a class about {t}.",
+    "What is one small thing I can do today related to {t}?",
+    "Give me a simple explanation of {t} and then a more detailed one.",
+]
+
+MORE_TOPICS = [
+    "octopuses", "sharks", "dolphins", "owls", "horses", "frogs", "bats", "wolves", "coral reefs",
+    "glaciers", "caves", "waterfalls", "fog", "hurricanes", "lightning", "comets", "the sun", "Saturn",
+    "satellites", "space stations", "astronauts", "gravity waves", "atoms", "molecules", "chemistry",
+    "physics", "biology", "evolution", "fossils", "archaeology", "ancient Greece", "the Vikings",
+    "the Silk Road", "the Renaissance", "castles in Japan", "the Great Wall of China", "maps of the world",
+    "languages", "grammar", "dictionaries", "newspapers", "radio", "television", "movies", "theater",
+    "dance", "drawing", "sculpture", "architecture", "gardens", "parks", "farming", "tractors", "cheese",
+    "rice", "apples", "honey", "spices", "baking cookies", "pizza", "sushi", "breakfast", "picnics",
+    "sailing", "kayaking", "skiing", "tennis", "basketball", "marathons", "volunteering", "neighbors",
+    "family traditions", "grandparents", "pets", "aquariums", "zoos", "circuses", "magic tricks",
+    "handwriting", "letters", "stamps", "coins", "banks", "shopping", "advertising", "small businesses",
+    "startups", "negotiation", "habits", "motivation", "curiosity", "patience", "creativity", "humor",
+    "empathy", "decision making", "critical thinking", "note taking", "homework", "exams", "universities",
+    "scholarships", "careers in science", "open source software", "the command line", "web browsers",
+    "search engines", "cloud computing", "batteries", "light bulbs", "engines", "elevators", "bicycle repair",
+    "traffic lights", "roads", "tunnels", "ships", "submarines", "canals",
+]
+
+
 def training_prompts(num: int, seed: int = 0) -> list[str]:
-    """``num`` distinct template x topic prompts (never one of ``HELDOUT``)."""
-    pairs = [tpl.format(t=topic) for tpl in TEMPLATES for topic in TOPICS]
+    """``num`` distinct training prompts (never one of ``HELDOUT``): the first
+    set's template x topic pairs, shuffled, then the second set's new pairs
+    (new templates with every topic, first templates with the new topics), shuffled."""
+    first = [tpl.format(t=topic) for tpl in TEMPLATES for topic in TOPICS]
+    second = [tpl.format(t=topic) for tpl in MORE_TEMPLATES for topic in TOPICS + MORE_TOPICS]
+    second += [tpl.format(t=topic) for tpl in TEMPLATES for topic in MORE_TOPICS]
     rng = random.Random(seed)
-    rng.shuffle(pairs)
+    rng.shuffle(first)
+    rng = random.Random(seed + 1)
+    rng.shuffle(second)
     held = set(HELDOUT)
-    return [p for p in pairs if p not in held][:num]
+    return [p for p in first + second if p not in held][:num]

@@ -52,7 +52,19 @@ def test_heldout_prompt_file_matches_the_heldout_list():
 
     path = Path(__file__).resolve().parents[2] / "examples" / "prompts" / "chat_heldout.txt"
     assert path.read_text().splitlines() == HELDOUT
-    assert not set(HELDOUT) & set(training_prompts(10_000))
+    assert not set(HELDOUT) & set(training_prompts(10**6))
+
+
+def test_second_prompt_set_comes_after_every_first_set_pair():
+    """Shards cached from the first set keep their prompts when the second set is added."""
+    from eagle_training.chat_prompts import MORE_TEMPLATES, MORE_TOPICS, TEMPLATES, TOPICS, training_prompts
+
+    everything = training_prompts(10**6)
+    n_first = len(TEMPLATES) * len(TOPICS)
+    first = {tpl.format(t=topic) for tpl in TEMPLATES for topic in TOPICS}
+    assert set(everything[:n_first]) == first
+    assert len(everything) == len(set(everything)) == n_first + len(MORE_TEMPLATES) * (
+        len(TOPICS) + len(MORE_TOPICS)) + len(TEMPLATES) * len(MORE_TOPICS)
 
 
 def test_reply_mask_starts_after_the_last_assistant_header():
