@@ -3,8 +3,9 @@
     nice -n 10 python scripts/eagle_data.py --target "$(python scripts/smollm2_path.py)" --cache .train/eagle
 
 Writes ``chat_<i>.pt`` (the target's own greedy replies to training chat
-prompts) and ``text_<i>.pt`` (local text snippets), each with teacher-forced
-hidden states; see ``scripts/eagle_training/data.py``.
+prompts; ``chatb_<i>.pt`` from the second prompt set, ``--prompt-set b``) and
+``text_<i>.pt`` (local text snippets), each with teacher-forced hidden states;
+see ``scripts/eagle_training/data.py``.
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--cache", default=".train/eagle")
     p.add_argument("--chat-shards", type=int, default=6)
     p.add_argument("--chat-per-shard", type=int, default=64)
+    p.add_argument("--prompt-set", choices=("a", "b"), default="a",
+                   help="training prompt set (chat_prompts.py); set a writes chat_<i>.pt, set b chatb_<i>.pt")
     p.add_argument("--chat-max-tokens", type=int, default=256)
     p.add_argument("--text-shards", type=int, default=2)
     p.add_argument("--text-per-shard", type=int, default=128)
@@ -48,10 +51,11 @@ def main(argv: list[str] | None = None) -> None:
     tokenizer = AutoTokenizer.from_pretrained(target_dir)
     model = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    prompts = training_prompts(args.chat_shards * args.chat_per_shard)
+    prompts = training_prompts(args.chat_shards * args.chat_per_shard, prompt_set=args.prompt_set)
+    prefix = "chat_" if args.prompt_set == "a" else "chatb_"
     length = 64 + args.chat_max_tokens
     for i in range(args.chat_shards):
-        name = f"chat_{i}"
+        name = f"{prefix}{i}"
         if name in meta:
             continue
         t0 = time.time()

@@ -86,9 +86,9 @@ HELDOUT = [
 ]
 
 
-# A second set, appended after every first-set pair (so the shards cached from
-# the first set keep their prompts): conversational wordings and more topics,
-# again none of them a held-out topic or wording.
+# A second prompt set (``training_prompts(..., prompt_set="b")``): conversational
+# wordings with every topic, and the first templates with more topics; again none
+# of them a held-out topic or wording.
 MORE_TEMPLATES = [
     "Can you help me understand {t}?",
     "I'm curious about {t}. Where should I start?",
@@ -136,16 +136,20 @@ MORE_TOPICS = [
 ]
 
 
-def training_prompts(num: int, seed: int = 0) -> list[str]:
-    """``num`` distinct training prompts (never one of ``HELDOUT``): the first
-    set's template x topic pairs, shuffled, then the second set's new pairs
-    (new templates with every topic, first templates with the new topics), shuffled."""
-    first = [tpl.format(t=topic) for tpl in TEMPLATES for topic in TOPICS]
-    second = [tpl.format(t=topic) for tpl in MORE_TEMPLATES for topic in TOPICS + MORE_TOPICS]
-    second += [tpl.format(t=topic) for tpl in TEMPLATES for topic in MORE_TOPICS]
+def prompt_pairs(prompt_set: str) -> list[str]:
+    """Every template x topic prompt of one set, in a fixed order."""
+    if prompt_set == "a":
+        return [tpl.format(t=topic) for tpl in TEMPLATES for topic in TOPICS]
+    if prompt_set == "b":
+        return ([tpl.format(t=topic) for tpl in MORE_TEMPLATES for topic in TOPICS + MORE_TOPICS]
+                + [tpl.format(t=topic) for tpl in TEMPLATES for topic in MORE_TOPICS])
+    raise ValueError(f"prompt_set = {prompt_set!r}: unknown; use 'a' (the first set) or 'b' (the second)")
+
+
+def training_prompts(num: int, seed: int = 0, prompt_set: str = "a") -> list[str]:
+    """``num`` distinct prompts of one set, shuffled (never one of ``HELDOUT``)."""
+    pairs = prompt_pairs(prompt_set)
     rng = random.Random(seed)
-    rng.shuffle(first)
-    rng = random.Random(seed + 1)
-    rng.shuffle(second)
+    rng.shuffle(pairs)
     held = set(HELDOUT)
-    return [p for p in first + second if p not in held][:num]
+    return [p for p in pairs if p not in held][:num]

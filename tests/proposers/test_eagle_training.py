@@ -8,6 +8,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 from transformers import AutoTokenizer
 
@@ -55,16 +56,15 @@ def test_heldout_prompt_file_matches_the_heldout_list():
     assert not set(HELDOUT) & set(training_prompts(10**6))
 
 
-def test_second_prompt_set_comes_after_every_first_set_pair():
-    """Shards cached from the first set keep their prompts when the second set is added."""
-    from eagle_training.chat_prompts import MORE_TEMPLATES, MORE_TOPICS, TEMPLATES, TOPICS, training_prompts
+def test_prompt_sets_are_disjoint_and_hold_out_the_bench_prompts():
+    from eagle_training.chat_prompts import HELDOUT, training_prompts
 
-    everything = training_prompts(10**6)
-    n_first = len(TEMPLATES) * len(TOPICS)
-    first = {tpl.format(t=topic) for tpl in TEMPLATES for topic in TOPICS}
-    assert set(everything[:n_first]) == first
-    assert len(everything) == len(set(everything)) == n_first + len(MORE_TEMPLATES) * (
-        len(TOPICS) + len(MORE_TOPICS)) + len(TEMPLATES) * len(MORE_TOPICS)
+    first, second = set(training_prompts(10**6)), set(training_prompts(10**6, prompt_set="b"))
+    assert len(first) > 3000 and len(second) > 6000
+    assert not first & second
+    assert not (first | second) & set(HELDOUT)
+    with pytest.raises(ValueError, match="prompt_set = 'c'"):
+        training_prompts(1, prompt_set="c")
 
 
 def test_reply_mask_starts_after_the_last_assistant_header():
