@@ -62,6 +62,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--val-rows", type=int, default=24)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--bf16", action="store_true", help="bfloat16 autocast for the training matmuls")
+    p.add_argument("--reply-only", action="store_true",
+                   help="loss on the reply's positions only (after the chat template's assistant header)")
     p.add_argument("--init", default=None, help="start from this head directory (same draft vocabulary)")
     p.add_argument("--eval", action="store_true", help="measure the engine's acceptance on held-out chat prompts")
     p.add_argument("--eval-dtype", default="float32")
@@ -90,12 +92,13 @@ def main(argv: list[str] | None = None) -> dict:
     result = train_head(head, Path(args.cache), emb_w, lm_w,
                         minutes=args.minutes, batch=args.batch, seq_len=args.seq_len, lr=args.lr, depth=args.depth,
                         noise=args.noise, cls_weight=args.cls_weight, val_rows=args.val_rows,
-                        bf16=args.bf16, marker=assistant_marker(tokenizer))
+                        bf16=args.bf16, marker=assistant_marker(tokenizer),
+                        reply_only=args.reply_only)
     save_heads(head.to(torch.float16), cfg, args.out)
     report = {"target": str(args.target), "data": json.loads((Path(args.cache) / "meta.json").read_text()),
               "draft_vocab": args.draft_vocab, "draft_vocab_coverage": round(coverage, 4),
               "settings": {k: getattr(args, k) for k in ("minutes", "batch", "seq_len", "lr", "depth", "noise",
-                                                         "cls_weight", "threads", "bf16", "init")},
+                                                         "cls_weight", "threads", "bf16", "init", "reply_only")},
               "train_seconds": round(time.time() - t0, 1), **result}
     if args.eval:
         report["engine_eval"] = engine_acceptance(args.target, "eagle", {"path": args.out}, 4, 128, args.eval_dtype)

@@ -101,29 +101,34 @@ def head_loss(head: EagleHead, emb_w: torch.Tensor, draft_w: torch.Tensor,  # [V
               tokens: torch.Tensor, mask: torch.Tensor, hidden: torch.Tensor,  # [B, T], [B, T], [B, T, H]
               depth: int, noise: float, cls_weight: float,
               reply: torch.Tensor | None = None,  # [B, T] bool: positions also scored as ``reply_acc``
+              reply_only: bool = False,
               ) -> tuple[torch.Tensor, dict]:
     """Loss of one batch and its per-pass top-1 agreement with the target (over
-    every position, and with ``reply`` over the reply's positions only)."""
+    every position, and with ``reply`` over the reply's positions only). With
+    ``reply_only`` the loss too counts only the reply's positions (never drafted:
+    the system prompt and the user's turn)."""
     h_in = hidden[:, :-1].float()
     if noise:
         h_in = h_in + torch.randn_like(h_in) * noise * h_in.std()
     emb = F.embedding(tokens[:, 1:], emb_w)
     target = hidden[:, 1:].float()
     valid = (mask[:, 1:] & mask[:, :-1]).float()  # [B, T-1]
+    scored = valid * reply[:, 1:].float() if reply is not None else valid  # entry j scored at position j + 1
+    weight = scored if reply_only else valid
     with torch.no_grad():
         target_logits = target @ draft_w.T
         target_p = target_logits.softmax(-1)
         target_top = target_logits.argmax(-1)
     total, stats = torch.zeros(()), {}
     for d, feats in enumerate(unrolled_features(head, emb, h_in, depth), start=1):
-        reg = (F.smooth_l1_loss(feats, target, reduction="none").mean(-1) * valid).sum() / valid.sum()
+        norm = weight.sum().clamp(min=1)  # a window may hold no reply position
+        reg = (F.smooth_l1_loss(feats, target, reduction="none").mean(-1) * weight).sum() / norm
         logq = (feats @ draft_w.T).log_softmax(-1)
-        cls = (-(target_p * logq).sum(-1) * valid).sum() / valid.sum()
+        cls = (-(target_p * logq).sum(-1) * weight).sum() / norm
         total = total + (reg + cls_weight * cls) * (1.0 if d == 1 else 0.5)
         hit = (logq.argmax(-1) == target_top).float()
         stats[f"acc{d}"] = float((hit * valid).sum() / valid.sum())
-        if reply is not None:  # entry j is scored at the target's position j + 1
-            scored = valid * reply[:, 1:].float()
+        if reply is not None:
             stats[f"reply_acc{d}"] = float((hit * scored).sum() / scored.sum().clamp(min=1))
         stats[f"reg{d}"] = float(reg.detach())
     return total, stats
@@ -132,15 +137,18 @@ def head_loss(head: EagleHead, emb_w: torch.Tensor, draft_w: torch.Tensor,  # [V
 def train_head(head: EagleHead, cache: Path, emb_w: torch.Tensor, lm_w: torch.Tensor, *,
                minutes: float, batch: int, seq_len: int, lr: float, depth: int, noise: float,
                cls_weight: float, val_rows: int, bf16: bool = False, reload_minutes: float = 5.0,
-               log_every: int = 5, seed: int = 0, marker: list[int] | None = None) -> dict:
+               log_every: int = 5, seed: int = 0, marker: list[int] | None = None,
+               reply_only: bool = False) -> dict:
     """AdamW with warmup + cosine decay over the time budget; random windows of
     ``seq_len`` tokens from the training rows; the first ``val_rows`` rows
     (of ``chat_0``) are held out and report agreement (``reply_acc``: on the
-    reply after the chat template's ``marker`` only, what drafting meets). Shards that appear in
+    reply after the chat template's ``marker`` only, what drafting meets; with
+    ``reply_only`` the loss counts only those positions too). Shards that appear in
     ``cache`` while training (data generation still running) are loaded every
     ``reload_minutes``."""
     gen = torch.Generator().manual_seed(seed)
     data, loaded, last_load = load_shards(cache), len(list(cache.glob("*.pt"))), time.time()
+    data["reply"] = reply_mask(data["tokens"], data["mask"], marker)
     draft_w = lm_w[head.draft_ids] if head.draft_ids.numel() else lm_w
     opt = torch.optim.AdamW([p for p in head.parameters() if p.requires_grad], lr=lr, weight_decay=0.0,
                             betas=(0.9, 0.95))
@@ -148,6 +156,7 @@ def train_head(head: EagleHead, cache: Path, emb_w: torch.Tensor, lm_w: torch.Te
     while time.time() - t0 < budget:
         if time.time() - last_load > reload_minutes * 60 and len(list(cache.glob("*.pt"))) > loaded:
             data, loaded = load_shards(cache), len(list(cache.glob("*.pt")))
+            data["reply"] = reply_mask(data["tokens"], data["mask"], marker)
             print(f"reloaded: {loaded} shards, {int(data['mask'].sum())} tokens", flush=True)
         if time.time() - last_load > reload_minutes * 60:
             last_load = time.time()
@@ -156,7 +165,7 @@ def train_head(head: EagleHead, cache: Path, emb_w: torch.Tensor, lm_w: torch.Te
         w = sample_windows(data, train_idx, batch, seq_len, gen)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
             loss, stats = head_loss(head, emb_w, draft_w, w["tokens"], w["mask"], w["hidden"], depth, noise,
-                                    cls_weight)
+                                    cls_weight, reply=w["reply"], reply_only=reply_only)
         opt.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
@@ -170,6 +179,6 @@ def train_head(head: EagleHead, cache: Path, emb_w: torch.Tensor, lm_w: torch.Te
     with torch.no_grad():
         tokens, mask = data["tokens"][val_idx], data["mask"][val_idx]
         _, val = head_loss(head, emb_w, draft_w, tokens, mask, data["hidden"][val_idx], depth, 0.0, cls_weight,
-                           reply=reply_mask(tokens, mask, marker))
+                           reply=data["reply"][val_idx])
     return {"steps": step, "shards": loaded, "train_tokens": int(data["mask"][val_rows:].sum()),
             "train_minutes": round((time.time() - t0) / 60, 1), "val": val, "history": history[-5:]}

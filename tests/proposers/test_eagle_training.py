@@ -15,7 +15,7 @@ from transformers import AutoTokenizer
 from speculant.proposers.eagle.model import EagleHead, SeqKV
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
-from eagle_training.train import assistant_marker, frequent_tokens, reply_mask
+from eagle_training.train import assistant_marker, frequent_tokens, head_loss, reply_mask
 from eagle_training.unroll import unrolled_features
 
 CFG = {"hidden_size": 32, "vocab_size": 50, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8,
@@ -38,6 +38,30 @@ def test_unrolled_passes_match_drafting_step_by_step():
                 pos = j + d - 2
                 feat = head.extend(emb[b, pos:pos + 1], feat, torch.tensor([pos]), [(kv, 1)])
                 assert torch.allclose(feat[0], passes[d - 1][b, pos], atol=1e-5), (b, j, d)
+
+
+@torch.no_grad()
+def test_reply_only_loss_counts_the_reply_positions_only():
+    """``reply_only`` weighs exactly the entries scored at reply positions: the same loss
+    as a validity mask that starts where the reply's scored entries do (the head still
+    reads the prompt's features as context either way); a window with no reply position
+    gives a finite zero loss."""
+    torch.manual_seed(0)
+    head = EagleHead(CFG).eval()
+    emb_w, draft_w = torch.randn(50, 32), torch.randn(50, 32)
+    tokens, mask = torch.randint(50, (2, 12)), torch.ones(2, 12, dtype=torch.bool)
+    hidden = torch.randn(2, 12, 32)
+    reply = torch.zeros(2, 12, dtype=torch.bool)
+    reply[:, 7:] = True  # entry j is scored at position j + 1: entries 6.. count
+    late = torch.zeros_like(mask)
+    late[:, 6:] = True  # entries j with positions j and j + 1 valid: 6..
+
+    def loss(m, r, only):
+        return float(head_loss(head, emb_w, draft_w, tokens, m, hidden, 3, 0.0, 1.0, reply=r, reply_only=only)[0])
+
+    assert abs(loss(mask, reply, True) - loss(late, reply, False)) < 1e-5
+    assert abs(loss(mask, reply, True) - loss(mask, reply, False)) > 1e-3
+    assert loss(mask, torch.zeros_like(reply), True) == 0.0
 
 
 def test_draft_vocabulary_keeps_forced_ids_then_frequency_then_low_ids():
