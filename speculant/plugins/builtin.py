@@ -18,6 +18,7 @@ from speculant.proposers.draft_model import DraftModelProposer
 from speculant.proposers.eagle.proposer import EagleProposer
 from speculant.proposers.heads.medusa import MedusaProposer
 from speculant.proposers.heads.mlp_speculator import MLPSpeculatorProposer
+from speculant.proposers.hybrid import DraftSuffixProposer, EagleSuffixProposer
 from speculant.proposers.ngram import NgramProposer
 from speculant.proposers.suffix import SuffixProposer
 from speculant.scorers.batch_expansion import BatchExpansionScorer
@@ -32,6 +33,8 @@ def register_proposers(register: RegisterCallback) -> None:
     register(MLPSpeculatorProposer)
     register(EagleProposer)
     register(SuffixProposer)
+    register(EagleSuffixProposer)
+    register(DraftSuffixProposer)
 
 
 @hookimpl

@@ -56,6 +56,18 @@ class SuffixOptions(BaseModel):
     at most one index entry per level per token."""
 
 
+@dataclass(frozen=True)
+class SuffixDraft:
+    """One decode's suffix draft."""
+
+    score: float
+    """Expected number of ``tokens`` accepted if the match frequencies are the
+    truth (``suffix_index.vote``); 0 without a match."""
+    tokens: list[int]
+    match_len: int
+    """Tokens of the context the match covers (0: none)."""
+
+
 @dataclass
 class _RequestIndex:
     """One request's own index over its prompt + output."""
@@ -98,8 +110,12 @@ class SuffixProposer(Proposer):
         self._state: dict[str, _RequestIndex] = {}
 
     def propose(self, batch: StepBatch) -> Proposals:
-        rows = [self._draft(self._sync(d.request), d.num_spec_tokens) for d in batch.decodes]
+        rows = [self.scored_draft(d.request, d.num_spec_tokens).tokens for d in batch.decodes]
         return Proposals.from_lists(rows, self.context.target.device)
+
+    def scored_draft(self, request: Request, budget: int) -> SuffixDraft:
+        """The request's draft of at most ``budget`` tokens, with its score and match length."""
+        return self._draft(self._sync(request), budget)
 
     def free(self, request_id: str) -> None:
         index = self._state.pop(request_id, None)
@@ -117,12 +133,12 @@ class SuffixProposer(Proposer):
         state.index.add(state.hashes, seen)
         return state
 
-    def _draft(self, state: _RequestIndex, budget: int) -> list[int]:
+    def _draft(self, state: _RequestIndex, budget: int) -> SuffixDraft:
+        best = SuffixDraft(0.0, [], 0)
         if budget <= 0:
-            return []
+            return best
         o = self.options
         tokens = state.request.token_ids
-        best: tuple[float, list[int]] = (0.0, [])
         level, entries = state.index.lookup(state.hashes, skip_last=len(tokens))
         if level:
             streams: list[tuple[Sequence[int], int]] = [(tokens, e) for e in reversed(entries[-o.max_candidates:])]
@@ -132,16 +148,16 @@ class SuffixProposer(Proposer):
             cache = self.cache
             streams = [(cache.tokens_of(e >> POS_BITS), e & POS_MASK) for e in reversed(entries[-o.max_candidates:])]
             best = max(best, self._vote(streams, tokens, level, budget), key=_score)
-        return best[1]
+        return best
 
     def _vote(self, streams: list[tuple[Sequence[int], int]], context: Sequence[int], level: int,
-              budget: int) -> tuple[float, list[int]]:
+              budget: int) -> SuffixDraft:
         o = self.options
         match, streams = deepest(streams, context, level, o.max_match_len)
         limit = min(budget, int(o.max_spec_factor * match + o.max_spec_offset))
         tokens, score = vote(streams, limit, o.min_token_prob)
-        return score, tokens
+        return SuffixDraft(score, tokens, match)
 
 
-def _score(candidate: tuple[float, list[int]]) -> float:
-    return candidate[0]
+def _score(candidate: SuffixDraft) -> float:
+    return candidate.score

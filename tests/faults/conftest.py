@@ -14,7 +14,7 @@ from greedy_compare import check_all_greedy
 from speculant import LLM, SamplingParams
 from tiny_models import random_prompts
 
-PROPOSERS = ("ngram", "suffix", "draft_model", "medusa", "mlp_speculator", "eagle")
+PROPOSERS = ("ngram", "suffix", "draft_model", "medusa", "mlp_speculator", "eagle", "eagle_suffix", "draft_suffix")
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
 
 
@@ -31,6 +31,10 @@ def spec_for(proposer: str, draft_dir, heads_dirs, k: int = 3) -> dict:
         options = {}
     elif proposer == "draft_model":
         options = {"model": str(draft_dir)}
+    elif proposer == "eagle_suffix":
+        options = {"eagle": {"path": str(heads_dirs["eagle"])}, "min_match_len": 1}
+    elif proposer == "draft_suffix":
+        options = {"draft": {"model": str(draft_dir)}, "min_match_len": 1}
     else:
         options = {"path": str(heads_dirs[proposer])}
     return {"proposer": proposer, "proposer_options": options, "num_speculative_tokens": k}
@@ -57,13 +61,16 @@ def assert_idle(llm: LLM) -> None:
     assert not eng._requests and not eng.scheduler.running and not eng.scheduler.waiting
     pools = [("target", eng.runner.block_manager)]
     prop = real_proposer(llm)
-    if prop is not None and hasattr(prop, "runner"):
-        pools.append(("draft", prop.runner.block_manager))
+    parts = [prop.model, prop.suffix] if hasattr(prop, "suffix") else [prop]  # a hybrid's parts hold the state
+    for part in parts:
+        if part is not None and hasattr(part, "runner"):
+            pools.append(("draft", part.runner.block_manager))
     for what, bm in pools:
         assert bm.num_free_blocks == bm.num_blocks, f"{what} pool: {bm.num_blocks - bm.num_free_blocks} blocks leaked"
-    for attr in ("_computed", "_pending", "_hidden", "_state"):
-        left = getattr(prop, attr, None)
-        assert not left, f"proposer {attr} still holds {sorted(left)}"
+    for part in parts:
+        for attr in ("_computed", "_pending", "_hidden", "_state"):
+            left = getattr(part, attr, None)
+            assert not left, f"proposer {type(part).__name__}.{attr} still holds {sorted(left)}"
 
 
 def check_serves(llm: LLM, hf_reference, llama_dir, n: int = 3) -> None:

@@ -17,7 +17,7 @@ from speculant.plugins.manager import (
 from speculant.plugins.registry import BUILTIN_PLUGIN_MODULE
 
 BUILTIN_NAMES = {
-    "proposer": ["draft_model", "eagle", "medusa", "mlp_speculator", "ngram", "suffix"],
+    "proposer": ["draft_model", "draft_suffix", "eagle", "eagle_suffix", "medusa", "mlp_speculator", "ngram", "suffix"],
     "scorer": ["batch_expansion", "mqa"],
     "acceptance": ["rejection", "typical"],
     "attention_backend": ["cpu_kernel", "torch"],

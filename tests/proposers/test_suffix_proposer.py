@@ -51,6 +51,17 @@ def test_drafts_from_its_own_prompt():
     assert propose(p, (req, 0)) == [[]]  # zero budget
 
 
+def test_scored_draft_reports_the_match_length_and_the_expected_accepted_tokens():
+    p = make(max_spec_factor=4.0)
+    text = [5, 6, 7, 8, 9, 10, 11, 12]
+    draft = p.scored_draft(request(text + [42, 5, 6, 7]), 3)
+    assert (draft.tokens, draft.match_len, draft.score) == ([8, 9, 10], 3, 3.0)  # one occurrence: sure
+    split = p.scored_draft(request([1, 2, 3, 1, 2, 4, 1, 2], request_id="b"), 2)  # [1 2] went on with 3, then 4
+    # the most recent occurrence wins the tie (share 1/2), then goes on alone: 0.5 + 0.5
+    assert (split.tokens, split.match_len, split.score) == ([4, 1], 2, 1.0)
+    assert p.scored_draft(request([1, 2, 3], request_id="c"), 2) == type(draft)(0.0, [], 0)  # no match
+
+
 def test_draft_length_grows_with_the_match():
     p = make(max_spec_factor=1.0)  # a match of m tokens drafts at most m
     text = [5, 6, 7, 8, 9, 10, 11, 12]

@@ -73,11 +73,21 @@ class Req:
     abort_at: int | None = None
 
 
+SUFFIX_CACHED = ("suffix", "eagle_suffix", "draft_suffix")  # proposers with suffix's global output cache
+
+
+def proposer_parts(proposer) -> list:
+    """The proposer, or the parts of a hybrid (each holds its own state)."""
+    if proposer is None:
+        return []
+    return [proposer.model, proposer.suffix] if hasattr(proposer, "suffix") else [proposer]
+
+
 @dataclass
 class Setup:
     """An engine configuration; ``proposer=None`` means no speculation (k is then 0)."""
 
-    proposer: str | None = None  # None | "ngram" | "draft_model" | "eagle"
+    proposer: str | None = None  # None | "ngram" | "suffix" | "draft_model" | "eagle" | "eagle_suffix" | ...
     k: int = 0
     scorer: str = "mqa"
     acceptance: str = "rejection"
@@ -135,12 +145,18 @@ def spec_dict(spec_key: tuple | None, draft_dir: Path, disable_by_batch_size: in
     proposer, k, scorer, acceptance, draft_confidence, draft_length, suffix_cache = spec_key
     cfg = {"proposer": proposer, "num_speculative_tokens": k, "scorer": scorer, "acceptance": acceptance,
            "draft_length": {"policy": draft_length, **({"token_cost": 0.3} if draft_length == "adaptive" else {})}}
-    if proposer == "suffix" and not suffix_cache:
-        cfg["proposer_options"] = {"max_cached_requests": 0}
+    suffix = {} if suffix_cache else {"max_cached_requests": 0}
+    draft = {"model": str(draft_dir), "confidence_threshold": draft_confidence}
+    eagle = {"path": str(eagle_dir), "confidence_threshold": draft_confidence}
+    if proposer == "suffix":
+        cfg["proposer_options"] = suffix
     if proposer == "draft_model":
-        cfg["proposer_options"] = {"model": str(draft_dir), "confidence_threshold": draft_confidence}
+        cfg["proposer_options"] = draft
     if proposer == "eagle":
-        cfg["proposer_options"] = {"path": str(eagle_dir), "confidence_threshold": draft_confidence}
+        cfg["proposer_options"] = eagle
+    if proposer in ("eagle_suffix", "draft_suffix"):  # min_match_len 1: the suffix part drafts often
+        part = {"eagle": eagle} if proposer == "eagle_suffix" else {"draft": draft}
+        cfg["proposer_options"] = {"suffix": suffix, "min_match_len": 1, **part}
     if disable_by_batch_size is not None:
         cfg["disable_by_batch_size"] = disable_by_batch_size
     return cfg
@@ -307,11 +323,12 @@ class ScheduleChecker:
         for rid in ids:
             assert (rid in trace.finals) != (rid in trace.aborted), f"{rid} must end exactly once"
         pools = {"target": eng.runner.block_manager}
-        draft_runner = getattr(eng.spec.proposer, "runner", None)
-        if draft_runner is not None:
-            pools["draft"] = draft_runner.block_manager
-        head_state = getattr(eng.spec.proposer, "_state", None)  # eagle's per-request head caches
-        assert not head_state, f"proposer still holds state of {sorted(head_state or ())}"
+        for part in proposer_parts(eng.spec.proposer):
+            draft_runner = getattr(part, "runner", None)
+            if draft_runner is not None:
+                pools["draft"] = draft_runner.block_manager
+            state = getattr(part, "_state", None)  # eagle's head caches, suffix's request indexes
+            assert not state, f"proposer {type(part).__name__} still holds state of {sorted(state or ())}"
         for name, pool in pools.items():
             held = [rid for rid in ids if pool.has(rid)]
             assert not held, f"{name} pool still holds block tables of {held}"
@@ -366,7 +383,7 @@ class ScheduleChecker:
             self._same_greedy(req, ours, self.solo(req, None, mml), what + " vs alone, no speculation")
             return
         if setup.spec_key is not None:
-            if setup.draft_length == "adaptive" or (setup.proposer == "suffix" and setup.suffix_cache):
+            if setup.draft_length == "adaptive" or (setup.proposer in SUFFIX_CACHED and setup.suffix_cache):
                 # k (adaptive: it follows the batch) or the proposals (the cache holds other requests'
                 # outputs) depend on the company a request keeps: another valid draw, not comparable
                 self.events.append("sampled request not compared: proposals depend on other requests")

@@ -143,9 +143,9 @@ def setups(draw, reqs: list[Req], proposers: tuple = (None, "ngram", "suffix", "
                     scorer=draw(st.sampled_from(["mqa", "batch_expansion"])),
                     acceptance=draw(st.sampled_from(["rejection", "rejection", "rejection", "typical"])),
                     disable_by_batch_size=draw(st.one_of(st.none(), st.none(), st.none(), st.integers(1, 3))))
-        if proposer in ("draft_model", "eagle"):  # 0.01: the random tiny eagle head stops some runs, not all
+        if proposer in ("draft_model", "eagle", "eagle_suffix", "draft_suffix"):  # 0.01: the random tiny eagle head stops some runs, not all
             spec["draft_confidence"] = draw(st.sampled_from([0.0, 0.0, 0.01, 0.3]))
-        if proposer == "suffix":
+        if proposer in ("suffix", "eagle_suffix", "draft_suffix"):
             spec["suffix_cache"] = draw(st.booleans())
         spec["draft_length"] = draw(st.sampled_from(["fixed", "fixed", "fixed", "adaptive"]))
     block_size = draw(st.sampled_from([1, 2, 4, 8, 16]))
@@ -192,6 +192,14 @@ def test_suffix_schedules_match_solo_runs(data, schedule_models):
     """The suffix proposer (with and without its global cache, under both
     draft-length policies) gets examples of its own in the default run."""
     run_example(data, schedule_models, proposers=("suffix",))
+
+
+@settings(max_examples=8, **COMMON)
+@given(data=st.data())
+def test_hybrid_schedules_match_solo_runs(data, schedule_models):
+    """The suffix hybrids (suffix drafts where the match is strong, the EAGLE head
+    or the draft model elsewhere) under random schedules."""
+    run_example(data, schedule_models, proposers=("eagle_suffix", "draft_suffix"))
 
 
 @pytest.fixture

@@ -73,3 +73,40 @@ def test_eagle_rejection_sampling_matches_target_distribution(sampling, threshol
     # power: emitting the head's first proposal unchecked gives a marginal the test rejects
     unchecked = expected[0] @ eagle_first_draft(target, v16_eagle, prompt, params[0]).double()
     assert chi_square_p(torch.bincount(tokens[:, 1], minlength=V), unchecked) < 1e-6
+
+
+def _hybrid_tokens(target, prompt, head_dir, params) -> tuple[torch.Tensor, LLM]:
+    # min_match_len 1, min_suffix_score 2 (= K): a suffix match continuing unanimously for K tokens drafts
+    # from the suffix part, a split one from the head: about half the decode-steps each
+    llm = LLM(model=str(target), max_num_seqs=1024, max_num_batched_tokens=1024 * (len(prompt) + 1),
+              speculative={"proposer": "eagle_suffix", "acceptance": "rejection", "num_speculative_tokens": K,
+                           "proposer_options": {"eagle": {"path": str(head_dir)}, "min_match_len": 1,
+                                                "min_suffix_score": float(K)}})
+    return torch.tensor([o.outputs[0].token_ids for o in run(llm, [prompt] * N, params)]), llm
+
+
+def test_eagle_suffix_hybrid_rejection_sampling_matches_target_distribution(small_vocab, v16_eagle,  # noqa: F811
+                                                                           monkeypatch):
+    """Suffix rows (one-hot draft probs) and head rows (full draft probs) in the same
+    steps: the output follows the target's marginals; giving the suffix rows any
+    other distribution than their one-hot breaks it (the test's power)."""
+    import speculant.proposers.hybrid as hybrid_module
+
+    target, _, prompts = small_vocab
+    prompt = prompts["draft_model"]
+    params = [SamplingParams(seed=i, max_tokens=MAX_TOKENS, ignore_eos=True, temperature=1.0) for i in range(N)]
+    tokens, llm = _hybrid_tokens(target, prompt, v16_eagle, params)
+    hybrid = llm.engine.spec.proposer
+    assert hybrid.num_suffix_drafts >= 1000 and hybrid.num_model_drafts >= 1000, (
+        hybrid.num_suffix_drafts, hybrid.num_model_drafts)
+    m = llm.get_metrics()
+    assert m["num_accepted_tokens"] >= 100 and m["num_draft_tokens"] - m["num_accepted_tokens"] >= 100, m
+    expected = marginals(target, prompt, params[0])
+    assert_follows_marginals(tokens, expected, "eagle_suffix")
+
+    def uniform(ids, vocab):  # a wrong draft distribution for the suffix's deterministic proposals
+        return torch.full((ids.shape[0], vocab), 1.0 / vocab)
+
+    monkeypatch.setattr(hybrid_module, "deterministic_probs", uniform)
+    wrong, _ = _hybrid_tokens(target, prompt, v16_eagle, params)
+    assert min(chi_square_p(torch.bincount(wrong[:, j], minlength=V), expected[j]) for j in range(1, MAX_TOKENS)) < 1e-6

@@ -29,7 +29,9 @@ def proposer_options(llama_dir, random_heads_dirs) -> dict[str, dict]:
     return {"ngram": {}, "suffix": {}, "draft_model": {"model": str(llama_dir)},
             "medusa": {"path": str(random_heads_dirs["medusa"])},
             "mlp_speculator": {"path": str(random_heads_dirs["mlp_speculator"])},
-            "eagle": {"path": str(random_heads_dirs["eagle"])}}
+            "eagle": {"path": str(random_heads_dirs["eagle"])},
+            "eagle_suffix": {"eagle": {"path": str(random_heads_dirs["eagle"])}, "min_match_len": 1},
+            "draft_suffix": {"draft": {"model": str(llama_dir)}, "min_match_len": 1}}
 
 
 @pytest.fixture(scope="module")
