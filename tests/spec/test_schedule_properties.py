@@ -143,7 +143,8 @@ def setups(draw, reqs: list[Req], proposers: tuple = (None, "ngram", "suffix", "
                     scorer=draw(st.sampled_from(["mqa", "batch_expansion"])),
                     acceptance=draw(st.sampled_from(["rejection", "rejection", "rejection", "typical"])),
                     disable_by_batch_size=draw(st.one_of(st.none(), st.none(), st.none(), st.integers(1, 3))))
-        if proposer in ("draft_model", "eagle", "eagle_suffix", "draft_suffix"):  # 0.01: the random tiny eagle head stops some runs, not all
+        # 0.01: the random tiny eagle head stops some runs, not all
+        if proposer in ("draft_model", "eagle", "eagle_suffix", "draft_suffix"):
             spec["draft_confidence"] = draw(st.sampled_from([0.0, 0.0, 0.01, 0.3]))
         if proposer in ("suffix", "eagle_suffix", "draft_suffix"):
             spec["suffix_cache"] = draw(st.booleans())
