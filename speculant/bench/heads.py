@@ -88,10 +88,25 @@ def head_method(proposer: str, path: str, target: str, k: int, longest_prompt: i
 
 def head_methods(heads: dict[str, str] | None, target: str, k: int, longest_prompt: int,
                  confidence: float = 0.0) -> list[Method]:
-    """``head_method`` for each given directory, in ``HEAD_OPTIONS`` order."""
+    """``head_method`` for each given directory, in ``HEAD_OPTIONS`` order (with
+    ``--eagle``, an ``eagle_suffix`` row after the ``eagle`` row)."""
     heads = heads or {}
     unknown = sorted(set(heads) - set(HEAD_OPTIONS))
     if unknown:
         raise ValueError(f"heads={unknown}: unknown head kinds; use {sorted(HEAD_OPTIONS)}")
-    return [head_method(name, heads[name], target, k, longest_prompt, confidence)
-            for name in HEAD_OPTIONS if heads.get(name)]
+    methods = []
+    for name in HEAD_OPTIONS:
+        if heads.get(name):
+            methods.append(head_method(name, heads[name], target, k, longest_prompt, confidence))
+            if name == "eagle":  # and the head behind suffix decoding
+                methods.append(eagle_suffix_method(methods[-1]))
+    return methods
+
+
+def eagle_suffix_method(eagle: Method) -> Method:
+    """The ``eagle_suffix`` row: ``eagle``'s row with its head as the hybrid's model part."""
+    assert eagle.speculative is not None  # head_method always speculates
+    spec = {**eagle.speculative, "proposer": "eagle_suffix",
+            "proposer_options": {"eagle": eagle.speculative["proposer_options"]}}
+    return Method("eagle_suffix", spec, engine_kwargs=dict(eagle.engine_kwargs), note=eagle.note,
+                  fields=dict(eagle.fields))

@@ -43,8 +43,9 @@ class Method:
 
 
 def speculant_methods(k: int, draft: str | None, confidence: float = 0.4) -> list[Method]:
-    """No speculation, ngram, suffix and the two draft-model scorers (skipped without a
-    draft); ``confidence`` is the draft's ``confidence_threshold``."""
+    """No speculation, ngram, suffix, the two draft-model scorers and the draft behind
+    suffix decoding (``draft_suffix``; skipped without a draft); ``confidence`` is
+    the draft's ``confidence_threshold``."""
     methods = [Method("no_spec"), Method("ngram", {"proposer": "ngram", "num_speculative_tokens": k}),
                Method("suffix", {"proposer": "suffix", "num_speculative_tokens": k})]
     for scorer in ("mqa", "batch_expansion"):
@@ -55,6 +56,12 @@ def speculant_methods(k: int, draft: str | None, confidence: float = 0.4) -> lis
             options = {"model": str(draft), "confidence_threshold": confidence}
             methods.append(Method(name, {"proposer": "draft_model", "num_speculative_tokens": k, "scorer": scorer,
                                          "proposer_options": options}))
+    if draft is None:
+        methods.append(Method("draft_suffix", skip="skipped: no --draft given"))
+    else:
+        hybrid = {"draft": {"model": str(draft), "confidence_threshold": confidence}}
+        methods.append(Method("draft_suffix", {"proposer": "draft_suffix", "num_speculative_tokens": k,
+                                               "proposer_options": hybrid}))
     return methods
 
 

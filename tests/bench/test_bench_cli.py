@@ -9,7 +9,7 @@ import pytest
 from speculant.cli import main
 from tiny_models import build_model
 
-SPECULANT_METHODS = {"no_spec", "ngram", "suffix", "draft_mqa", "draft_batch_expansion"}
+SPECULANT_METHODS = {"no_spec", "ngram", "suffix", "draft_mqa", "draft_batch_expansion", "draft_suffix"}
 HF_METHODS = {"generate", "assisted", "prompt_lookup"}
 
 
@@ -71,7 +71,7 @@ def test_bench_without_draft_skips_draft_rows(tmp_path, llama_dir, one_thread, c
     assert code == 0
     rows = {r["method"]: r for r in json.loads(out.read_text())["rows"]}
     assert set(rows) == SPECULANT_METHODS
-    assert rows["draft_mqa"]["status"].startswith("skipped")
+    assert rows["draft_mqa"]["status"].startswith("skipped") and rows["draft_suffix"]["status"].startswith("skipped")
     assert rows["ngram"]["matches_no_spec"] is True
     assert "| engine |" in capsys.readouterr().out  # Markdown table printed
 
@@ -110,5 +110,7 @@ def test_draft_confidence_reaches_both_engines():
     ours = {m.name: m for m in speculant_methods(4, "d", 0.25)}
     assert ours["draft_mqa"].speculative["proposer_options"]["confidence_threshold"] == 0.25
     assert ours["draft_batch_expansion"].speculative["proposer_options"]["confidence_threshold"] == 0.25
+    assert ours["draft_suffix"].speculative["proposer_options"] == {
+        "draft": {"model": "d", "confidence_threshold": 0.25}}
     hf = {name: extra for name, extra, _ in hf_methods(4, "d", 0.25)}
     assert hf["assisted"]["assistant_confidence_threshold"] == 0.25

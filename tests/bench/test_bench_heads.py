@@ -58,13 +58,17 @@ def test_head_rows_keep_k_when_heads_suffice(tmp_path, llama_dir, random_heads_d
     assert m.speculative["proposer_options"] == {"path": str(random_heads_dirs["medusa"])}  # no threshold option
 
 
-def test_eagle_row_gets_the_draft_confidence(llama_dir, random_heads_dirs):
+def test_eagle_rows_get_the_draft_confidence(llama_dir, random_heads_dirs):
     from speculant.bench.heads import head_methods
 
-    (m,) = head_methods({"eagle": str(random_heads_dirs["eagle"])}, str(llama_dir), 4, 10, confidence=0.3)
+    m, hybrid = head_methods({"eagle": str(random_heads_dirs["eagle"])}, str(llama_dir), 4, 10, confidence=0.3)
     assert m.speculative["proposer_options"] == {"path": str(random_heads_dirs["eagle"]),
                                                  "confidence_threshold": 0.3}
     assert m.fields == {"k": 4, "heads_max_k": None}
+    # the eagle_suffix row: the same head behind suffix decoding
+    assert (hybrid.name, hybrid.speculative["proposer"]) == ("eagle_suffix", "eagle_suffix")
+    assert hybrid.speculative["proposer_options"] == {"eagle": m.speculative["proposer_options"]}
+    assert hybrid.speculative["num_speculative_tokens"] == 4
 
 
 def test_a_proposer_without_chunked_prefill_gets_an_unchunked_engine(llama_dir, random_heads_dirs, monkeypatch):
