@@ -9,6 +9,8 @@ import json
 import sys
 from typing import Any
 
+from pydantic import BaseModel
+
 from speculant.core.compat_matrix import (
     ReadmeMarkersMissing,
     builtin_registry,
@@ -45,8 +47,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 # ``capabilities`` dataclass the registry checked (``validate_class``) but
 # whose static type there is only ``type``.
 def option_fields(cls: Any) -> dict[str, Any]:
-    """Option name -> default (or ``"(required)"``) of a plugin's Options model."""
-    return {name: "(required)" if f.is_required() else f.default for name, f in cls.Options.model_fields.items()}
+    """Option name -> default (or ``"(required)"``) of a plugin's Options model; a
+    nested options model's default (a factory's) as its own dict of values."""
+    out: dict[str, Any] = {}
+    for name, f in cls.Options.model_fields.items():
+        value = "(required)" if f.is_required() else f.get_default(call_default_factory=True)
+        out[name] = value.model_dump() if isinstance(value, BaseModel) else value
+    return out
 
 
 def capability_fields(cls: Any) -> dict[str, Any]:

@@ -41,6 +41,10 @@ def test_listing_json(test_plugin, capsys):
     lookup = next(r for r in plugin["registered"] if r["name"] == "t_lookup")
     assert lookup["options"] == {"max_n": 4, "min_n": 1}
     assert all({"distribution", "entry_point", "cause", "message"} <= set(e) for e in data["errors"])
+    builtin = next(p for p in data["plugins"] if p["name"] == "speculant:builtin")
+    hybrid = next(r for r in builtin["registered"] if r["name"] == "eagle_suffix")
+    assert hybrid["options"]["eagle"] == "(required)" and hybrid["options"]["min_match_len"] == 3
+    assert hybrid["options"]["suffix"]["max_match_len"] == 16  # a nested options model: its defaults
 
 
 def test_listing_json_reports_errors(site, capsys):
