@@ -6,7 +6,9 @@ template; batch size 1 (one request at a time), greedy, 128 new tokens (EOS
 ignored, so every run emits the same number of tokens). Configurations: no
 speculation and EAGLE at k = ``--k``, each with chunked prefill off and on
 (on: a ``--chunk`` token budget, so every prompt is split into several
-chunks); with ``--hybrid`` also ``eagle_suffix`` both ways. Configurations are
+chunks); with ``--hybrid`` also ``eagle_suffix`` both ways (its suffix part
+without the global cache of past outputs, which would replay the repeated
+prompts: per-request matches only). Configurations are
 loaded once and run interleaved, ``--repeats`` times; each figure is the
 median over runs. Per run: wall time of all prompts, tokens/s, verify steps,
 tokens per verify step (accepted + bonus), and the engine's propose / score
@@ -52,7 +54,8 @@ def build(args, chunked: bool, proposer: str | None) -> LLM:
               max_num_batched_tokens=args.chunk if chunked else 512)
     if proposer is not None:
         eagle = {"path": args.head, "confidence_threshold": args.confidence}
-        options = eagle if proposer == "eagle" else {"eagle": eagle}
+        # no global cache of past outputs: every round repeats the same prompts, which it would replay
+        options = eagle if proposer == "eagle" else {"eagle": eagle, "suffix": {"max_cached_requests": 0}}
         kw["speculative"] = {"proposer": proposer, "num_speculative_tokens": args.k, "proposer_options": options}
     return LLM(**kw)
 
@@ -105,8 +108,8 @@ def main() -> None:
         configs.update({"eagle_suffix": (False, "eagle_suffix"), "eagle_suffix_chunked": (True, "eagle_suffix")})
     env = environment()
     llms = {name: build(args, *c) for name, c in configs.items()}
-    for llm in llms.values():  # warm-up: kernels, oneDNN shapes
-        llm.chat([{"role": "user", "content": prompts[0]}], SamplingParams(temperature=0, max_tokens=16),
+    for llm in llms.values():  # warm-up (kernels, oneDNN shapes) on a prompt that is not timed
+        llm.chat([{"role": "user", "content": "Hello! Who are you?"}], SamplingParams(temperature=0, max_tokens=16),
                  use_tqdm=False)
     runs: dict[str, list[dict]] = {n: [] for n in configs}
     outputs: dict[str, list[list[int]]] = {}

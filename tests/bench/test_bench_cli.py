@@ -114,3 +114,11 @@ def test_draft_confidence_reaches_both_engines():
         "draft": {"model": "d", "confidence_threshold": 0.25}}
     hf = {name: extra for name, extra, _ in hf_methods(4, "d", 0.25)}
     assert hf["assisted"]["assistant_confidence_threshold"] == 0.25
+
+
+def test_warm_up_prompt_is_never_a_measured_prompt():
+    from speculant.bench.speculant_runs import warm_up_prompt
+
+    assert warm_up_prompt([[1, 2, 3], [4]]) == [3, 2, 1]
+    assert warm_up_prompt([[1, 2, 1], [5]]) == [1, 2, 1, 1]  # a palindrome is lengthened
+    assert warm_up_prompt([[1, 2], [2, 1], [2, 1, 2]]) == [2, 1, 2, 2]
