@@ -1,0 +1,80 @@
+"""Tokens per verify step of every trained proposer on SmolLM2-135M-Instruct's
+20 held-out chat prompts (``scripts/eagle_training/chat_prompts.py``: none asks
+to copy from the prompt, none is in the proposers' training data).
+
+Greedy, 128 new tokens (EOS ends a reply), k = ``--k``, 8 requests at a time;
+the suffix proposers keep their global cache of finished replies (each prompt
+runs once, so it only holds other prompts' replies). Acceptance does not
+depend on speed, so this needs no quiet machine; every proposer's tokens are
+checked identical to no speculation.
+
+    python benchmarks/heldout_acceptance.py --out benchmarks/results/heldout_tokens_per_step_smollm2.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+from eagle_bench import smollm2_path
+
+from common import environment, markdown_table, write_json
+from eagle_training.chat_prompts import HELDOUT
+from speculant import LLM, SamplingParams
+
+
+def proposers(eagle: str, draft: str) -> dict[str, dict | None]:
+    return {"no_spec": None, "ngram": {"proposer": "ngram"}, "suffix": {"proposer": "suffix"},
+            "draft_model": {"proposer": "draft_model", "proposer_options": {"model": draft}},
+            "draft_suffix": {"proposer": "draft_suffix", "proposer_options": {"draft": {"model": draft}}},
+            "eagle": {"proposer": "eagle", "proposer_options": {"path": eagle}},
+            "eagle_suffix": {"proposer": "eagle_suffix", "proposer_options": {"eagle": {"path": eagle}}}}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--target", default=None, help="GGUF file or HF directory (default: the SmolLM2 wheel's GGUF)")
+    ap.add_argument("--eagle", default="models/smollm2-eagle")
+    ap.add_argument("--draft", default="models/smollm2-draft")
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--k", type=int, default=4)
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--out", type=Path, default=Path("benchmarks/results/heldout_tokens_per_step_smollm2.json"))
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    target = args.target or smollm2_path()
+    chats = [[{"role": "user", "content": p}] for p in HELDOUT]
+    params = SamplingParams(temperature=0, max_tokens=args.max_tokens)
+    results: dict[str, dict] = {}
+    reference = None
+    for name, spec in proposers(args.eagle, args.draft).items():
+        kw = {"speculative": {**spec, "num_speculative_tokens": args.k}} if spec else {}
+        llm = LLM(model=target, dtype=args.dtype, max_num_seqs=8, max_num_batched_tokens=1024, **kw)
+        tokens = [list(o.outputs[0].token_ids) for o in llm.chat(chats, params, use_tqdm=False)]
+        reference = reference or tokens
+        m = llm.get_metrics()
+        results[name] = {"identical_to_no_spec": tokens == reference,
+                         "acceptance_rate": round(m.get("acceptance_rate") or 0.0, 4),
+                         "tokens_per_verify_step": round(m.get("mean_accepted_length") or 1.0, 3)}
+        print(name, results[name], flush=True)
+    env = environment()
+    write_json(args.out, {"benchmark": "heldout_acceptance", "environment": env, "target": target,
+                          "eagle": args.eagle, "draft": args.draft,
+                          "settings": {"dtype": args.dtype, "k": args.k, "max_tokens": args.max_tokens,
+                                       "prompts": len(HELDOUT), "greedy": True, "max_num_seqs": 8},
+                          "results": results})
+    print(f"{env['cpu']}, {env['date_utc'][:10]}, {args.dtype}, k={args.k}")
+    print(markdown_table(["proposer", "tokens per verify step", "acceptance", "identical"],
+                         [[n, f"{r['tokens_per_verify_step']:.2f}", f"{r['acceptance_rate']:.3f}",
+                           str(r["identical_to_no_spec"])] for n, r in results.items()]))
+
+
+if __name__ == "__main__":
+    main()
