@@ -1,7 +1,8 @@
 """The architecture matrix: every verified decoder architecture × every
 attention backend that runs on this machine × {chunking off, tiny chunk
 budget, ngram + mqa, draft + batch expansion, eagle (a random head) + mqa with
-chunked prefill, suffix + batch expansion with the adaptive draft length}, token for token against
+chunked prefill, suffix + batch expansion with the adaptive draft length, eagle_suffix + batch
+expansion with chunked prefill}, token for token against
 transformers ``generate()`` (near-ties judged on transformers' own logits,
 ``greedy_compare``); and every refusal case refused at load with its feature
 named.
@@ -45,8 +46,11 @@ SETTINGS = {
     "suffix-adaptive": dict(block_size=8, max_num_batched_tokens=20, max_num_seqs=7,
                             speculative=dict(proposer="suffix", scorer="batch_expansion", num_speculative_tokens=4,
                                              draft_length={"policy": "adaptive", "token_cost": 0.3})),
+    "eagle-suffix-chunked": dict(block_size=4, max_num_batched_tokens=16, max_num_seqs=7,
+                                 speculative=dict(proposer="eagle_suffix", scorer="batch_expansion",
+                                                  num_speculative_tokens=3)),
 }
-SPECULATES = {"ngram-mqa", "draft-batch-expansion", "eagle-chunked", "suffix-adaptive"}
+SPECULATES = {"ngram-mqa", "draft-batch-expansion", "eagle-chunked", "suffix-adaptive", "eagle-suffix-chunked"}
 
 
 def cpu_backends() -> list[str]:
@@ -72,8 +76,10 @@ def test_architecture_matches_transformers(arch, backend, setting, zoo, hf_refer
         spec = dict(overrides["speculative"])
         if spec["proposer"] == "draft_model":
             spec["proposer_options"] = {"model": str(zoo(arch, draft=True))}
-        if spec["proposer"] == "eagle":
-            spec["proposer_options"] = {"path": str(save_random_eagle(zoo(arch), tmp_path / "eagle", 64))}
+        if spec["proposer"] in ("eagle", "eagle_suffix"):
+            head = {"path": str(save_random_eagle(zoo(arch), tmp_path / "eagle", 64))}
+            # min_match_len 1: the suffix part drafts often enough on 20-token outputs
+            spec["proposer_options"] = head if spec["proposer"] == "eagle" else {"eagle": head, "min_match_len": 1}
         overrides["speculative"] = spec
     model_dir = zoo(arch)
     llm = LLM(str(model_dir), attention_backend=backend, **overrides)
