@@ -130,6 +130,11 @@ class SuffixHybrid(Proposer):
         self.num_suffix_drafts = 0  # decode-steps drafted by the suffix part
         self.num_model_drafts = 0  # ... offered to the model part
 
+    @property
+    def parts(self) -> list[Proposer]:
+        """The two proposers this one runs (each holds its own per-request state)."""
+        return [self.model, self.suffix]
+
     def propose(self, batch: StepBatch) -> Proposals:
         bar = self.options.min_suffix_score
         drafts = [self.suffix.scored_draft(d.request, d.num_spec_tokens) for d in batch.decodes]

@@ -61,7 +61,7 @@ def assert_idle(llm: LLM) -> None:
     assert not eng._requests and not eng.scheduler.running and not eng.scheduler.waiting
     pools = [("target", eng.runner.block_manager)]
     prop = real_proposer(llm)
-    parts = [prop.model, prop.suffix] if hasattr(prop, "suffix") else [prop]  # a hybrid's parts hold the state
+    parts = list(getattr(prop, "parts", [prop]))  # a hybrid's parts hold the state
     for part in parts:
         if part is not None and hasattr(part, "runner"):
             pools.append(("draft", part.runner.block_manager))

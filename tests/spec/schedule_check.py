@@ -80,7 +80,7 @@ def proposer_parts(proposer) -> list:
     """The proposer, or the parts of a hybrid (each holds its own state)."""
     if proposer is None:
         return []
-    return [proposer.model, proposer.suffix] if hasattr(proposer, "suffix") else [proposer]
+    return list(getattr(proposer, "parts", [proposer]))
 
 
 @dataclass
