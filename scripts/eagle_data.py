@@ -31,8 +31,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--cache", default=".train/eagle")
     p.add_argument("--chat-shards", type=int, default=6)
     p.add_argument("--chat-per-shard", type=int, default=64)
-    p.add_argument("--prompt-set", choices=("a", "b"), default="a",
-                   help="training prompt set (chat_prompts.py); set a writes chat_<i>.pt, set b chatb_<i>.pt")
+    p.add_argument("--prompt-set", choices=("a", "b", "c"), default="a",
+                   help="training prompt set (chat_prompts.py); set a writes chat_<i>.pt, set b chatb_<i>.pt, "
+                        "set c chatc_<i>.pt")
     p.add_argument("--chat-max-tokens", type=int, default=256)
     p.add_argument("--text-shards", type=int, default=2)
     p.add_argument("--text-per-shard", type=int, default=128)
@@ -52,7 +53,7 @@ def main(argv: list[str] | None = None) -> None:
     model = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     prompts = training_prompts(args.chat_shards * args.chat_per_shard, prompt_set=args.prompt_set)
-    prefix = "chat_" if args.prompt_set == "a" else "chatb_"
+    prefix = "chat_" if args.prompt_set == "a" else f"chat{args.prompt_set}_"
     length = 64 + args.chat_max_tokens
     for i in range(args.chat_shards):
         name = f"{prefix}{i}"

@@ -136,6 +136,64 @@ MORE_TOPICS = [
 ]
 
 
+# A third prompt set (``prompt_set="c"``): the shapes people actually ask in (how do I..., why
+# does..., write a <form> about <scene>), each with its own object list, so the wording around
+# the topic varies too. No held-out topic or wording (tested).
+HOW_TEMPLATES = [
+    "How do I {x}?", "What's the easiest way to {x}?", "Give me some tips to {x}.",
+    "I want to {x}. Any advice?", "Explain the steps to {x}.", "What do I need to {x}?",
+    "What mistakes should I avoid when I {x}?", "Can you teach me how to {x}?",
+]
+HOW_TASKS = [
+    "fix a flat bicycle tire", "cook rice on the stove", "write a good resume", "learn to juggle",
+    "start a vegetable garden", "train a puppy to sit", "clean a cast iron pan", "plan a birthday party",
+    "save for a vacation", "prepare for a marathon", "make new friends in a new city", "improve my handwriting",
+    "bake banana bread", "organize a messy closet", "write a short story", "learn to play the guitar",
+    "speak more confidently", "choose a good book", "sleep better at night", "keep a journal",
+    "make a paper airplane", "brew a good cup of coffee", "remember names", "set up a fish tank",
+    "paint a room", "change a light bulb safely", "pack for a camping trip", "write a polite complaint",
+    "learn multiplication tables", "draw a cat", "make pancakes", "tie a tie", "sew on a button",
+    "build a birdhouse", "start running", "read faster", "learn to swim as an adult", "make a budget",
+    "give a toast at a wedding", "care for a succulent", "make homemade pizza dough", "fold a fitted sheet",
+    "clean my keyboard", "back up my photos", "learn a new word every day", "stop procrastinating",
+    "make a smoothie", "calm down before a test", "write a haiku", "plan a road trip",
+    "teach a child to ride a bike", "make my own greeting cards", "grow tomatoes on a balcony",
+    "prepare for a job interview", "start a book club", "learn chess openings", "make friends with a shy cat",
+    "write a cover letter", "reduce food waste at home", "get better at math",
+]
+WHY_TEMPLATES = ["Why do {x}?", "How come {x}?", "Explain why {x}.", "Is it true that {x}? Why?"]
+WHY_FACTS = [
+    "cats purr", "bread dough rise", "ice cubes float in water", "leaves change color",
+    "onions make people cry", "birds fly south", "we yawn", "stars twinkle", "popcorn pop",
+    "bubbles look round", "magnets stick to the fridge", "our ears pop on airplanes", "dogs wag their tails",
+    "fish need water to breathe", "metal feel cold to the touch", "people get hiccups", "zebras have stripes",
+    "owls hunt at night", "soap clean our hands", "mirrors reverse left and right", "we need to sleep",
+    "bees make honey", "the ocean taste salty", "our fingers wrinkle in the bath", "snowflakes have six sides",
+    "giraffes have long necks", "some people snore", "apples turn brown after cutting",
+    "boats float even though they are heavy", "chameleons change color", "thunder come after lightning",
+    "bats hang upside down", "we get goosebumps", "plants lean toward the window", "milk go sour",
+]
+WRITE_FORMS = [
+    "a short poem", "a short story", "a song verse", "a postcard message", "a birthday message",
+    "a bedtime story", "a diary entry", "a short letter", "a fable with a moral", "a four-line rhyme",
+]
+WRITE_SCENES = [
+    "a dragon who loves baking", "a rainy afternoon in a small town", "a robot learning to paint",
+    "the first day of summer", "a snowman who wants to see the sea", "a busy train station at dawn",
+    "a grandmother's kitchen", "a fox and a crow sharing lunch", "a lost umbrella", "a quiet library",
+    "a street market at night", "an astronaut missing home", "a boy who collects stones",
+    "a bakery that opens at midnight", "two old friends meeting again", "a sunflower in a city",
+    "a turtle who wants to be fast", "the last day of school", "a mountain village in winter",
+    "a squirrel preparing for winter", "a message in a time capsule", "a bus driver's long day",
+]
+
+
+def _third_set() -> list[str]:
+    return ([tpl.format(x=x) for tpl in HOW_TEMPLATES for x in HOW_TASKS]
+            + [tpl.format(x=x) for tpl in WHY_TEMPLATES for x in WHY_FACTS]
+            + [f"Write {form} about {scene}." for form in WRITE_FORMS for scene in WRITE_SCENES])
+
+
 def prompt_pairs(prompt_set: str) -> list[str]:
     """Every template x topic prompt of one set, in a fixed order."""
     if prompt_set == "a":
@@ -143,7 +201,10 @@ def prompt_pairs(prompt_set: str) -> list[str]:
     if prompt_set == "b":
         return ([tpl.format(t=topic) for tpl in MORE_TEMPLATES for topic in TOPICS + MORE_TOPICS]
                 + [tpl.format(t=topic) for tpl in TEMPLATES for topic in MORE_TOPICS])
-    raise ValueError(f"prompt_set = {prompt_set!r}: unknown; use 'a' (the first set) or 'b' (the second)")
+    if prompt_set == "c":
+        return _third_set()
+    raise ValueError(f"prompt_set = {prompt_set!r}: unknown; use 'a' (the first set), 'b' (the second) "
+                     "or 'c' (the third)")
 
 
 def training_prompts(num: int, seed: int = 0, prompt_set: str = "a") -> list[str]:

@@ -84,11 +84,16 @@ def test_prompt_sets_are_disjoint_and_hold_out_the_bench_prompts():
     from eagle_training.chat_prompts import HELDOUT, training_prompts
 
     first, second = set(training_prompts(10**6)), set(training_prompts(10**6, prompt_set="b"))
-    assert len(first) > 3000 and len(second) > 6000
-    assert not first & second
-    assert not (first | second) & set(HELDOUT)
-    with pytest.raises(ValueError, match="prompt_set = 'c'"):
-        training_prompts(1, prompt_set="c")
+    third = set(training_prompts(10**6, prompt_set="c"))
+    assert len(first) > 3000 and len(second) > 6000 and len(third) > 800
+    assert not first & second and not first & third and not second & third
+    assert not (first | second | third) & set(HELDOUT)
+    # the third set's own object lists stay clear of the held-out prompts' subjects too
+    for subject in ("season", "refrigerator", "kitten", "tsunami", "jupiter", "houseplant", "salad", "sky",
+                    "lighthouse", "thank-you", "virus", "bacteri", "hot air", "morning routine", "drinking water"):
+        assert not [p for p in third if subject in p.lower()], subject
+    with pytest.raises(ValueError, match="prompt_set = 'd'"):
+        training_prompts(1, prompt_set="d")
 
 
 def test_reply_mask_starts_after_the_last_assistant_header():
