@@ -137,8 +137,8 @@ MORE_TOPICS = [
 
 
 # A third prompt set (``prompt_set="c"``): the shapes people actually ask in (how do I..., why
-# does..., write a <form> about <scene>), each with its own object list, so the wording around
-# the topic varies too. No held-out topic or wording (tested).
+# does..., write a <form> about <scene>, compare, describe), each with its own object list, so
+# the wording around the topic varies too. No held-out topic or wording (tested).
 HOW_TEMPLATES = [
     "How do I {x}?", "What's the easiest way to {x}?", "Give me some tips to {x}.",
     "I want to {x}. Any advice?", "Explain the steps to {x}.", "What do I need to {x}?",
@@ -160,6 +160,17 @@ HOW_TASKS = [
     "teach a child to ride a bike", "make my own greeting cards", "grow tomatoes on a balcony",
     "prepare for a job interview", "start a book club", "learn chess openings", "make friends with a shy cat",
     "write a cover letter", "reduce food waste at home", "get better at math",
+    "wake up earlier", "make iced tea", "clean windows without streaks", "learn basic sign language",
+    "write a limerick", "prepare a picnic", "teach my parrot a word", "walk a dog that pulls",
+    "make a kite", "stay warm while camping", "choose running shoes", "keep bread fresh longer",
+    "make a study schedule", "learn to knit", "remove a coffee stain", "host a board game night",
+    "take better photos with my phone", "make friends at work", "build a snowman that lasts",
+    "cook an omelette", "learn to whistle", "follow up after a job interview",
+    "plan a surprise for my sister", "keep my desk tidy", "decorate a small apartment",
+    "make a scarecrow", "start learning to code", "grow herbs in the kitchen", "make lemonade",
+    "stretch after a run", "start saving for retirement", "memorize a poem", "make a family tree",
+    "pick a ripe watermelon", "repair a wobbly chair", "write a song", "prepare for a long flight",
+    "keep a conversation going", "say no politely", "make soap bubbles that last", "read a map",
 ]
 WHY_TEMPLATES = ["Why do {x}?", "How come {x}?", "Explain why {x}.", "Is it true that {x}? Why?"]
 WHY_FACTS = [
@@ -172,6 +183,12 @@ WHY_FACTS = [
     "giraffes have long necks", "some people snore", "apples turn brown after cutting",
     "boats float even though they are heavy", "chameleons change color", "thunder come after lightning",
     "bats hang upside down", "we get goosebumps", "plants lean toward the window", "milk go sour",
+    "cars have wheels that are round", "the moon change shape", "rivers flow to the sea", "people blush",
+    "peppers taste spicy", "bread go stale", "sand feel hot at the beach", "we see our breath in winter",
+    "cut grass smell so strong", "kangaroos hop", "bananas turn brown", "wool keep us warm",
+    "camels have humps", "ducks stay dry in the rain", "our voices sound different on recordings",
+    "spiders build webs", "clocks go clockwise", "candles melt", "music give us chills",
+    "puddles disappear after rain", "some birds cannot fly", "babies sleep so much",
 ]
 WRITE_FORMS = [
     "a short poem", "a short story", "a song verse", "a postcard message", "a birthday message",
@@ -185,13 +202,38 @@ WRITE_SCENES = [
     "a bakery that opens at midnight", "two old friends meeting again", "a sunflower in a city",
     "a turtle who wants to be fast", "the last day of school", "a mountain village in winter",
     "a squirrel preparing for winter", "a message in a time capsule", "a bus driver's long day",
+    "a kite that escapes", "the smell of fresh bread", "a cat who thinks it is a king", "a harbor at sunset",
+    "a child's first snowfall", "an old bicycle", "a forest after a storm", "a clock that runs backwards",
+    "a penguin who wants to fly", "the night before a big trip", "a garden in spring", "a violin in an attic",
+]
+COMPARE_TEMPLATES = ["What is the difference between {a} and {b}?", "Which is better, {a} or {b}, and why?",
+                     "Compare {a} and {b} in a few sentences."]
+COMPARE_PAIRS = [
+    ("a lake", "a pond"), ("weather", "climate"), ("a frog", "a toad"), ("a crocodile", "an alligator"),
+    ("baking", "roasting"), ("a city", "a town"), ("a poem", "a song"), ("tea", "coffee"), ("a map", "a globe"),
+    ("a novel", "a short story"), ("walking", "cycling"), ("a laptop", "a tablet"), ("renting", "buying a home"),
+    ("a hobby", "a job"), ("a moth", "a butterfly"), ("speed", "velocity"), ("a hill", "a mountain"),
+    ("a dolphin", "a shark"), ("jam", "jelly"), ("a violin", "a cello"), ("a wish", "a goal"),
+    ("e-books", "paper books"), ("a rabbit", "a hare"), ("fog", "mist"), ("a comet", "an asteroid"),
+    ("weight", "mass"), ("a sprint", "a marathon"), ("a museum", "a gallery"), ("a cafe", "a restaurant"),
+    ("a bus", "a tram"),
+]
+DESCRIBE_TEMPLATES = ["Describe {x}.", "What is it like to visit {x}?", "Paint a picture in words of {x}."]
+DESCRIBE_PLACES = [
+    "a busy airport", "a quiet beach in winter", "the inside of a beehive", "a medieval castle", "a coral reef",
+    "a farmers' market", "a desert at night", "the planet Mars", "a bamboo forest", "an old train station",
+    "a science museum", "a small fishing village", "the top of a mountain", "a rainforest canopy", "a bakery",
+    "a toy shop", "an ice hotel", "a volcano island", "a city park in autumn", "a submarine",
+    "a space station", "a vineyard", "a night market", "a frozen lake", "a sunflower field",
 ]
 
 
 def _third_set() -> list[str]:
     return ([tpl.format(x=x) for tpl in HOW_TEMPLATES for x in HOW_TASKS]
             + [tpl.format(x=x) for tpl in WHY_TEMPLATES for x in WHY_FACTS]
-            + [f"Write {form} about {scene}." for form in WRITE_FORMS for scene in WRITE_SCENES])
+            + [f"Write {form} about {scene}." for form in WRITE_FORMS for scene in WRITE_SCENES]
+            + [tpl.format(a=a, b=b) for tpl in COMPARE_TEMPLATES for a, b in COMPARE_PAIRS]
+            + [tpl.format(x=x) for tpl in DESCRIBE_TEMPLATES for x in DESCRIBE_PLACES])
 
 
 def prompt_pairs(prompt_set: str) -> list[str]:
