@@ -40,17 +40,24 @@ from common import environment, write_json
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
-def configs(k: int, token_cost: float | None) -> dict[str, dict]:
+def configs(k: int, token_cost: float | None, eagle: str | None = None,
+            confidence: float = 0.4) -> dict[str, dict]:
     adaptive = {"policy": "adaptive", **({"token_cost": token_cost} if token_cost is not None else {})}
     ngram = {"proposer": "ngram", "proposer_options": {"min_n": 2, "max_n": 4}}
     suffix = {"proposer": "suffix"}
-    return {
+    found = {
         "none": {},
         f"ngram_fixed_k{k}": ngram,
         "ngram_adaptive": {**ngram, "draft_length": adaptive},
         f"suffix_fixed_k{k}": suffix,
         "suffix_adaptive": {**suffix, "draft_length": adaptive},
     }
+    if eagle:  # the trained head, alone and behind suffix decoding (the bs = 1 winners)
+        head = {"path": eagle, "confidence_threshold": confidence}
+        found["eagle_adaptive"] = {"proposer": "eagle", "proposer_options": head, "draft_length": adaptive}
+        found["eagle_suffix_adaptive"] = {"proposer": "eagle_suffix", "proposer_options": {"eagle": head},
+                                          "draft_length": adaptive}
+    return found
 
 
 def workload() -> list[list[dict[str, str]]]:
@@ -98,6 +105,8 @@ def main() -> None:
     ap.add_argument("--configs", default=None, help="comma-separated subset")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    ap.add_argument("--eagle", default=None, help="a trained EAGLE head (models/smollm2-eagle): adds its configs")
+    ap.add_argument("--confidence", type=float, default=0.4, help="the head's confidence_threshold")
     ap.add_argument("--cost", type=Path, default=RESULTS / "verify_cost.json",
                     help="verify_cost.py's result for this dtype: the step-cost fit and default token_cost")
     ap.add_argument("--out", type=Path, default=RESULTS / "adaptive_concurrent.json")
@@ -109,7 +118,7 @@ def main() -> None:
         fit = (c["fit_fixed_s"], c["fit_per_token_s"])
         if args.token_cost is None:
             args.token_cost = round(c["token_cost"], 4)
-    cfgs = configs(args.k, args.token_cost)
+    cfgs = configs(args.k, args.token_cost, args.eagle, args.confidence)
     names = args.configs.split(",") if args.configs else list(cfgs)
     env = environment()
     runs = alternating_runs(
