@@ -22,7 +22,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from speculant.bench.speculant_runs import Method
+from speculant.bench.speculant_runs import ADAPTIVE, Method
 
 # proposer name -> CLI option that names its directory
 HEAD_OPTIONS = {"medusa": "--medusa", "mlp_speculator": "--mlp-speculator", "eagle": "--eagle"}
@@ -89,7 +89,7 @@ def head_method(proposer: str, path: str, target: str, k: int, longest_prompt: i
 def head_methods(heads: dict[str, str] | None, target: str, k: int, longest_prompt: int,
                  confidence: float = 0.0) -> list[Method]:
     """``head_method`` for each given directory, in ``HEAD_OPTIONS`` order (with
-    ``--eagle``, an ``eagle_suffix`` row after the ``eagle`` row)."""
+    ``--eagle``, ``eagle_adaptive`` and ``eagle_suffix`` rows after the ``eagle`` row)."""
     heads = heads or {}
     unknown = sorted(set(heads) - set(HEAD_OPTIONS))
     if unknown:
@@ -98,8 +98,9 @@ def head_methods(heads: dict[str, str] | None, target: str, k: int, longest_prom
     for name in HEAD_OPTIONS:
         if heads.get(name):
             methods.append(head_method(name, heads[name], target, k, longest_prompt, confidence))
-            if name == "eagle":  # and the head behind suffix decoding
-                methods.append(eagle_suffix_method(methods[-1]))
+            if name == "eagle":  # with the adaptive draft length, and the head behind suffix decoding
+                eagle = methods[-1]
+                methods += [eagle_adaptive_method(eagle), eagle_suffix_method(eagle)]
     return methods
 
 
@@ -110,3 +111,12 @@ def eagle_suffix_method(eagle: Method) -> Method:
             "proposer_options": {"eagle": eagle.speculative["proposer_options"]}}
     return Method("eagle_suffix", spec, engine_kwargs=dict(eagle.engine_kwargs), note=eagle.note,
                   fields=dict(eagle.fields))
+
+
+def eagle_adaptive_method(eagle: Method) -> Method:
+    """The ``eagle_adaptive`` row: ``eagle``'s row with the adaptive draft-length policy
+    (k per request follows its acceptance and the head's confidence, and total drafts
+    follow the batch size)."""
+    assert eagle.speculative is not None  # head_method always speculates
+    return Method("eagle_adaptive", {**eagle.speculative, "draft_length": dict(ADAPTIVE)},
+                  engine_kwargs=dict(eagle.engine_kwargs), note=eagle.note, fields=dict(eagle.fields))

@@ -9,10 +9,12 @@ first / time after the first), and reported as TTFT. At higher concurrency
 requests go through ``LLM.generate`` at once and only throughput is reported
 (ITL, TTFT and decode-only rate are null).
 
-Methods: ``no_spec``, ``ngram``, ``suffix``, ``draft_mqa`` / ``draft_batch_expansion``
-(with ``--draft``) and, with trained head directories, ``medusa`` /
-``mlp_speculator`` (built in ``speculant.bench.heads``: MQA scoring, chunked
-prefill off). Each method is one engine, reused across concurrency levels.
+Methods: ``no_spec``, ``ngram``, ``suffix``, ``suffix_adaptive`` (suffix with the
+adaptive draft-length policy: k per request follows its acceptance, total drafts follow
+the batch size), ``draft_mqa`` / ``draft_batch_expansion`` / ``draft_suffix`` (with
+``--draft``) and, with trained head directories, ``medusa`` / ``mlp_speculator`` /
+``eagle`` (built in ``speculant.bench.heads``: MQA scoring, chunked prefill off only for
+a proposer that cannot run under it). Each method is one engine, reused across concurrency levels.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from typing import Any
 
 from speculant.bench.report import median, rate, timing_fields
 from speculant.core.sampling_params import SamplingParams
+
+ADAPTIVE = {"policy": "adaptive"}  # speculative.draft_length of the ``*_adaptive`` rows (default cost model)
 
 
 def greedy(max_tokens: int) -> SamplingParams:
@@ -43,11 +47,12 @@ class Method:
 
 
 def speculant_methods(k: int, draft: str | None, confidence: float = 0.4) -> list[Method]:
-    """No speculation, ngram, suffix, the two draft-model scorers and the draft behind
-    suffix decoding (``draft_suffix``; skipped without a draft); ``confidence`` is
-    the draft's ``confidence_threshold``."""
+    """No speculation, ngram, suffix (fixed k and adaptive), the two draft-model scorers
+    and the draft behind suffix decoding (``draft_suffix``; skipped without a draft);
+    ``confidence`` is the draft's ``confidence_threshold``."""
+    suffix = {"proposer": "suffix", "num_speculative_tokens": k}
     methods = [Method("no_spec"), Method("ngram", {"proposer": "ngram", "num_speculative_tokens": k}),
-               Method("suffix", {"proposer": "suffix", "num_speculative_tokens": k})]
+               Method("suffix", suffix), Method("suffix_adaptive", {**suffix, "draft_length": ADAPTIVE})]
     for scorer in ("mqa", "batch_expansion"):
         name = f"draft_{scorer}"
         if draft is None:
@@ -167,6 +172,7 @@ def run_method(llm, prompts: list[list[int]], max_tokens: int, concurrency: int,
         **timing_fields(decode_rates, ttfts, gaps),
         "acceptance_rate": metrics.get("acceptance_rate") if spec else None,
         "mean_accepted_length": metrics.get("mean_accepted_length") if spec else None,
+        "mean_planned_draft_length": metrics.get("mean_planned_draft_length") if spec else None,
         "token_ids": token_ids,
     }
 

@@ -26,9 +26,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "bench", help="benchmark Speculant against transformers",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Greedy tokens/s, acceptance and inter-token latency on the same prompts (EOS ignored).\n\n"
-                    "Speculant rows: no_spec, ngram, draft_mqa and draft_batch_expansion (with --draft),\n"
+                    "Speculant rows: no_spec, ngram, suffix, suffix_adaptive (adaptive draft length),\n"
+                    "  draft_mqa, draft_batch_expansion and draft_suffix (with --draft),\n"
                     "  medusa / mlp_speculator / eagle (with --medusa / --mlp-speculator / --eagle: MQA scoring,\n"
-                    "  k capped to the number of tokens the heads predict).\n"
+                    "  k capped to the number of tokens the heads predict; with --eagle also eagle_adaptive and\n"
+                    "  eagle_suffix).\n"
                     "transformers rows: generate (batch 1; at concurrency > 1 one static left-padded batch),\n"
                     "  assisted and prompt_lookup (batch 1 only), continuous_batching (concurrency > 1 only:\n"
                     "  transformers 5 generate_batch; 'unsupported: <reason>' where unavailable).\n\n"

@@ -9,7 +9,8 @@ import pytest
 from speculant.cli import main
 from tiny_models import build_model
 
-SPECULANT_METHODS = {"no_spec", "ngram", "suffix", "draft_mqa", "draft_batch_expansion", "draft_suffix"}
+SPECULANT_METHODS = {"no_spec", "ngram", "suffix", "suffix_adaptive", "draft_mqa", "draft_batch_expansion",
+                     "draft_suffix"}
 HF_METHODS = {"generate", "assisted", "prompt_lookup"}
 
 

@@ -8,7 +8,7 @@ import pytest
 
 from speculant.cli import main
 
-HEAD_METHODS = ("medusa", "mlp_speculator", "eagle")
+HEAD_METHODS = ("medusa", "mlp_speculator", "eagle", "eagle_adaptive", "eagle_suffix")
 
 
 @pytest.fixture(scope="module")
@@ -33,6 +33,9 @@ def test_head_rows_run_at_every_concurrency(heads_result):
             assert r["matches_no_spec"] is True, r
             assert r["num_tokens"] == 2 * 8  # 2 prompts one by one at c=1, 2 requests at once at c=2
             assert 0.0 <= r["acceptance_rate"] <= 1.0
+    for c in (1, 2):  # only the adaptive row plans its draft lengths
+        assert 0.0 <= rows[("eagle_adaptive", c)]["mean_planned_draft_length"] <= 5.0
+        assert rows[("eagle", c)]["mean_planned_draft_length"] in (None, 5.0)
     assert rows[("medusa", 1)]["itl_p50_ms"] > 0 and rows[("medusa", 2)]["itl_p50_ms"] is None
     assert data["settings"]["medusa"] and data["settings"]["mlp_speculator"] and data["settings"]["eagle"]
 
@@ -61,10 +64,14 @@ def test_head_rows_keep_k_when_heads_suffice(tmp_path, llama_dir, random_heads_d
 def test_eagle_rows_get_the_draft_confidence(llama_dir, random_heads_dirs):
     from speculant.bench.heads import head_methods
 
-    m, hybrid = head_methods({"eagle": str(random_heads_dirs["eagle"])}, str(llama_dir), 4, 10, confidence=0.3)
+    m, adaptive, hybrid = head_methods({"eagle": str(random_heads_dirs["eagle"])}, str(llama_dir), 4, 10,
+                                       confidence=0.3)
     assert m.speculative["proposer_options"] == {"path": str(random_heads_dirs["eagle"]),
                                                  "confidence_threshold": 0.3}
     assert m.fields == {"k": 4, "heads_max_k": None}
+    # the eagle_adaptive row: the same head and k, the adaptive draft-length policy
+    assert adaptive.name == "eagle_adaptive" and adaptive.speculative == {**m.speculative,
+                                                                           "draft_length": {"policy": "adaptive"}}
     # the eagle_suffix row: the same head behind suffix decoding
     assert (hybrid.name, hybrid.speculative["proposer"]) == ("eagle_suffix", "eagle_suffix")
     assert hybrid.speculative["proposer_options"] == {"eagle": m.speculative["proposer_options"]}
