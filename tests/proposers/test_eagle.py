@@ -13,6 +13,7 @@ from transformers import AutoModelForCausalLM
 
 from speculant import LLM, SamplingParams
 from speculant.core.config import ConfigError
+from speculant.core.draft_length import FixedDraftLength
 from speculant.proposers.eagle.model import EagleHead, SeqKV
 from tiny_eagle import save_random_eagle
 from tiny_models import random_prompts
@@ -96,7 +97,12 @@ def test_first_proposal_equals_the_head_over_the_whole_prefix(llama_dir, heads):
     llm = eagle_llm(llama_dir, heads["full vocab"], chunked=True, budget=8)
     seen = record_first_proposals(llm)
     outs = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
-    proposer = llm.engine.spec.proposer
+    assert first_proposals_match_the_head_over_the_prefix(llama_dir, llm.engine.spec.proposer, outs, seen) >= 20
+
+
+def first_proposals_match_the_head_over_the_prefix(llama_dir, proposer, outs, seen) -> int:
+    """Assert every recorded first proposal equals the head run once over the whole
+    prefix of the target's real hidden states; returns how many were checked."""
     target = AutoModelForCausalLM.from_pretrained(llama_dir, dtype=torch.float32).eval()
     head = proposer.head
     checked = 0
@@ -112,7 +118,78 @@ def test_first_proposal_equals_the_head_over_the_whole_prefix(llama_dir, heads):
             assert int(head.draft_logits(feature, target.get_output_embeddings()).argmax()) == row[0], \
                 f"request {rid}: the head's cache drifted from the target's hidden states at position {pos}"
             checked += 1
-    assert checked >= 20
+    return checked
+
+
+class EveryOtherStep(FixedDraftLength):
+    """k proposals for each decode on even steps, none on odd ones (and never for the
+    second request in arrival order on steps divisible by 3): decodes stop and
+    resume speculating, as under the adaptive policy."""
+
+    name = "every_other_step"
+
+    def lengths(self, decoding):
+        self.step = getattr(self, "step", -1) + 1
+        return {r.request_id: 0 if self.step % 2 or (i == 1 and self.step % 3 == 0) else self.max_k
+                for i, r in enumerate(decoding)}
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("chunked", [False, True], ids=["chunking-off", "chunked"])
+def test_decodes_planned_no_proposals_defer_the_head_and_stay_in_sync(llama_dir, heads, reference, chunked):
+    """A request planned k = 0 leaves its entries pending (the head does no work for
+    it); when it speculates again they all enter its cache, and its first proposal
+    still equals the head over the whole prefix; output equals no speculation."""
+    from speculant.proposers.eagle import proposer as eagle_proposer
+
+    llm = eagle_llm(llama_dir, heads["full vocab"], chunked, budget=8)
+    llm.engine.draft_length = EveryOtherStep(llm.config.speculative)
+    proposer = llm.engine.spec.proposer
+    seen = record_first_proposals(llm)
+    deferred = []
+    recording = proposer.propose
+
+    def propose(batch):
+        out = recording(batch)
+        deferred.extend(len(proposer._state[d.request.request_id].pending_tokens) for d in batch.decodes
+                        if d.num_spec_tokens == 0 and d.request.request_id in proposer._state)
+        return out
+
+    proposer.propose = propose
+    outs = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == reference
+    assert deferred and max(deferred) >= 2  # entries of several steps waited
+    assert max(deferred) < eagle_proposer.MAX_PENDING
+    assert first_proposals_match_the_head_over_the_prefix(llama_dir, proposer, outs, seen) >= 10
+
+
+def test_a_decode_that_never_speculates_keeps_bounded_pending_entries(llama_dir, heads, monkeypatch):
+    from speculant.proposers.eagle import proposer as eagle_proposer
+
+    monkeypatch.setattr(eagle_proposer, "MAX_PENDING", 3)
+    llm = eagle_llm(llama_dir, heads["draft vocab"], chunked=True)
+
+    class Never(FixedDraftLength):
+        name = "never"
+
+        def lengths(self, decoding):
+            return {r.request_id: 0 for r in decoding}
+
+    llm.engine.draft_length = Never(llm.config.speculative)
+    proposer = llm.engine.spec.proposer
+    most = []
+    real = proposer.propose
+
+    def propose(batch):
+        out = real(batch)
+        most.append(max((len(st.pending_tokens) for st in proposer._state.values()), default=0))
+        return out
+
+    proposer.propose = propose
+    llm.generate(PROMPTS[:2], GREEDY, use_tqdm=False)
+    assert llm.get_metrics()["num_draft_tokens"] == 0
+    # nothing speculates, so entries wait, prompt chunks' and decodes' alike, but never 3 past a propose
+    assert most and max(most) == 2
 
 
 def test_drafts_do_not_depend_on_the_chunk_size(llama_dir, heads):

@@ -1,12 +1,17 @@
 """EAGLE proposer: an autoregressive one-layer head on the target's hidden states.
 
-The head's cache follows the target chunk by chunk. At commit it receives
+The head's cache follows the target's hidden states, prompt chunks included,
+whenever the request is about to draft. At commit it receives
 the target's hidden state at every position the step computed (every row of
 each prefill chunk, ``Scores.prompt_hidden``, and the kept rows of each
 decode) with the token that follows each position; those entries wait as
-*pending* and enter the head's cache in the next ``propose``, in one head
-forward for the whole batch. The last pending entry of a speculating decode
-predicts the target's next feature and so the first proposal; each further
+*pending* and enter the head's cache in a later ``propose``, in one head
+forward for the whole batch: when the request speculates, or once it holds
+``MAX_PENDING`` entries (so a long prompt enters chunk by chunk and memory
+stays bounded). A request planned no proposals (the adaptive draft-length
+policy at a large batch) costs the head nothing until it drafts again, and a
+batch that never speculates never runs the head. The last pending entry of a
+speculating decode predicts the target's next feature and so the first proposal; each further
 proposal feeds the predicted feature and the drawn token back in (one
 single-token head forward per step, batched over the decodes). Entries made
 from predicted features are rolled back at commit and recomputed from the
@@ -39,6 +44,9 @@ from speculant.proposers.drafting import DraftDraw, DraftSteps, draw_proposals
 from speculant.proposers.eagle.model import MODEL_TYPE, EagleHead, SeqKV
 
 OPTION = "speculative.proposer_options.path"
+# A request that does not speculate holds at most this many entries (token + [H] hidden
+# state each) pending at a propose; more enter its cache there: bounded memory per request.
+MAX_PENDING = 256
 
 
 class EagleOptions(BaseModel):
@@ -162,10 +170,14 @@ class EagleProposer(Proposer):
 
     # --- propose -------------------------------------------------------------
     def _catch_up(self, batch: StepBatch, want_output: set[str]) -> dict[str, torch.Tensor]:
-        """Move every batch request's pending entries into its cache (one head
-        forward); returns the last entry's predicted feature [H] for ``want_output``."""
-        states = [(r.request_id, self._state[r.request_id]) for r in (e.request for e in batch.entries)
-                  if r.request_id in self._state and self._state[r.request_id].pending_tokens]
+        """Move pending entries into the caches of ``want_output`` (the
+        speculating decodes) and of batch requests holding ``MAX_PENDING``
+        entries (one head forward); returns the last entry's predicted feature
+        [H] for ``want_output``."""
+        states = [(rid, st) for rid, st in ((e.request.request_id, self._state.get(e.request.request_id))
+                                            for e in batch.entries)
+                  if st is not None and st.pending_tokens
+                  and (rid in want_output or len(st.pending_tokens) >= MAX_PENDING)]
         if not states:
             return {}
         device = self.context.target.device
