@@ -115,8 +115,8 @@ def eagle_suffix_method(eagle: Method) -> Method:
 
 def eagle_adaptive_method(eagle: Method) -> Method:
     """The ``eagle_adaptive`` row: ``eagle``'s row with the adaptive draft-length policy
-    (k per request follows its acceptance and the head's confidence, and total drafts
-    follow the batch size)."""
+    (k per request follows its observed acceptance and total drafts follow the batch
+    size; the head's confidence threshold still stops a draft early, as in ``eagle``)."""
     assert eagle.speculative is not None  # head_method always speculates
     return Method("eagle_adaptive", {**eagle.speculative, "draft_length": dict(ADAPTIVE)},
                   engine_kwargs=dict(eagle.engine_kwargs), note=eagle.note, fields=dict(eagle.fields))

@@ -35,7 +35,7 @@ def test_head_rows_run_at_every_concurrency(heads_result):
             assert 0.0 <= r["acceptance_rate"] <= 1.0
     for c in (1, 2):  # only the adaptive row plans its draft lengths
         assert 0.0 <= rows[("eagle_adaptive", c)]["mean_planned_draft_length"] <= 5.0
-        assert rows[("eagle", c)]["mean_planned_draft_length"] in (None, 5.0)
+        assert rows[("eagle", c)]["mean_planned_draft_length"] == 5.0  # the fixed policy plans --k
     assert rows[("medusa", 1)]["itl_p50_ms"] > 0 and rows[("medusa", 2)]["itl_p50_ms"] is None
     assert data["settings"]["medusa"] and data["settings"]["mlp_speculator"] and data["settings"]["eagle"]
 
