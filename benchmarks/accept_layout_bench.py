@@ -41,15 +41,15 @@ import torch
 
 import speculant
 from speculant.acceptance.rejection import RejectionSampler
-from speculant.core.batch import ScheduledRequest, StepBatch
-from speculant.core.layout import gather_scores
-from speculant.core.model_runner import ForwardOutput
-from speculant.core.request import Request, RequestStatus
-from speculant.core.sampling_params import SamplingParams
-from speculant.core.step import decide
+from speculant.config.sampling_params import SamplingParams
+from speculant.engine.batch import ScheduledRequest, StepBatch
+from speculant.engine.layout import gather_scores
+from speculant.engine.request import Request, RequestStatus
+from speculant.engine.step import decide
+from speculant.model.runner import ForwardOutput
 
 try:  # the contract classes may live in core/interfaces.py
-    from speculant.core.interfaces import Proposals
+    from speculant.interfaces import Proposals
 except ImportError:
     from speculant.proposers.base import Proposals
 

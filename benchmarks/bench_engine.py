@@ -92,7 +92,7 @@ def load_speculant(model_dir: Path, **overrides):
 
 def linear_backend_available() -> bool:
     try:
-        import speculant.core.linear_backend  # noqa: F401
+        import speculant.model.linear_backend  # noqa: F401
     except ImportError:
         return False
     return torch.backends.mkldnn.is_available()
@@ -357,7 +357,7 @@ def bench_hf_cb(hf, tok, prompts, outs, reps, llm, token_ids) -> dict[str, Any]:
 def bench_forward(cfg: dict, model_dir: Path, hf, backends: list[str]) -> dict[str, Any]:
     from transformers import DynamicCache
 
-    from speculant.core.interfaces import QuerySpan
+    from speculant.interfaces import QuerySpan
 
     prefix_len, ts, reps = cfg["prefix"], cfg["query_tokens"], cfg["forward_reps"]
     gen = torch.Generator().manual_seed(3)
@@ -565,7 +565,7 @@ def main() -> None:
         backends = ["default"] + (["onednn"] if has_onednn else [])
         res["forward"] = bench_forward(cfg, model_dir, hf, backends)
         if not has_onednn:
-            res["forward"]["note"] = "speculant.core.linear_backend or oneDNN unavailable: onednn route skipped"
+            res["forward"]["note"] = "speculant.model.linear_backend or oneDNN unavailable: onednn route skipped"
         res["engine_linear_backend"] = res["engine_linear_backend"] if has_onednn else "default"
     bw_end = common.measure_read_bandwidth(cfg["bandwidth_bytes"])
     res["bandwidth_measurements"] = {"start": bw_start, "end": bw_end}

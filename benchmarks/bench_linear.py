@@ -10,7 +10,7 @@ Routes (all exact up to float32 summation order):
 * ``default``        ``F.linear`` with the stored ``[out, in]`` weight (MKL on CPU).
 * ``onednn_packed``  weight reordered once by ``torch.ops.mkldnn._reorder_linear_weight``,
                      run by ``torch.ops.mkldnn._linear_pointwise`` (what
-                     ``speculant.core.linear_backend`` uses).
+                     ``speculant.model.linear_backend`` uses).
 * ``onednn_dense``   the same oneDNN op given the plain ``[out, in]`` weight (no
                      packed copy; oneDNN picks its kernel per call).
 * ``mkldnn_utils``   the public ``torch.utils.mkldnn.to_mkldnn(linear)``; its input

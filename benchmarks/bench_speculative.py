@@ -54,11 +54,11 @@ from common import (
     write_json,
 )
 from spec_common import ensure_target_and_draft, median, percentile, wait_for_quiet
-from speculant.core.batch import ScheduledRequest, StepBatch
-from speculant.core.engine import LLMEngine
-from speculant.core.interfaces import Proposals, QuerySpan
-from speculant.core.request import Request, RequestStatus
-from speculant.core.sampling_params import SamplingParams
+from speculant.config.sampling_params import SamplingParams
+from speculant.engine.batch import ScheduledRequest, StepBatch
+from speculant.engine.llm_engine import LLMEngine
+from speculant.engine.request import Request, RequestStatus
+from speculant.interfaces import Proposals, QuerySpan
 from speculant.llm import config_from_kwargs
 
 ALPHAS = (0.5, 0.7, 0.9)
@@ -695,7 +695,7 @@ def run_profile(target: Path, s: dict, args) -> None:
     """One speculative config, with every engine stage timed (wrappers around
     the engine's step functions, installed in this process only) and a
     torch.profiler op table."""
-    import speculant.core.engine as engine_mod
+    import speculant.engine.llm_engine as engine_mod
 
     workdir = Path(s["workdir"])
     eng = make_engine(target, s)
@@ -763,7 +763,8 @@ def _profiled_runs(eng: LLMEngine, prompt: list[int], n: int, alpha: float, repe
 
 # stages for a py-spy profile of speculative steps: the proposer first, then
 # profile_engine.py's engine stages (linear, attention, layout, sampling, ...)
-PROPOSE_MARKERS = ["propose (speculant/core/step.py", "commit (speculant/proposers/", "(benchmarks/oracle_proposer.py"]
+PROPOSE_MARKERS = ["propose (speculant/engine/step.py", "commit (speculant/proposers/",
+                   "(benchmarks/oracle_proposer.py"]
 
 
 def run_pyspy(argv: list[str], rate: int) -> None:

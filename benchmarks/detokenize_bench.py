@@ -9,7 +9,7 @@ request's stable text. Two ways of doing that detokenization work:
   after every token decode the whole output and search each stop string in
   it; after every step decode the whole output again for the streamed text.
   O(length) per token.
-* ``incremental`` (``speculant/core/detokenizer.py``, through the engine's own
+* ``incremental`` (``speculant/engine/detokenizer.py``, through the engine's own
   ``append_tokens`` / ``catch_up`` / ``Detokenizer.stable_text``): decode a
   window of a few tokens, search only the new text. O(1) per token.
 
@@ -33,10 +33,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from common import RESULTS_DIR, base_arg_parser, build_tokenizer, corpus_texts, environment, markdown_table, write_json
-from speculant.core.detokenizer import REPLACEMENT, TextDecoder
-from speculant.core.request import Request, RequestStatus
-from speculant.core.sampling_params import SamplingParams
-from speculant.core.stop_rules import append_tokens, catch_up
+from speculant.config.sampling_params import SamplingParams
+from speculant.engine.detokenizer import REPLACEMENT, TextDecoder
+from speculant.engine.request import Request, RequestStatus
+from speculant.engine.stop_rules import append_tokens, catch_up
 
 STOPS = ["\nclass Zyzzyva", "<|never|>"]  # absent from the corpus: every output runs to full length
 HOLD = max(len(s) for s in STOPS) - 1

@@ -41,7 +41,7 @@ def configs(draft: str) -> dict[str, dict | None]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", default=None, help="GGUF file or HF directory (default: the SmolLM2 wheel's GGUF)")
-    ap.add_argument("--draft", default="models/smollm2-draft")
+    ap.add_argument("--draft", required=True, help="a SmolLM2 draft directory (scripts/train_draft.py)")
     ap.add_argument("--prompts", type=int, default=3, help="how many held-out chat prompts")
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=4)

@@ -28,19 +28,21 @@ from eagle_training.chat_prompts import HELDOUT
 from speculant import LLM, SamplingParams
 
 
-def proposers(eagle: str, draft: str) -> dict[str, dict | None]:
-    return {"no_spec": None, "ngram": {"proposer": "ngram"}, "suffix": {"proposer": "suffix"},
-            "draft_model": {"proposer": "draft_model", "proposer_options": {"model": draft}},
-            "draft_suffix": {"proposer": "draft_suffix", "proposer_options": {"draft": {"model": draft}}},
-            "eagle": {"proposer": "eagle", "proposer_options": {"path": eagle}},
-            "eagle_suffix": {"proposer": "eagle_suffix", "proposer_options": {"eagle": {"path": eagle}}}}
+def proposers(eagle: str, draft: str | None) -> dict[str, dict | None]:
+    specs: dict[str, dict | None] = {"no_spec": None, "ngram": {"proposer": "ngram"}, "suffix": {"proposer": "suffix"}}
+    if draft:  # no SmolLM2 draft ships (docs/proposers.md: train one with scripts/train_draft.py)
+        specs["draft_model"] = {"proposer": "draft_model", "proposer_options": {"model": draft}}
+        specs["draft_suffix"] = {"proposer": "draft_suffix", "proposer_options": {"draft": {"model": draft}}}
+    specs["eagle"] = {"proposer": "eagle", "proposer_options": {"path": eagle}}
+    specs["eagle_suffix"] = {"proposer": "eagle_suffix", "proposer_options": {"eagle": {"path": eagle}}}
+    return specs
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--target", default=None, help="GGUF file or HF directory (default: the SmolLM2 wheel's GGUF)")
     ap.add_argument("--eagle", default="models/smollm2-eagle")
-    ap.add_argument("--draft", default="models/smollm2-draft")
+    ap.add_argument("--draft", default=None, help="a SmolLM2 draft directory (adds the draft rows)")
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--k", type=int, default=4)
     ap.add_argument("--max-tokens", type=int, default=128)

@@ -36,7 +36,7 @@ from typing import ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from speculant.core.interfaces import Proposals, Proposer, ProposerCapabilities, ProposerContext
+from speculant.interfaces import Proposals, Proposer, ProposerCapabilities, ProposerContext
 from speculant.plugins.hookspecs import hookimpl
 
 PLUGIN_NAME = "benchmark-oracle"

@@ -45,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "serve
 from server_proc import ServerProcess, free_port
 
 from common import REPO_ROOT, RESULTS_DIR, environment, markdown_table, write_json
-from speculant.core.config import read_config_file
+from speculant.config.models import read_config_file
 
 
 def smollm2_path() -> str:
@@ -171,8 +171,8 @@ def start_transformers(model_dir: Path, log_dir: Path, threads: int) -> Served:
 
 def converted_dir(config: Path) -> Path:
     """The HF directory speculant converted the GGUF file into (loads from its cache)."""
-    from speculant.core.compat import build_config
-    from speculant.core.gguf_source import resolve_model_source
+    from speculant.config.compat import build_config
+    from speculant.model.gguf_source import resolve_model_source
 
     model = build_config(yaml.safe_load(config.read_text()), str(config)).model
     return Path(resolve_model_source(model.path, model.gguf_file, model.dtype))

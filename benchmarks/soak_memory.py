@@ -53,7 +53,7 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--output-range", type=int, nargs=2, default=(4, 48))
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--no-row-buckets", action="store_true",
-                    help="run packed GEMMs on every row count as it comes (speculant/core/linear_rows.py "
+                    help="run packed GEMMs on every row count as it comes (speculant/model/linear_rows.py "
                          "disabled): the unbounded shape set that made RSS grow")
     ap.add_argument("--tag", default="")
     ap.add_argument("--quick", action="store_true", help="4 rounds of 16 requests (smoke test)")
@@ -72,7 +72,7 @@ def main() -> None:
     from speculant import LLM, SamplingParams
 
     if args.no_row_buckets:
-        import speculant.core.linear_rows as linear_rows
+        import speculant.model.linear_rows as linear_rows
 
         linear_rows.EXACT_ROWS = 1 << 30
 

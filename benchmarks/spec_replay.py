@@ -20,9 +20,9 @@ from typing import Any
 
 import torch
 
-from speculant.core.batch import ScheduledRequest, StepBatch
-from speculant.core.request import Request, RequestStatus
-from speculant.core.sampling_params import SamplingParams
+from speculant.config.sampling_params import SamplingParams
+from speculant.engine.batch import ScheduledRequest, StepBatch
+from speculant.engine.request import Request, RequestStatus
 from speculant.plugins.manager import get_registry
 
 

@@ -2,7 +2,7 @@
 
     nice -n 10 python scripts/eagle_data.py --target "$(python scripts/smollm2_path.py)" --cache .train/eagle
     nice -n 10 python scripts/train_draft.py --target "$(python scripts/smollm2_path.py)" --cache .train/eagle \\
-        --out models/smollm2-draft --minutes 40 --eval
+        --out /tmp/smollm2-draft --minutes 40 --eval
 
 The draft (``draft_distill/model.py``) is a small Llama with the target's
 tokenizer, saved in float16 as a Hugging Face directory with the target's
@@ -28,8 +28,8 @@ from draft_distill.model import DraftShape, build_draft, param_count
 from draft_distill.train import train_draft
 from eagle_training.engine_eval import engine_acceptance
 from eagle_training.train import assistant_marker
-from speculant.core.gguf_source import resolve_model_source
-from speculant.core.model_files import read_text_config
+from speculant.model.files import read_text_config
+from speculant.model.gguf_source import resolve_model_source
 
 
 def save_draft(draft, tokenizer, out: Path) -> None:

@@ -8,11 +8,11 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from speculant.core.compat import parse_config
-from speculant.core.config import ConfigError, EngineConfig, read_config
-from speculant.core.engine import LLMEngine
-from speculant.core.request import RequestOutput
-from speculant.core.sampling_params import SamplingParams
+from speculant.config.compat import parse_config
+from speculant.config.models import ConfigError, EngineConfig, read_config
+from speculant.config.sampling_params import SamplingParams
+from speculant.engine.llm_engine import LLMEngine
+from speculant.engine.request import RequestOutput
 
 # keyword -> (section, key) for the flat overrides LLM(...) accepts, vLLM style
 _FLAT_KEYS = {

@@ -2,15 +2,16 @@
 
     from speculant.plugin_api import Proposals, Proposer, ProposerCapabilities, hookimpl
 
-The contract itself lives in ``speculant.core.interfaces``; this module gathers
+The contract itself lives in ``speculant.interfaces``; this module gathers
 it with the types a plugin's methods receive (``StepBatch`` and its
 ``ScheduledRequest`` entries, the ``EngineConfig`` of ``validate_against``) and
 the ``hookimpl`` marker that registers its classes.
 """
 
-from speculant.core.batch import ScheduledRequest, StepBatch
-from speculant.core.config import EngineConfig
-from speculant.core.interfaces import (
+from speculant.config.models import EngineConfig
+from speculant.engine.batch import ScheduledRequest, StepBatch
+from speculant.engine.request import Request
+from speculant.interfaces import (
     PLACEHOLDER_TOKEN_ID,
     AcceptanceCapabilities,
     AcceptanceMethod,
@@ -28,7 +29,6 @@ from speculant.core.interfaces import (
     Scores,
     TargetView,
 )
-from speculant.core.request import Request
 from speculant.plugins.hookspecs import hookimpl
 
 __all__ = [

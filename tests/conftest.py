@@ -20,6 +20,21 @@ def tokenizer_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def smollm2_tokenizer_dir(tmp_path_factory) -> Path:
+    """SmolLM2-135M-Instruct's tokenizer and chat template (tests/data/smollm2-tokenizer; the
+    tokenizer.json is stored xz-compressed to keep the tree small)."""
+    import lzma
+    import shutil
+
+    src = Path(__file__).resolve().parent / "data" / "smollm2-tokenizer"
+    out = tmp_path_factory.mktemp("smollm2_tokenizer")
+    (out / "tokenizer.json").write_bytes(lzma.decompress((src / "tokenizer.json.xz").read_bytes()))
+    for name in ("tokenizer_config.json", "chat_template.jinja"):
+        shutil.copy(src / name, out / name)
+    return out
+
+
+@pytest.fixture(scope="session")
 def model_dirs(tmp_path_factory, tokenizer_dir) -> dict[str, Path]:
     """One tiny random model per architecture (llama, qwen2, mistral-GQA)."""
     out = {}

@@ -1,12 +1,21 @@
-"""The package's module-level import graph, read with ``ast``: acyclic, the
-contract (``speculant.core.interfaces``) a leaf, and core below the plugin
-layer.
+"""The package's module-level import graph, read with ``ast``: the layering
+of docs/ARCHITECTURE.md, with no circle, type-only imports included.
 
-Only imports that run when a module is imported count: module-level ones,
-including those inside ``try`` / ``if`` blocks, but not those inside
-functions or under ``if TYPE_CHECKING:``. Function-level imports of speculant
-modules are counted separately, to keep the number of cycles dodged that way
-in sight.
+Layers, bottom to top (a module imports only its own layer or lower ones):
+
+0. ``speculant.interfaces`` (the contract) and ``speculant.version``;
+1. ``speculant.plugins`` (hookspecs, manager, registry; not ``builtin``);
+2. ``speculant.config`` (config models, sampling parameters, compatibility rules);
+3. ``speculant.model`` (runner, loading, attention backends, linears);
+4. ``speculant.engine`` (requests, scheduler, the step pipeline, the engine);
+5. the built-in plugins: ``proposers``, ``scorers``, ``acceptance``, ``plugins.builtin``;
+6. the Python API: ``speculant`` itself, ``llm``, ``chat``, ``plugin_api``;
+7. the front ends: ``cli``, ``server``, ``bench``.
+
+Module-level imports (including those inside ``try`` / ``if`` blocks) and
+type-only ones (under ``if TYPE_CHECKING:``) both count. Imports inside
+functions are counted separately: they must respect the layering too, and
+their number stays in sight.
 """
 
 from __future__ import annotations
@@ -20,16 +29,32 @@ from pathlib import Path
 import pytest
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[1] / "speculant"
-CONTRACT = "speculant.core.interfaces"
-PLUGIN_LAYER = ("speculant.proposers", "speculant.scorers", "speculant.acceptance", "speculant.plugins")
+CONTRACT = "speculant.interfaces"
+LAYERS: list[tuple[str, ...]] = [
+    ("speculant.interfaces", "speculant.version"),
+    ("speculant.plugins",),
+    ("speculant.config",),
+    ("speculant.model",),
+    ("speculant.engine",),
+    ("speculant.proposers", "speculant.scorers", "speculant.acceptance", "speculant.plugins.builtin"),
+    ("speculant", "speculant.llm", "speculant.chat", "speculant.plugin_api"),
+    ("speculant.cli", "speculant.server", "speculant.bench"),
+]
 MAX_FUNCTION_LEVEL_IMPORTS = 30
-"""Function-level imports of speculant modules: 42 before issue 14, where some
-dodged the config <-> compat and core <-> plugins cycles; 30 after: the CLI
-sub-commands and ``speculant.bench`` load their heavy parts on use,
-``speculant`` and ``speculant.core.interfaces`` resolve names on first use (so
-the CLI and the plugin layer load without torch), ``LLM.chat`` and
-``resource_checks`` load a helper on use, and ``compat.default_plugins`` is
-core's one way up to the plugin layer. Lower it when one goes."""
+"""Function-level imports of speculant modules: the CLI sub-commands and
+``speculant.bench`` load their heavy parts on use, ``speculant`` and
+``speculant.interfaces`` resolve names on first use (so the CLI and the
+plugin layer load without torch). Lower it when one goes."""
+
+
+def layer_of(name: str) -> int:
+    """The layer of module ``name``: the one whose longest prefix matches."""
+    best, rank = -1, -1
+    for i, prefixes in enumerate(LAYERS):
+        for prefix in prefixes:
+            if (name == prefix or name.startswith(prefix + ".")) and len(prefix) > best:
+                best, rank = len(prefix), i
+    return rank
 
 
 @dataclass
@@ -37,6 +62,7 @@ class Module:
     name: str
     path: Path
     imports: set[str] = field(default_factory=set)  # speculant modules imported at module level
+    type_imports: set[str] = field(default_factory=set)  # ... under ``if TYPE_CHECKING:``
     function_imports: list[tuple[int, tuple[str, ...]]] = field(default_factory=list)  # (line, modules)
 
 
@@ -71,25 +97,27 @@ def _targets(node: ast.Import | ast.ImportFrom, package: str, known: set[str]) -
     return out
 
 
-def _walk(body: list[ast.stmt], module: Module, package: str, known: set[str], top: bool) -> None:
+def _walk(body: list[ast.stmt], module: Module, package: str, known: set[str], top: bool,
+          typing_only: bool = False) -> None:
     for node in body:
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             targets = _targets(node, package, known)
             if top:
-                module.imports.update(t for t in targets if t != module.name)
+                into = module.type_imports if typing_only else module.imports
+                into.update(t for t in targets if t != module.name)
             elif targets:
                 module.function_imports.append((node.lineno, tuple(sorted(set(targets)))))
         elif isinstance(node, ast.If) and _is_type_checking(node.test):
-            continue
+            _walk(node.body, module, package, known, top, typing_only=True)
         elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             _walk(node.body, module, package, known, False)
         else:  # class bodies, if / try / with blocks: their statements run when the module does
             for attr in ("body", "orelse", "finalbody"):
                 block = getattr(node, attr, None)
                 if isinstance(block, list):
-                    _walk(block, module, package, known, top)
+                    _walk(block, module, package, known, top, typing_only)
             for handler in getattr(node, "handlers", []):
-                _walk(handler.body, module, package, known, top)
+                _walk(handler.body, module, package, known, top, typing_only)
 
 
 def import_graph() -> dict[str, Module]:
@@ -113,7 +141,7 @@ def find_cycle(graph: dict[str, Module]) -> list[str] | None:
     def visit(name: str) -> list[str] | None:
         state[name] = 1
         path.append(name)
-        for dep in sorted(graph[name].imports):
+        for dep in sorted(graph[name].imports | graph[name].type_imports):
             if state.get(dep) == 1:
                 return path[path.index(dep):] + [dep]
             if dep not in state and (cycle := visit(dep)):
@@ -133,20 +161,21 @@ def graph() -> dict[str, Module]:
     return import_graph()
 
 
-def test_the_walk_sees_module_level_imports_only():
+def test_the_walk_sees_module_level_and_type_only_imports():
     source = ast.parse(
-        "import speculant.core.config\n"
+        "import speculant.config.models\n"
         "from typing import TYPE_CHECKING\n"
-        "if TYPE_CHECKING:\n    from speculant.core.engine import LLMEngine\n"
-        "try:\n    from speculant.core import request\nexcept ImportError:\n    pass\n"
+        "if TYPE_CHECKING:\n    from speculant.engine.llm_engine import LLMEngine\n"
+        "try:\n    from speculant.engine import request\nexcept ImportError:\n    pass\n"
         "def f():\n    from speculant.llm import LLM\n"
-        "class C:\n    def m(self):\n        import speculant.core.scheduler\n")
-    known = {"speculant", "speculant.core", "speculant.core.config", "speculant.core.engine",
-             "speculant.core.request", "speculant.llm", "speculant.core.scheduler"}
+        "class C:\n    def m(self):\n        import speculant.engine.scheduler\n")
+    known = {"speculant", "speculant.engine", "speculant.config.models", "speculant.engine.llm_engine",
+             "speculant.engine.request", "speculant.llm", "speculant.engine.scheduler"}
     module = Module("speculant.x", Path("x.py"))
     _walk(source.body, module, "speculant", known, True)
-    assert module.imports == {"speculant.core.config", "speculant.core.request"}
-    assert [t for _, t in module.function_imports] == [("speculant.llm",), ("speculant.core.scheduler",)]
+    assert module.imports == {"speculant.config.models", "speculant.engine.request"}
+    assert module.type_imports == {"speculant.engine.llm_engine"}
+    assert [t for _, t in module.function_imports] == [("speculant.llm",), ("speculant.engine.scheduler",)]
 
 
 def test_a_cycle_is_found():
@@ -157,45 +186,52 @@ def test_a_cycle_is_found():
     assert find_cycle(graph) is None
 
 
-def test_module_level_imports_are_acyclic(graph):
+def test_module_level_imports_are_acyclic_type_only_ones_included(graph):
     assert find_cycle(graph) is None
+
+
+def test_every_module_has_a_layer(graph):
+    assert [name for name in graph if layer_of(name) < 0] == []
+
+
+def test_the_layering_is_respected_type_only_and_function_level_imports_included(graph):
+    wrong = []
+    for module in graph.values():
+        function_level = {t for _, targets in module.function_imports for t in targets}
+        for dep in sorted(module.imports | module.type_imports | function_level):
+            if layer_of(dep) > layer_of(module.name):
+                wrong.append(f"{module.name} (layer {layer_of(module.name)}) imports {dep} "
+                             f"(layer {layer_of(dep)})")
+    assert wrong == []
+
+
+def test_a_layer_violation_is_seen():
+    assert layer_of("speculant.engine.step") > layer_of("speculant.model.runner") > layer_of("speculant.config.models")
+    assert layer_of("speculant.plugins.builtin") > layer_of("speculant.engine.llm_engine") > \
+        layer_of("speculant.plugins.registry")
+    assert layer_of("speculant") > layer_of("speculant.proposers.ngram")
 
 
 def test_the_contract_imports_nothing_else_from_speculant(graph):
     contract = [m for m in graph.values() if m.name == CONTRACT or m.name.startswith(CONTRACT + ".")]
     assert len(contract) > 1
     for module in contract:
-        outside = {i for i in module.imports if not (i == CONTRACT or i.startswith(CONTRACT + "."))}
+        function_level = {t for _, targets in module.function_imports for t in targets}
+        deps = module.imports | module.type_imports | function_level
+        outside = {i for i in deps if not (i == CONTRACT or i.startswith(CONTRACT + "."))}
         assert outside == set(), f"{module.name} imports {sorted(outside)}"
-
-
-def test_core_imports_no_plugin_layer_at_module_level(graph):
-    wrong = {m.name: sorted(i for i in m.imports if i.startswith(PLUGIN_LAYER))
-             for m in graph.values() if m.name.startswith("speculant.core")}
-    assert {name: deps for name, deps in wrong.items() if deps} == {}
-
-
-def test_plugin_implementations_depend_on_core_never_the_reverse(graph):
-    for module in graph.values():
-        if module.name.startswith(("speculant.proposers", "speculant.scorers", "speculant.acceptance")):
-            assert not [i for i in module.imports if i.startswith(("speculant.plugins", "speculant.cli",
-                                                                   "speculant.llm"))], module.name
 
 
 def test_function_level_imports_stay_few(graph):
     found = [(m.name, line, targets) for m in graph.values() for line, targets in m.function_imports]
-    core_up = [(name, t) for name, _, targets in found if name.startswith("speculant.core")
-               for t in targets if t.startswith(PLUGIN_LAYER)]
-    assert core_up == [("speculant.core.compat", "speculant.plugins.manager")], \
-        "core reaches the plugin layer only in compat.default_plugins"
     assert len(found) <= MAX_FUNCTION_LEVEL_IMPORTS, "\n".join(f"{n}:{line} -> {t}" for n, line, t in found)
 
 
 def test_the_command_line_and_plugin_layer_load_without_torch():
-    """Only the step's data types need torch (``speculant.core.interfaces.data``,
+    """Only the step's data types need torch (``speculant.interfaces.data``,
     imported on first use): building the CLI parser and loading the plugin
     layer stay fast."""
-    code = ("import sys; import speculant.cli as cli, speculant.plugins.manager, speculant.core.compat; "
+    code = ("import sys; import speculant.cli as cli, speculant.plugins.manager, speculant.config.compat; "
             "cli.build_parser(); print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=PACKAGE_ROOT.parent)

@@ -37,8 +37,8 @@ from speculant.bench.heads import head_methods
 from speculant.bench.hf_runs import run_hf
 from speculant.bench.report import drop_raw, environment, merge_repeats
 from speculant.bench.speculant_runs import run_speculant, speculant_methods
-from speculant.core.config import SchedulerConfig
-from speculant.core.gguf_source import resolve_model_source
+from speculant.config.models import SchedulerConfig
+from speculant.model.gguf_source import resolve_model_source
 
 DEFAULT_PROMPTS = (
     "def fibonacci(n):\n    ",

@@ -43,7 +43,7 @@ def head_method(proposer: str, path: str, target: str, k: int, longest_prompt: i
     ``mlp_speculator`` or ``eagle``) on ``target``; a proposer whose options
     have a ``confidence_threshold`` gets ``confidence`` there. Raises
     ``ValueError`` naming the option."""
-    from speculant.core.config import SchedulerConfig
+    from speculant.config.models import SchedulerConfig
     from speculant.plugins import get_registry
 
     option = HEAD_OPTIONS[proposer]

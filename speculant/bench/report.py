@@ -112,7 +112,23 @@ def environment() -> dict[str, Any]:
         "torch_threads": torch.get_num_threads(),
         "os_cpu_count": os.cpu_count(),
         "load_avg": load,
+        "git_commit": git_commit(),
+        **({"gpu": torch.cuda.get_device_name(0)} if torch.cuda.is_available() else {}),
     }
+
+
+def git_commit() -> str | None:
+    """The checkout's commit (``-dirty`` with uncommitted changes), or None outside a git checkout."""
+    import subprocess
+
+    root = Path(__file__).resolve().parents[2]
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True, check=True)
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return head.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
 
 
 def cpu_name() -> str:

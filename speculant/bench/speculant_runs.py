@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from speculant.bench.report import median, rate, timing_fields
-from speculant.core.sampling_params import SamplingParams
+from speculant.config.sampling_params import SamplingParams
 
 ADAPTIVE = {"policy": "adaptive"}  # speculative.draft_length of the ``*_adaptive`` rows (default cost model)
 

@@ -79,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
     from speculant.bench import QUICK, load_prompts, run_bench
     from speculant.bench.chart import write_chart
     from speculant.bench.report import markdown_table, write_json
-    from speculant.core.config import ConfigError
+    from speculant.config.models import ConfigError
 
     for name, path in (("--target", args.target), ("--draft", args.draft)):
         if path is not None and not (Path(path) / "config.json").is_file() \

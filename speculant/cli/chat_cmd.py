@@ -14,7 +14,7 @@ import sys
 import time
 from collections.abc import Callable
 
-from speculant.core.config import ConfigError
+from speculant.config.models import ConfigError
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -80,7 +80,7 @@ def _write_out(text: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from speculant.cli.generate_cmd import _build
-    from speculant.core.sampling_params import SamplingParams
+    from speculant.config.sampling_params import SamplingParams
 
     if args.threads is not None:
         import torch

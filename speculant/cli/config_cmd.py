@@ -1,7 +1,7 @@
 """``speculant config check FILE``: validate a config file (with ``--set``
 overrides) against the models, the loaded plugins and this machine (CUDA,
 memory for the KV cache, the model's positions and weight files; see
-``speculant.core.resource_checks``), and print the resolved settings, or every
+``speculant.model.resources``), and print the resolved settings, or every
 problem at once (exit status 1)."""
 
 from __future__ import annotations
@@ -14,12 +14,12 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from speculant.core.compat import load_config, resolve_attention_backend_name
-from speculant.core.config import ConfigError, EngineConfig
+from speculant.config.compat import load_config, resolve_attention_backend_name
+from speculant.config.models import ConfigError, EngineConfig
 from speculant.plugins.manager import get_registry
 
 if TYPE_CHECKING:
-    from speculant.core.interfaces import Kind
+    from speculant.interfaces import Kind
 
 _BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
 
@@ -99,7 +99,7 @@ def resolution_notes(config: EngineConfig) -> list[str]:
 
 
 def run_check(args: argparse.Namespace) -> int:
-    from speculant.core.resource_checks import resource_problems
+    from speculant.model.resources import resource_problems
 
     try:
         config = load_config(args.file, args.overrides)

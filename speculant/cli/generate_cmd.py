@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from speculant.core.config import ConfigError
+from speculant.config.models import ConfigError
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -36,7 +36,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _build(args, overrides: list[str]):
-    from speculant.core.config import apply_overrides
+    from speculant.config.models import apply_overrides
     from speculant.llm import LLM
 
     if args.config:
@@ -46,7 +46,7 @@ def _build(args, overrides: list[str]):
 
 def _warm_up(llm, args) -> None:
     """One short untimed run, so one-time kernel setup is not counted as speed."""
-    from speculant.core.sampling_params import SamplingParams
+    from speculant.config.sampling_params import SamplingParams
 
     llm.generate(args.prompts[:1], SamplingParams(max_tokens=8, temperature=0, ignore_eos=True), use_tqdm=False)
     llm.engine.reset_metrics()
@@ -65,7 +65,7 @@ def _run_once(llm, args, params):
 
 
 def run(args: argparse.Namespace) -> int:
-    from speculant.core.sampling_params import SamplingParams
+    from speculant.config.sampling_params import SamplingParams
 
     if args.threads is not None:
         if args.threads < 1:
@@ -92,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
                        mean_accepted_length=round(metrics["mean_accepted_length"], 3),
                        propose_s=round(metrics["propose_s"], 3), score_s=round(metrics["score_s"], 3))
     if args.compare and llm.config.speculative.enabled:
-        from speculant.core.config import SpeculativeConfig
+        from speculant.config.models import SpeculativeConfig
         from speculant.llm import LLM
 
         base = LLM(config=llm.config.model_copy(update={"speculative": SpeculativeConfig()}))

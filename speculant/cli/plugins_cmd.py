@@ -11,7 +11,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from speculant.core.compat_matrix import (
+from speculant.config.matrix import (
     ReadmeMarkersMissing,
     builtin_registry,
     compute_matrix,
@@ -20,7 +20,7 @@ from speculant.core.compat_matrix import (
     render_markdown,
     rewrite_readme,
 )
-from speculant.core.interfaces import PLUGIN_KINDS, UnknownPluginError
+from speculant.interfaces import PLUGIN_KINDS, UnknownPluginError
 from speculant.plugins.manager import LoadedPlugins, PluginInfo, load_plugins
 from speculant.plugins.registry import Registration
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from speculant.acceptance.rejection import RejectionSampler
 from speculant.acceptance.typical import TypicalAcceptance
-from speculant.core.attention.cpu_kernel import CpuKernelAttentionBackend
-from speculant.core.attention.torch_ref import TorchAttentionBackend
+from speculant.model.attention.cpu_kernel import CpuKernelAttentionBackend
+from speculant.model.attention.torch_ref import TorchAttentionBackend
 from speculant.plugins.hookspecs import RegisterCallback, hookimpl
 from speculant.proposers.draft_model import DraftModelProposer
 from speculant.proposers.eagle.proposer import EagleProposer

@@ -10,7 +10,7 @@ A plugin is a module (or any object) whose functions are decorated with
     def register_proposers(register):
         register(MyProposer)
 
-The hooks are the ``hook`` column of ``speculant.core.interfaces.PLUGIN_KINDS``
+The hooks are the ``hook`` column of ``speculant.interfaces.PLUGIN_KINDS``
 (one per plugin kind; a test keeps the two in step). The host calls them
 through the plugin manager, collects what was registered, validates each
 class (right base class, a ``name``, ``capabilities`` of the right kind, an

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from typing import TypeVar
 
-from speculant.core.interfaces import Kind
+from speculant.interfaces import Kind
 from speculant.plugins.registry import Registration, Registry
 
 T = TypeVar("T")

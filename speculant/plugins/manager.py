@@ -39,11 +39,11 @@ from importlib.metadata import EntryPoint, entry_points
 
 import pluggy
 
-from speculant import __version__
-from speculant.core.interfaces import PLUGIN_KINDS, Kind
+from speculant.interfaces import PLUGIN_KINDS, Kind
 from speculant.plugins import hookspecs
 from speculant.plugins.lazy import DiscoveringList, LazyRegistry
 from speculant.plugins.registry import BUILTIN_PLUGIN_MODULE, PluginSource, Registration, Registry
+from speculant.version import __version__
 
 ENTRY_POINT_GROUP = "speculant.plugins"
 ALLOW_LIST_ENV = "SPECULANT_PLUGINS"

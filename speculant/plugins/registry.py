@@ -1,6 +1,6 @@
 """The registry: plugin classes per kind, by name, with where each came from.
 
-The kinds and what each requires are ``speculant.core.interfaces.PLUGIN_KINDS``.
+The kinds and what each requires are ``speculant.interfaces.PLUGIN_KINDS``.
 A class is validated before it is filed (right base class, a ``name``,
 ``capabilities`` of the right type, an ``Options`` model that forbids unknown
 keys). A name can be filed once per kind; a second claim is an error naming
@@ -18,7 +18,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from speculant.core.interfaces import PLUGIN_KINDS, Kind, UnknownPluginError
+from speculant.interfaces import PLUGIN_KINDS, Kind, UnknownPluginError
 
 BUILTIN_PLUGIN_MODULE = "speculant.plugins.builtin"
 """Module of the built-in plugin (entry point ``builtin`` of ``speculant``)."""

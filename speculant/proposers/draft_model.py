@@ -15,11 +15,11 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from speculant.core.batch import StepBatch
-from speculant.core.config import EngineConfig, ModelConfig
-from speculant.core.gguf_source import resolve_model_source
-from speculant.core.interfaces import Proposals, Proposer, ProposerCapabilities, ProposerContext, QuerySpan, Scores
-from speculant.core.model_files import read_text_config
+from speculant.config.models import EngineConfig, ModelConfig
+from speculant.engine.batch import StepBatch
+from speculant.interfaces import Proposals, Proposer, ProposerCapabilities, ProposerContext, QuerySpan, Scores
+from speculant.model.files import read_text_config
+from speculant.model.gguf_source import resolve_model_source
 from speculant.proposers.draft_tokenizer import check_draft_tokenizer
 from speculant.proposers.drafting import DraftSteps, draw_proposals
 

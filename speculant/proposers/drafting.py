@@ -16,11 +16,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from speculant.core.acceptance import verifies_by_argmax
-from speculant.core.interfaces import Proposals
-from speculant.core.logits_processing import filtered_logprobs, sampling_tensors
-from speculant.core.request import Request
-from speculant.core.sampler import DRAFT_STREAM, draw_uniforms, request_generator, sample_from_probs
+from speculant.engine.acceptance import verifies_by_argmax
+from speculant.engine.logits_processing import filtered_logprobs, sampling_tensors
+from speculant.engine.request import Request
+from speculant.engine.sampler import DRAFT_STREAM, draw_uniforms, request_generator, sample_from_probs
+from speculant.interfaces import Proposals
 
 
 @dataclass(frozen=True)

@@ -27,9 +27,9 @@ from typing import Any, ClassVar
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from speculant.core.batch import StepBatch
-from speculant.core.config import EngineConfig
-from speculant.core.interfaces import Proposals, Proposer, ProposerCapabilities, ProposerContext, Scores
+from speculant.config.models import EngineConfig
+from speculant.engine.batch import StepBatch
+from speculant.interfaces import Proposals, Proposer, ProposerCapabilities, ProposerContext, Scores
 from speculant.proposers.draft_model import DraftModelOptions, DraftModelProposer
 from speculant.proposers.eagle.proposer import EagleOptions, EagleProposer
 from speculant.proposers.suffix import SuffixOptions, SuffixProposer

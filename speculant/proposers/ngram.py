@@ -7,10 +7,10 @@ from typing import TYPE_CHECKING, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from speculant.core.interfaces import Proposals, Proposer, ProposerCapabilities
+from speculant.interfaces import Proposals, Proposer, ProposerCapabilities
 
 if TYPE_CHECKING:
-    from speculant.core.batch import StepBatch
+    from speculant.engine.batch import StepBatch
 
 
 class NgramOptions(BaseModel):

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from speculant.core.interfaces import Proposals, Proposer, ProposerCapabilities, ProposerContext
+from speculant.interfaces import Proposals, Proposer, ProposerCapabilities, ProposerContext
 from speculant.proposers.suffix_index import (
     POS_BITS,
     POS_MASK,
@@ -24,8 +24,8 @@ from speculant.proposers.suffix_index import (
 )
 
 if TYPE_CHECKING:
-    from speculant.core.batch import StepBatch
-    from speculant.core.request import Request
+    from speculant.engine.batch import StepBatch
+    from speculant.engine.request import Request
 
 
 class SuffixOptions(BaseModel):

@@ -8,8 +8,8 @@ it. Prefill chunks stay multi-token spans, as in MQA, in the same forward.
 
 from __future__ import annotations
 
-from speculant.core.interfaces import QuerySpan, Scorer, ScorerCapabilities, Scores
-from speculant.core.layout import block_table, decode_tokens, gather_scores, prefill_spans
+from speculant.engine.layout import block_table, decode_tokens, gather_scores, prefill_spans
+from speculant.interfaces import QuerySpan, Scorer, ScorerCapabilities, Scores
 
 
 class BatchExpansionScorer(Scorer):

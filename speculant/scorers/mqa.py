@@ -7,8 +7,8 @@ a cached prefix.
 
 from __future__ import annotations
 
-from speculant.core.interfaces import Scorer, ScorerCapabilities, Scores
-from speculant.core.layout import score_flat
+from speculant.engine.layout import score_flat
+from speculant.interfaces import Scorer, ScorerCapabilities, Scores
 
 
 class MQAScorer(Scorer):

@@ -23,7 +23,7 @@ from fastapi.responses import StreamingResponse
 from starlette.background import BackgroundTask
 
 from speculant.chat import as_conversations, render
-from speculant.core.engine import LLMEngine
+from speculant.engine.llm_engine import LLMEngine
 from speculant.server.engine_loop import EngineLoop, QueueFull
 from speculant.server.errors import APIError, install_handlers
 from speculant.server.metrics import ServerMetrics

@@ -24,9 +24,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from speculant.core.engine import LLMEngine
-from speculant.core.request import RequestOutput
-from speculant.core.sampling_params import SamplingParams
+from speculant.config.sampling_params import SamplingParams
+from speculant.engine.llm_engine import LLMEngine
+from speculant.engine.request import RequestOutput
 
 logger = logging.getLogger(__name__)
 

@@ -27,7 +27,7 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from speculant.core.engine import LLMEngine
+from speculant.engine.llm_engine import LLMEngine
 
 disable_created_metrics()  # no *_created series: counters here start with the process
 

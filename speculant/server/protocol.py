@@ -19,7 +19,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
-from speculant.core.sampling_params import SamplingParams
+from speculant.config.sampling_params import SamplingParams
 from speculant.server.errors import APIError
 
 

@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from speculant.core.request import RequestOutput
+from speculant.engine.request import RequestOutput
 
 
 def spec_summary(out: RequestOutput) -> dict[str, Any]:

@@ -20,9 +20,9 @@ from types import FrameType
 
 import uvicorn
 
-from speculant.core.compat import build_config
-from speculant.core.config import ConfigError, EngineConfig, apply_overrides, read_config
-from speculant.core.engine import LLMEngine
+from speculant.config.compat import build_config
+from speculant.config.models import ConfigError, EngineConfig, apply_overrides, read_config
+from speculant.engine.llm_engine import LLMEngine
 from speculant.server.app import ServerState, build_app
 
 

@@ -20,7 +20,7 @@ from typing import Any
 
 from fastapi import Request
 
-from speculant.core.request import RequestOutput
+from speculant.engine.request import RequestOutput
 from speculant.server.engine_loop import EngineLoop, RequestStream
 from speculant.server.errors import APIError, error_body
 from speculant.server.metrics import ServerMetrics

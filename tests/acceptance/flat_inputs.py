@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import torch
 
-from speculant.core.acceptance import greedy_accept
-from speculant.core.interfaces import PLACEHOLDER_TOKEN_ID, AcceptanceMethod, AcceptedTokens, Proposals
+from speculant.engine.acceptance import greedy_accept
+from speculant.interfaces import PLACEHOLDER_TOKEN_ID, AcceptanceMethod, AcceptedTokens, Proposals
 
 
 def flatten(target: torch.Tensor,  # [n, k + 1, V]

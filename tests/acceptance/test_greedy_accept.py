@@ -12,9 +12,9 @@ import torch
 from flat_inputs import accept_padded, greedy_padded
 from speculant.acceptance.rejection import RejectionSampler
 from speculant.acceptance.typical import TypicalAcceptance
-from speculant.core.acceptance import verifies_by_argmax
-from speculant.core.interfaces import PLACEHOLDER_TOKEN_ID
-from speculant.core.sampling_params import SamplingParams
+from speculant.config.sampling_params import SamplingParams
+from speculant.engine.acceptance import verifies_by_argmax
+from speculant.interfaces import PLACEHOLDER_TOKEN_ID
 
 P = PLACEHOLDER_TOKEN_ID
 

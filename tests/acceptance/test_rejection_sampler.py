@@ -8,7 +8,7 @@ import torch
 
 from flat_inputs import accept_padded
 from speculant.acceptance.rejection import RejectionSampler, sample_from_probs
-from speculant.core.interfaces import PLACEHOLDER_TOKEN_ID
+from speculant.interfaces import PLACEHOLDER_TOKEN_ID
 
 P = PLACEHOLDER_TOKEN_ID
 

@@ -11,7 +11,7 @@ from pydantic import ValidationError
 
 from flat_inputs import accept_padded
 from speculant.acceptance import TypicalAcceptance, TypicalOptions
-from speculant.core.interfaces import PLACEHOLDER_TOKEN_ID
+from speculant.interfaces import PLACEHOLDER_TOKEN_ID
 
 P = PLACEHOLDER_TOKEN_ID
 

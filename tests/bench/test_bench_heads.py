@@ -80,7 +80,7 @@ def test_eagle_rows_get_the_draft_confidence(llama_dir, random_heads_dirs):
 
 def test_a_proposer_without_chunked_prefill_gets_an_unchunked_engine(llama_dir, random_heads_dirs, monkeypatch):
     from speculant.bench.heads import head_method
-    from speculant.core.interfaces import ProposerCapabilities
+    from speculant.interfaces import ProposerCapabilities
     from speculant.proposers.heads.mlp_speculator import MLPSpeculatorProposer
 
     monkeypatch.setattr(MLPSpeculatorProposer, "capabilities", ProposerCapabilities(

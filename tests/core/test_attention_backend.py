@@ -23,12 +23,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from speculant.core.attention import cpu_kernel, cpu_kernel_build
-from speculant.core.attention.cpu_kernel import CpuKernelAttentionBackend
-from speculant.core.attention.cpu_kernel_build import kernel_dtypes, load_kernel
-from speculant.core.attention.span_tensors import SpanTensors
-from speculant.core.attention.torch_ref import TorchAttentionBackend
-from speculant.core.interfaces import QuerySpan
+from speculant.interfaces import QuerySpan
+from speculant.interfaces.span_tensors import SpanTensors
+from speculant.model.attention import cpu_kernel, cpu_kernel_build
+from speculant.model.attention.cpu_kernel import CpuKernelAttentionBackend
+from speculant.model.attention.cpu_kernel_build import kernel_dtypes, load_kernel
+from speculant.model.attention.torch_ref import TorchAttentionBackend
 from speculant.plugins.manager import get_registry
 
 NUM_HEADS = 4

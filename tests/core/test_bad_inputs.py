@@ -12,8 +12,8 @@ import pytest
 
 from greedy_compare import check_greedy
 from speculant import LLM, LLMEngine, SamplingParams
-from speculant.core.compat import load_config
-from speculant.core.config import ConfigError
+from speculant.config.compat import load_config
+from speculant.config.models import ConfigError
 from tiny_models import build_gemma2, copy_model, patch_config, random_prompts
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -13,9 +13,9 @@ import torch
 
 from speculant import LLM
 from speculant.cli import main
-from speculant.core import resource_checks
-from speculant.core.compat import build_config, load_config
-from speculant.core.config import MAX_MODEL_LEN, MAX_NUM_BLOCKS, MAX_SEED, ConfigError
+from speculant.config.compat import build_config, load_config
+from speculant.config.models import MAX_MODEL_LEN, MAX_NUM_BLOCKS, MAX_SEED, ConfigError
+from speculant.model import resources as resource_checks
 
 
 def write(tmp_path: Path, name: str, text: str) -> Path:

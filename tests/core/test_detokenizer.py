@@ -1,4 +1,4 @@
-"""Incremental detokenization (``speculant/core/detokenizer.py``) and the stop
+"""Incremental detokenization (``speculant/engine/detokenizer.py``) and the stop
 rules built on it: the incremental text equals the full decode, stop strings
 are found where searching the full text after every token finds them, a step's
 planning never touches the live request's text, and decoding work per token is
@@ -15,12 +15,12 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
 from speculant import LLMEngine, SamplingParams
-from speculant.core.batch import ScheduledRequest
-from speculant.core.commit import Outcome, apply, plan
-from speculant.core.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
-from speculant.core.detokenizer import REPLACEMENT, Detokenizer, TextDecoder
-from speculant.core.request import Request, RequestStatus
-from speculant.core.stop_rules import append_tokens
+from speculant.config.models import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from speculant.engine.batch import ScheduledRequest
+from speculant.engine.commit import Outcome, apply, plan
+from speculant.engine.detokenizer import REPLACEMENT, Detokenizer, TextDecoder
+from speculant.engine.request import Request, RequestStatus
+from speculant.engine.stop_rules import append_tokens
 from tiny_models import build_model, build_tokenizer, random_prompts
 
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

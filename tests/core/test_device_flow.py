@@ -16,8 +16,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-import speculant.core.step as step_mod
-import speculant.core.step_runner as step_runner
+import speculant.engine.step as step_mod
+import speculant.engine.step_runner as step_runner
 from speculant import LLM, SamplingParams
 from tiny_models import random_prompts
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from speculant.core.compat import parse_config
-from speculant.core.config import ConfigError, SpeculativeConfig
-from speculant.core.draft_length import AdaptiveDraftLength, FixedDraftLength, build_draft_length_policy
-from speculant.core.request import Request, RequestStatus
-from speculant.core.sampling_params import SamplingParams
+from speculant.config.compat import parse_config
+from speculant.config.models import ConfigError, SpeculativeConfig
+from speculant.config.sampling_params import SamplingParams
+from speculant.engine.draft_length import AdaptiveDraftLength, FixedDraftLength, build_draft_length_policy
+from speculant.engine.request import Request, RequestStatus
 
 
 def decoding(request_id: str) -> Request:

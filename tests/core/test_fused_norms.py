@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from speculant.core.fused_norms import fuse_rms_norms
+from speculant.model.fused_norms import fuse_rms_norms
 from tiny_models import loaded_tiny_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -1,4 +1,4 @@
-"""GGUF checkpoints as model sources (``speculant.core.gguf_source``): a tiny
+"""GGUF checkpoints as model sources (``speculant.model.gguf_source``): a tiny
 llama written with gguf-py (Q8_0 linears, byte-level BPE tokenizer, q/k in
 llama.cpp's rotary layout) loads and generates like transformers loading the
 same file, converted once into a verified, atomically published cache entry."""
@@ -17,11 +17,11 @@ pytest.importorskip("gguf")
 
 from greedy_compare import HFReference, check_all_greedy
 from speculant import LLM, SamplingParams
-from speculant.core import gguf_source
-from speculant.core.compat import build_config
-from speculant.core.config import ConfigError
-from speculant.core.model_files import ModelFileError
-from speculant.core.model_loading import UnsupportedModelError
+from speculant.config.compat import build_config
+from speculant.config.models import ConfigError
+from speculant.model import gguf_source
+from speculant.model.files import ModelFileError
+from speculant.model.loading import UnsupportedModelError
 from tiny_gguf import tiny_llama, write_tiny_gguf
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from speculant.core.attention import cpu_kernel_build as build
-from speculant.core.attention.cpu_kernel import CpuKernelAttentionBackend, CpuKernelMetadata
-from speculant.core.attention.span_tensors import SpanTensors
-from speculant.core.interfaces import QuerySpan
+from speculant.interfaces import QuerySpan
+from speculant.interfaces.span_tensors import SpanTensors
+from speculant.model.attention import cpu_kernel_build as build
+from speculant.model.attention.cpu_kernel import CpuKernelAttentionBackend, CpuKernelMetadata
 
 CC = os.environ.get("CC") or "cc"
 pytestmark = pytest.mark.skipif(shutil.which(CC) is None, reason="no C compiler")

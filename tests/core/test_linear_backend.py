@@ -1,4 +1,4 @@
-"""Tests for speculant.core.linear_backend: packed linears equal the unpacked ones.
+"""Tests for speculant.model.linear_backend: packed linears equal the unpacked ones.
 
 Tolerances, relative to the largest reference output:
 * float32: 1e-5. Packed and default paths differ only in summation order
@@ -15,7 +15,7 @@ from torch import nn
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 from transformers.pytorch_utils import Conv1D
 
-from speculant.core.linear_backend import (
+from speculant.model.linear_backend import (
     LinearBackendError,
     OneDNNLinear,
     pack_linear_layers,
@@ -267,5 +267,5 @@ def test_failed_probe_keeps_the_default_path(monkeypatch: pytest.MonkeyPatch) ->
     ("AuthenticAMD", 50, 0), ("AuthenticAMD", 500, 0), ("", 50, 0),
 ])
 def test_auto_dense_rows_by_cpu_vendor_and_model_size(vendor, weight_mib, rows) -> None:
-    from speculant.core.model_runner import auto_dense_max_rows
+    from speculant.model.runner import auto_dense_max_rows
     assert auto_dense_max_rows(weight_mib << 20, vendor) == rows

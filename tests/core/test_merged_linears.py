@@ -8,8 +8,8 @@ import pytest
 import torch
 from torch import nn
 
-from speculant.core.linear_backend import OneDNNLinear, pack_linear_layers
-from speculant.core.merged_linears import MergedSlice, merge_sibling_linears
+from speculant.model.linear_backend import OneDNNLinear, pack_linear_layers
+from speculant.model.merged_linears import MergedSlice, merge_sibling_linears
 from tiny_models import loaded_tiny_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import pytest
 
-from speculant.core.batch import StepBatch
-from speculant.core.config import SchedulerConfig
-from speculant.core.kv_cache import BlockManager
-from speculant.core.request import Request, RequestStatus
-from speculant.core.sampling_params import SamplingParams
-from speculant.core.scheduler import Scheduler
+from speculant.config.models import SchedulerConfig
+from speculant.config.sampling_params import SamplingParams
+from speculant.engine.batch import StepBatch
+from speculant.engine.request import Request, RequestStatus
+from speculant.engine.scheduler import Scheduler
+from speculant.model.kv_cache import BlockManager
 
 FAKE_TOKEN = 7
 

@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from speculant import LLM
-from speculant.core import model_runner
-from speculant.core.attention.seam_probe import AttentionCall, seam_refusals
-from speculant.core.attention.torch_ref import TorchAttentionBackend
-from speculant.core.model_loading import UnsupportedModelError
+from speculant.model import runner as model_runner
+from speculant.model.attention.seam_probe import AttentionCall, seam_refusals
+from speculant.model.attention.torch_ref import TorchAttentionBackend
+from speculant.model.loading import UnsupportedModelError
 
 
 def call(layer, kv_len=3, **kwargs) -> AttentionCall:
@@ -55,7 +55,7 @@ class SkewedBackend(TorchAttentionBackend):
 
 
 def test_self_test_refuses_a_model_the_engine_would_get_wrong(llama_dir):
-    from speculant.core.config import CacheConfig, ModelConfig
+    from speculant.config.models import CacheConfig, ModelConfig
 
     with pytest.raises(UnsupportedModelError, match=r"backend 'skewed'\) differ from transformers' own"):
         model_runner.ModelRunner(ModelConfig(path=str(llama_dir)), CacheConfig(num_blocks=64), SkewedBackend())

@@ -10,7 +10,7 @@ import pytest
 
 from greedy_compare import check_greedy
 from speculant import LLMEngine, SamplingParams
-from speculant.core.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from speculant.config.models import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from tiny_models import random_prompts
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -15,7 +15,7 @@ import time
 
 import torch
 
-from speculant.core.interfaces import Proposals, Proposer
+from speculant.interfaces import Proposals, Proposer
 
 # kind -> what the proposer returns (or does) on a faulty call
 FAULTS = (

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import torch
 
-from speculant.core.batch import ScheduledRequest, StepBatch
-from speculant.core.interfaces import PLACEHOLDER_TOKEN_ID, Proposals
-from speculant.core.proposal_checks import PROB_SUM_TOLERANCE, check_proposals
-from speculant.core.request import Request, RequestStatus
-from speculant.core.sampling_params import SamplingParams
+from speculant.config.sampling_params import SamplingParams
+from speculant.engine.batch import ScheduledRequest, StepBatch
+from speculant.engine.proposal_checks import PROB_SUM_TOLERANCE, check_proposals
+from speculant.engine.request import Request, RequestStatus
+from speculant.interfaces import PLACEHOLDER_TOKEN_ID, Proposals
 
 V = 10
 

@@ -103,7 +103,7 @@ def test_each_fault_kind_is_named_counted_and_harmless(kind, llama_dir, spec_noi
     llm = make_llm(llama_dir, "draft_model", spec_noisy_draft_dir, random_heads_dirs)
     llm.engine.spec.proposer = FaultyProposer(llm.engine.spec.proposer, faults=[kind], rate=1.0)
     llm.engine.guard.slow_seconds = SLEEP_S / 2
-    with caplog.at_level(logging.WARNING, logger="speculant.core.proposer_guard"):
+    with caplog.at_level(logging.WARNING, logger="speculant.engine.proposer_guard"):
         results, _ = drive(llm, PROMPTS[:5])
     check_outputs(results, llama_dir, hf_reference, kind)
     m = llm.get_metrics()
@@ -122,7 +122,7 @@ def test_slow_proposer_is_counted_and_warned_once(llama_dir, caplog):
     llm = make_llm(llama_dir, "ngram")
     llm.engine.guard.slow_seconds = 0.02
     llm.engine.spec.proposer = FaultyProposer(llm.engine.spec.proposer, faults=[], sleep_s=0.03)
-    with caplog.at_level(logging.WARNING, logger="speculant.core.proposer_guard"):
+    with caplog.at_level(logging.WARNING, logger="speculant.engine.proposer_guard"):
         outs = llm.generate(PROMPTS[:2], GREEDY, use_tqdm=False)
     assert all(len(o.outputs[0].token_ids) == 12 for o in outs)
     m = llm.get_metrics()

@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import pytest
 
-import speculant.core.commit as commit_mod
-import speculant.core.engine as engine_mod
-import speculant.core.step_runner as step_runner
+import speculant.engine.commit as commit_mod
+import speculant.engine.llm_engine as engine_mod
+import speculant.engine.step_runner as step_runner
 import speculant.proposers.draft_model as draft_mod
 from conftest import GREEDY, assert_idle, check_serves, make_llm
 from greedy_compare import check_all_greedy
 from speculant import SamplingParams
-from speculant.core.step import score
+from speculant.engine.step import score
 from tiny_models import random_prompts
 
 PROMPTS = random_prompts([8, 13, 6, 11], seed=17)

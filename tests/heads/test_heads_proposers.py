@@ -19,7 +19,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from speculant import LLM, SamplingParams
-from speculant.core.config import ConfigError
+from speculant.config.models import ConfigError
 from speculant.proposers.heads.common import save_heads
 from speculant.proposers.heads.medusa import MedusaHeads, medusa_config
 from speculant.proposers.heads.mlp_speculator import MLPSpeculator, mlp_speculator_config

@@ -24,7 +24,7 @@ import pytest
 from arch_zoo import EITHER, REFUSED, VERIFIED, build_arch_model, matrix_prompts
 from greedy_compare import check_all_greedy
 from speculant import LLM, SamplingParams
-from speculant.core.model_loading import UnsupportedModelError
+from speculant.model.loading import UnsupportedModelError
 from speculant.plugins.manager import get_registry
 from tiny_eagle import save_random_eagle
 

@@ -1,10 +1,10 @@
-"""The proposers shipped for SmolLM2-135M-Instruct (models/smollm2-draft,
-models/smollm2-eagle) without the 93 MB model: both are complete float16
-bundles with their training record, and on a random target of SmolLM2's
-shape (same tokenizer, vocabulary, widths and rotary settings, one layer)
-greedy speculative output with each equals no speculation, with chunked
-prefill on. Their acceptance on the real model is measured by the training
-scripts (training.json) and benchmarks/, not here."""
+"""The proposer shipped for SmolLM2-135M-Instruct (models/smollm2-eagle)
+without the 93 MB model: a complete float16 bundle with its training
+record, and on a random target of SmolLM2's shape (same tokenizer,
+vocabulary, widths and rotary settings, one layer) greedy speculative
+output with it equals no speculation, with chunked prefill on. Its
+acceptance on the real model is measured by the training scripts
+(training.json) and benchmarks/, not here."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from speculant import LLM, SamplingParams
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 MODELS = Path(__file__).resolve().parents[2] / "models"
-DRAFT, EAGLE = MODELS / "smollm2-draft", MODELS / "smollm2-eagle"
+EAGLE = MODELS / "smollm2-eagle"
 GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
 
 
@@ -30,7 +30,7 @@ def _dtypes(path: Path) -> set[str]:
     return {v["dtype"] for k, v in meta.items() if k != "__metadata__"}
 
 
-@pytest.mark.parametrize("bundle", [DRAFT, EAGLE], ids=["draft", "eagle"])
+@pytest.mark.parametrize("bundle", [EAGLE], ids=["eagle"])
 def test_bundle_is_float16_small_and_records_its_training(bundle):
     assert _dtypes(bundle / "model.safetensors") - {"I64"} == {"F16"}  # I64: eagle's draft vocabulary ids
     size = sum(f.stat().st_size for f in bundle.iterdir() if f.is_file())
@@ -40,14 +40,14 @@ def test_bundle_is_float16_small_and_records_its_training(bundle):
     assert json.loads((bundle / "config.json").read_text())["vocab_size"] == 49152
 
 
-def test_draft_ships_smollm2s_tokenizer():
-    tok = AutoTokenizer.from_pretrained(DRAFT)
+def test_the_test_data_holds_smollm2s_tokenizer(smollm2_tokenizer_dir):
+    tok = AutoTokenizer.from_pretrained(smollm2_tokenizer_dir)
     assert len(tok) == 49152 and tok.eos_token == "<|im_end|>"
     assert tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False).startswith("<|im_start|>")
 
 
 @pytest.fixture(scope="module")
-def smollm2_shaped(tmp_path_factory) -> Path:
+def smollm2_shaped(tmp_path_factory, smollm2_tokenizer_dir) -> Path:
     """A random one-layer Llama of SmolLM2-135M's widths, with its tokenizer."""
     torch.manual_seed(0)
     cfg = LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=256, num_hidden_layers=1,
@@ -57,14 +57,11 @@ def smollm2_shaped(tmp_path_factory) -> Path:
                       initializer_range=0.2)
     out = tmp_path_factory.mktemp("smollm2_shaped")
     LlamaForCausalLM(cfg).save_pretrained(out)
-    AutoTokenizer.from_pretrained(DRAFT).save_pretrained(out)
+    AutoTokenizer.from_pretrained(smollm2_tokenizer_dir).save_pretrained(out)
     return out
 
 
 SPECS = {
-    "draft_mqa": {"proposer": "draft_model", "proposer_options": {"model": str(DRAFT)}},
-    "draft_batch_expansion": {"proposer": "draft_model", "scorer": "batch_expansion",
-                              "proposer_options": {"model": str(DRAFT)}},
     "eagle": {"proposer": "eagle", "proposer_options": {"path": str(EAGLE)}},
 }
 

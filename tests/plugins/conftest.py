@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel, ConfigDict, Field
 
-from speculant.core.interfaces import PLUGIN_KINDS, NoOptions
+from speculant.interfaces import PLUGIN_KINDS, NoOptions
 from speculant.plugins import hookimpl
 from speculant.plugins.manager import ALLOW_LIST_ENV, register_plugin, reset_plugins, unregister_plugin
 from speculant.plugins.registry import PluginSource, Registry

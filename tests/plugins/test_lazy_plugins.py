@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from speculant.core.compat import build_config, config_problems
-from speculant.core.config import ConfigError
+from speculant.config.compat import build_config, config_problems
+from speculant.config.models import ConfigError
 from speculant.plugins import get_registry, load_plugins
 from speculant.plugins.manager import ALLOW_LIST_ENV
 

@@ -14,7 +14,7 @@ import pytest
 
 import speculant.plugin_api as api
 from speculant import LLM, SamplingParams
-from speculant.core.interfaces import PLUGIN_KINDS
+from speculant.interfaces import PLUGIN_KINDS
 from speculant.plugins import hookspecs
 from speculant.plugins.manager import register_plugin, unregister_plugin
 

@@ -6,14 +6,14 @@ from __future__ import annotations
 import pytest
 from pydantic import BaseModel, ConfigDict, Field
 
-from speculant.core.compat import (
+from speculant.config.compat import (
     combination_reasons,
     config_problems,
     resolve_attention_backend_name,
     sampling_reasons,
     validate_config,
 )
-from speculant.core.config import ConfigError, EngineConfig
+from speculant.config.models import ConfigError, EngineConfig
 from speculant.plugins import manager
 
 

@@ -11,8 +11,8 @@ import yaml
 
 from speculant.cli import main
 from speculant.cli.config_cmd import format_settings
-from speculant.core.compat import build_config, load_config
-from speculant.core.config import ConfigError
+from speculant.config.compat import build_config, load_config
+from speculant.config.models import ConfigError
 
 TOML = """
 [model]

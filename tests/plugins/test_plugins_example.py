@@ -10,12 +10,12 @@ from dataclasses import dataclass
 
 import pytest
 
-from speculant.core.batch import ScheduledRequest, StepBatch
-from speculant.core.compat import load_config
-from speculant.core.config import ConfigError, EngineConfig
-from speculant.core.interfaces import ProposerContext
-from speculant.core.request import Request
-from speculant.core.sampling_params import SamplingParams
+from speculant.config.compat import load_config
+from speculant.config.models import ConfigError, EngineConfig
+from speculant.config.sampling_params import SamplingParams
+from speculant.engine.batch import ScheduledRequest, StepBatch
+from speculant.engine.request import Request
+from speculant.interfaces import ProposerContext
 
 
 class WordTokenizer:

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from speculant.cli import main
-from speculant.core.compat import combination_reasons, config_problems, validate_config
-from speculant.core.compat_matrix import (
+from speculant.config.compat import combination_reasons, config_problems, validate_config
+from speculant.config.matrix import (
     README_END,
     README_START,
     ReadmeMarkersMissing,
@@ -22,7 +22,7 @@ from speculant.core.compat_matrix import (
     render_markdown,
     rewrite_readme,
 )
-from speculant.core.config import ConfigError, EngineConfig
+from speculant.config.models import ConfigError, EngineConfig
 from speculant.plugins.manager import load_plugins, reset_plugins
 
 README = Path(__file__).resolve().parents[2] / "README.md"

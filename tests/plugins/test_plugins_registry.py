@@ -7,7 +7,7 @@ import re
 import pytest
 from pydantic import BaseModel, ConfigDict
 
-from speculant.core.interfaces import UnknownPluginError
+from speculant.interfaces import UnknownPluginError
 from speculant.plugins.registry import PluginSource, RegistrationError, Registry
 
 
@@ -88,7 +88,7 @@ def test_instance_instead_of_class(make_class):
 
 
 def test_abstract_class_refused():
-    from speculant.core.interfaces import Proposer
+    from speculant.interfaces import Proposer
 
     class Half(Proposer):
         name = "half"

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import torch
 
-from speculant.core.request import Request
-from speculant.core.sampling_params import SamplingParams
+from speculant.config.sampling_params import SamplingParams
+from speculant.engine.request import Request
 from speculant.proposers.drafting import draw_proposals
 
 

@@ -12,8 +12,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from speculant import LLM, SamplingParams
-from speculant.core.config import ConfigError
-from speculant.core.draft_length import FixedDraftLength
+from speculant.config.models import ConfigError
+from speculant.engine.draft_length import FixedDraftLength
 from speculant.proposers.eagle.model import EagleHead, SeqKV
 from tiny_eagle import save_random_eagle
 from tiny_models import random_prompts
@@ -259,7 +259,7 @@ def test_confidence_threshold_out_of_range_is_refused(llama_dir, heads, value):
 def test_packed_head_drafts_what_the_default_linears_draft(llama_dir, heads, reference):
     """``linear_backend``: 'onednn' packs the head's layers and its draft-vocabulary
     output layer; proposals and output match the unpacked ('default') head."""
-    from speculant.core.linear_backend import OneDNNLinear
+    from speculant.model.linear_backend import OneDNNLinear
 
     runs = {}
     for backend in ("default", "onednn"):

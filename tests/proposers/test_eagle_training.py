@@ -109,8 +109,8 @@ def test_reply_mask_starts_after_the_last_assistant_header():
     assert torch.equal(reply_mask(tokens, mask, None), mask)
 
 
-def test_assistant_marker_is_the_generation_prompt():
-    tok = AutoTokenizer.from_pretrained(Path(__file__).resolve().parents[2] / "models" / "smollm2-draft")
+def test_assistant_marker_is_the_generation_prompt(smollm2_tokenizer_dir):
+    tok = AutoTokenizer.from_pretrained(smollm2_tokenizer_dir)
     marker = assistant_marker(tok)
     assert tok.decode(marker) == "<|im_start|>assistant\n"
     chat = tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True)

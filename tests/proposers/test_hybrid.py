@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from speculant import LLM, SamplingParams
-from speculant.core.config import ConfigError
-from speculant.core.interfaces import Proposals
+from speculant.config.models import ConfigError
+from speculant.interfaces import Proposals
 from speculant.proposers.hybrid import merge
 from tiny_models import random_prompts
 

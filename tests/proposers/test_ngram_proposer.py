@@ -11,9 +11,9 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from speculant.core.batch import ScheduledRequest, StepBatch
-from speculant.core.request import Request
-from speculant.core.sampling_params import SamplingParams
+from speculant.config.sampling_params import SamplingParams
+from speculant.engine.batch import ScheduledRequest, StepBatch
+from speculant.engine.request import Request
 from speculant.proposers.ngram import NgramOptions, NgramProposer, propose_continuation
 
 CPU_CONTEXT = SimpleNamespace(target=SimpleNamespace(device=torch.device("cpu")))  # all ngram reads

@@ -11,9 +11,9 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from speculant.core.batch import ScheduledRequest, StepBatch
-from speculant.core.request import Request, RequestStatus
-from speculant.core.sampling_params import SamplingParams
+from speculant.config.sampling_params import SamplingParams
+from speculant.engine.batch import ScheduledRequest, StepBatch
+from speculant.engine.request import Request, RequestStatus
 from speculant.plugins.manager import get_registry
 from speculant.proposers.suffix import SuffixOptions, SuffixProposer
 

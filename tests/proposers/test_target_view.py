@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from speculant import LLMEngine
-from speculant.core.compat import build_config
-from speculant.core.config import ModelConfig
-from speculant.core.interfaces import TargetView
+from speculant.config.compat import build_config
+from speculant.config.models import ModelConfig
+from speculant.interfaces import TargetView
 
 FIELDS = {"tokenizer", "vocab_size", "device", "dtype", "max_model_len", "block_size", "num_blocks",
           "output_embedding", "final_norm", "input_embedding", "new_runner"}
@@ -41,7 +41,7 @@ def test_the_view_holds_what_proposers_need_and_nothing_else(engine):
 
 def test_output_embedding_maps_hidden_states_to_the_targets_logits(engine):
     view, runner = engine.spec.proposer.context.target, engine.runner
-    from speculant.core.interfaces import QuerySpan
+    from speculant.interfaces import QuerySpan
 
     out = runner.forward([QuerySpan(runner.block_manager.allocate("probe", 4), 0, [5, 6, 7, 8], [3])],
                          want_hidden=True)

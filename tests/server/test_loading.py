@@ -10,8 +10,8 @@ import time
 from fastapi.testclient import TestClient
 from server_proc import engine_config
 
-from speculant.core.compat import build_config
-from speculant.core.engine import LLMEngine
+from speculant.config.compat import build_config
+from speculant.engine.llm_engine import LLMEngine
 from speculant.server.app import ServerState, build_app
 
 

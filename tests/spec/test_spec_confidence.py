@@ -8,7 +8,7 @@ import pytest
 
 from spec_helpers import StepProbe, run, token_ids
 from speculant import LLM, SamplingParams
-from speculant.core.config import ConfigError
+from speculant.config.models import ConfigError
 from tiny_models import random_prompts
 
 K = 3

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from speculant import LLM
-from speculant.core.compat import load_config
-from speculant.core.config import ConfigError
+from speculant.config.compat import load_config
+from speculant.config.models import ConfigError
 from tiny_models import build_model
 
 KEY = "speculative.proposer_options.model"

@@ -38,8 +38,8 @@ from transformers import AutoModelForCausalLM
 
 from spec_helpers import run
 from speculant import LLM, SamplingParams
-from speculant.core.batch import ScheduledRequest, StepBatch
-from speculant.core.request import Request
+from speculant.engine.batch import ScheduledRequest, StepBatch
+from speculant.engine.request import Request
 from speculant.proposers.ngram import propose_continuation
 from speculant.proposers.suffix import SuffixOptions, SuffixProposer
 from tiny_models import build_model

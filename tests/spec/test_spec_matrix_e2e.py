@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from speculant import LLM, SamplingParams
-from speculant.core.compat_matrix import builtin_registry, compute_matrix
-from speculant.core.config import ConfigError
+from speculant.config.matrix import builtin_registry, compute_matrix
+from speculant.config.models import ConfigError
 from speculant.plugins.manager import load_plugins, reset_plugins
 
 PROMPTS = ["def foo(x):\n    return", "import os\nclass A:\n", "for i in range(10):\n    print(i)\n" * 3]

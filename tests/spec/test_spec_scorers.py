@@ -15,8 +15,8 @@ import torch
 
 from spec_helpers import StepProbe, run
 from speculant import LLM, SamplingParams
-from speculant.core.interfaces import Scorer
-from speculant.core.step import decide
+from speculant.engine.step import decide
+from speculant.interfaces import Scorer
 from speculant.scorers.batch_expansion import BatchExpansionScorer
 from speculant.scorers.mqa import MQAScorer
 from tiny_models import random_prompts

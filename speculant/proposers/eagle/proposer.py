@@ -33,13 +33,13 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 from safetensors.torch import load_file
 
-from speculant.core.acceptance import verifies_by_argmax
-from speculant.core.batch import StepBatch
-from speculant.core.config import EngineConfig
-from speculant.core.interfaces import Proposals, Proposer, ProposerCapabilities, ProposerContext, Scores
-from speculant.core.linear_backend import onednn_unavailable_reason, pack_linear_layers
-from speculant.core.model_files import read_text_config
-from speculant.core.request import Request
+from speculant.config.models import EngineConfig
+from speculant.engine.acceptance import verifies_by_argmax
+from speculant.engine.batch import StepBatch
+from speculant.engine.request import Request
+from speculant.interfaces import Proposals, Proposer, ProposerCapabilities, ProposerContext, Scores
+from speculant.model.files import read_text_config
+from speculant.model.linear_backend import onednn_unavailable_reason, pack_linear_layers
 from speculant.proposers.drafting import DraftDraw, DraftSteps, draw_proposals
 from speculant.proposers.eagle.model import MODEL_TYPE, EagleHead, SeqKV
 

@@ -22,11 +22,11 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 from safetensors.torch import load_file
 
-from speculant.core.batch import StepBatch
-from speculant.core.config import EngineConfig
-from speculant.core.interfaces import Proposals, Proposer, ProposerCapabilities, ProposerContext, Scores
-from speculant.core.model_files import read_text_config
-from speculant.core.request import Request
+from speculant.config.models import EngineConfig
+from speculant.engine.batch import StepBatch
+from speculant.engine.request import Request
+from speculant.interfaces import Proposals, Proposer, ProposerCapabilities, ProposerContext, Scores
+from speculant.model.files import read_text_config
 from speculant.proposers.drafting import DraftSteps, draw_proposals
 
 HEADS_CAPABILITIES = ProposerCapabilities(

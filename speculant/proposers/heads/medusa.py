@@ -14,7 +14,7 @@ from typing import cast
 import torch
 from torch import nn
 
-from speculant.core.request import Request
+from speculant.engine.request import Request
 from speculant.proposers.heads.common import HiddenStateProposer
 
 MODEL_TYPE = "speculant_medusa"

@@ -18,7 +18,7 @@ from collections.abc import Generator
 import torch
 from torch import nn
 
-from speculant.core.request import Request
+from speculant.engine.request import Request
 from speculant.proposers.heads.common import HiddenStateProposer
 
 MODEL_TYPE = "speculant_mlp_speculator"

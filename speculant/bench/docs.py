@@ -1,0 +1,209 @@
+"""The result tables of the docs, generated from ``benchmarks/results/*.json``.
+
+``python -m speculant.bench.docs`` rewrites every block between
+``<!-- results:NAME:start -->`` and ``<!-- results:NAME:end -->`` in
+README.md and docs/benchmarks.md; ``--check`` only reports stale blocks
+(exit 1), which is what the test suite runs. Every row names the machine,
+date and commit its file was measured on (``commit not recorded`` for files
+written before benchmarks recorded it), so a figure can't drift from its
+source or lose its label.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+RESULTS = ROOT / "benchmarks" / "results"
+DOCS = (ROOT / "README.md", ROOT / "docs" / "benchmarks.md")
+
+Table = Callable[[Path], list[str]]
+
+
+def _load(results: Path, name: str) -> dict[str, Any] | None:
+    path = results / name
+    return json.loads(path.read_text(encoding="utf-8")) if path.exists() else None
+
+
+def measured_on(data: dict[str, Any]) -> str:
+    """``machine, date time UTC, commit`` from a result file's environment."""
+    env = data.get("env") or data.get("environment") or {}
+    machine = env.get("gpu") or env.get("cpu") or "machine not recorded"
+    date = str(env["date_utc"])[:16].replace("T", " ") if env.get("date_utc") else "date not recorded"
+    commit = str(env.get("git_commit") or "")
+    commit = commit[:7] + ("+dirty" if commit.endswith("-dirty") else "") if commit else "commit not recorded"
+    return f"{machine}, {date} UTC, {commit}"
+
+
+def _x(value: float | None) -> str:
+    return "–" if value is None else f"{value:.2f}×"
+
+
+def _num(value: float | None, digits: int = 1) -> str:
+    return "–" if value is None else f"{value:.{digits}f}"
+
+
+def smollm2_batch1(results: Path) -> list[str]:
+    """`speculant bench` on SmolLM2-135M-Instruct, one request at a time."""
+    data = _load(results, "bench_smollm2_proposers.json")
+    if data is None:
+        return []
+    rows = [r for r in data["rows"] if r.get("concurrency") == 1 and r.get("status") == "ok"]
+    base = next(r["tokens_per_s"] for r in rows if r["engine"] == "speculant" and r["method"] == "no_spec")
+    s = data["settings"]
+    out = [f"SmolLM2-135M-Instruct, {s['dtype']}, {s['num_prompts']} chat prompts × {s['max_tokens']} tokens, "
+           f"k = {s['k']}, greedy, batch 1, median of {s['repeats']} rounds; measured on {measured_on(data)}.", "",
+           "| engine | method | tok/s | vs Speculant without speculation | tokens per verify step | "
+           "output = no speculation |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        same = {True: "yes", False: "**no**", None: "–"}[r.get("matches_no_spec")]
+        out.append(f"| {r['engine']} | {r['method']} | {_num(r['tokens_per_s'])} | {_x(r['tokens_per_s'] / base)} | "
+                   f"{_num(r.get('mean_accepted_length'), 2)} | {same} |")
+    return out
+
+
+def eagle_rounds(results: Path) -> list[str]:
+    """``benchmarks/eagle_bench.py``: the EAGLE head, chunked and not."""
+    data = _load(results, "eagle_smollm2.json")
+    if data is None:
+        return []
+    s = data["settings"]
+    out = [f"EAGLE head on SmolLM2-135M-Instruct, {s['dtype']}, {s['prompts']} prompts × {s['max_tokens']} tokens, "
+           f"k = {s['k']}, {s['repeats']} rounds; measured on {measured_on(data)}.", "",
+           "| configuration | tok/s | speedup | tokens per verify step | chunked ÷ unchunked (median of rounds) |",
+           "|---|---|---|---|---|"]
+    for name, r in data["results"].items():
+        out.append(f"| {name} | {_num(r['tokens_per_s'])} | {_x(r.get('speedup_vs_no_spec'))} | "
+                   f"{_num(r.get('tokens_per_verify_step'), 2)} | {_num(r.get('vs_unchunked_median_of_rounds'), 3)} |")
+    return out
+
+
+def heldout_acceptance(results: Path) -> list[str]:
+    """``benchmarks/heldout_acceptance.py``: tokens per verify step on held-out chat prompts."""
+    data = _load(results, "heldout_tokens_per_step_smollm2.json")
+    if data is None:
+        return []
+    out = [f"Tokens per verify step on the 20 held-out chat prompts (greedy); measured on {measured_on(data)}.", "",
+           "| proposer | tokens per verify step | acceptance rate | output = no speculation |", "|---|---|---|---|"]
+    for name, r in sorted(data["results"].items(), key=lambda kv: -kv[1]["tokens_per_verify_step"]):
+        out.append(f"| {name} | {r['tokens_per_verify_step']:.2f} | {r['acceptance_rate']:.2f} | "
+                   f"{'yes' if r['identical_to_no_spec'] else '**no**'} |")
+    return out
+
+
+def gpu_rows(results: Path) -> list[str]:
+    """``scripts/gpu_check.sh``'s bench rows (``gpu_*.json``), one table per file."""
+    out: list[str] = []
+    for path in sorted(results.glob("gpu_bench_*.json")):
+        data = json.loads(path.read_text(encoding="utf-8"))
+        out += [f"`{path.name}`: {data.get('title', '')}; measured on {measured_on(data)}.", "",
+                "| engine | method | batch | tok/s | vs baseline | tokens per verify step |",
+                "|---|---|---|---|---|---|"]
+        for r in data["rows"]:
+            out.append(f"| {r['engine']} | {r['method']} | {r.get('concurrency', 1)} | {_num(r.get('tokens_per_s'))} "
+                       f"| {_x(r.get('vs_baseline'))} | {_num(r.get('mean_accepted_length'), 2)} |")
+        out.append("")
+    return out[:-1] if out else out
+
+
+def headline(results: Path) -> list[str]:
+    """The README's short table: one line per claim, each with its source."""
+    out = ["| result | figure | measured on | details |", "|---|---|---|---|"]
+    data = _load(results, "bench_smollm2_proposers.json")
+    if data is not None:
+        rows = {(r["engine"], r["method"]): r for r in data["rows"]
+                if r.get("concurrency") == 1 and r.get("status") == "ok"}
+        base = rows[("speculant", "no_spec")]["tokens_per_s"]
+        hf = rows.get(("transformers", "generate"))
+        if hf:
+            out.append(f"| SmolLM2-135M fp32, batch 1, no speculation vs transformers `generate()` | "
+                       f"{base:.1f} vs {hf['tokens_per_s']:.1f} tok/s ({base / hf['tokens_per_s']:.2f}×) | "
+                       f"{measured_on(data)} | [bench](docs/benchmarks.md#results-smollm2-batch-1) |")
+        spec = [r for (e, m), r in rows.items() if e == "speculant" and m != "no_spec"]
+        best = max(spec, key=lambda r: r["tokens_per_s"])
+        out.append(f"| best speculative row, same run (`{best['method']}`) | {best['tokens_per_s'] / base:.2f}× "
+                   f"({best['mean_accepted_length']:.2f} tokens per verify step), output identical | "
+                   f"{measured_on(data)} | [bench](docs/benchmarks.md#results-smollm2-batch-1) |")
+    data = _load(results, "eagle_smollm2.json")
+    if data is not None:
+        for name in ("eagle", "eagle_suffix"):
+            r = data["results"].get(name)
+            if r:
+                out.append(f"| `{name}` on SmolLM2 (eagle_bench, 2 prompts) | {r['speedup_vs_no_spec']:.2f}× "
+                           f"({r['tokens_per_verify_step']:.2f} tokens per verify step) | {measured_on(data)} | "
+                           f"[eagle](docs/benchmarks.md#results-eagle) |")
+    for path in sorted(results.glob("gpu_bench_*.json")):
+        gpu = json.loads(path.read_text(encoding="utf-8"))
+        for r in gpu.get("headline", []):
+            out.append(f"| {r['what']} | {r['figure']} | {measured_on(gpu)} | [gpu](docs/benchmarks.md#results-gpu) |")
+    return out
+
+
+BLOCKS: dict[str, Table] = {
+    "headline": headline,
+    "smollm2-batch-1": smollm2_batch1,
+    "eagle": eagle_rounds,
+    "heldout": heldout_acceptance,
+    "gpu": gpu_rows,
+}
+"""Block name -> the function that renders it. docs/benchmarks.md holds a
+``tables`` block that gathers every block but the headline, each under its
+own heading (anchors ``results-<name>``)."""
+
+
+def render(results: Path = RESULTS) -> dict[str, str]:
+    """Every block's generated text (without its markers)."""
+    blocks = {name: "\n".join(fn(results)) for name, fn in BLOCKS.items()}
+    parts = []
+    for name, text in blocks.items():
+        if name != "headline" and text:
+            doc = (BLOCKS[name].__doc__ or name).strip().splitlines()[0]
+            parts.append(f'<a id="results-{name}"></a>\n**{doc}**\n\n{text}')
+    blocks["tables"] = "\n\n".join(parts)
+    return blocks
+
+
+def _markers(name: str) -> tuple[str, str]:
+    return f"<!-- results:{name}:start -->", f"<!-- results:{name}:end -->"
+
+
+def apply(text: str, blocks: dict[str, str]) -> str:
+    """``text`` with every results block it has marked replaced by the generated one."""
+    for name, body in blocks.items():
+        start, end = _markers(name)
+        pattern = re.compile(re.escape(start) + r".*?" + re.escape(end), re.S)
+        block = f"{start}\n{body}\n{end}" if body else f"{start}\n{end}"
+        text = pattern.sub(lambda _m: block, text)  # noqa: B023 - used at once, within this iteration
+    return text
+
+
+def stale_files(paths: tuple[Path, ...] = DOCS, results: Path = RESULTS) -> list[Path]:
+    """The docs whose generated blocks differ from what ``results`` gives."""
+    blocks = render(results)
+    return [p for p in paths if apply(p.read_text(encoding="utf-8"), blocks) != p.read_text(encoding="utf-8")]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m speculant.bench.docs", description=__doc__.splitlines()[0])
+    ap.add_argument("--check", action="store_true", help="only report stale blocks (exit 1 if any)")
+    args = ap.parse_args(argv)
+    stale = stale_files()
+    if args.check:
+        for p in stale:
+            print(f"{p.relative_to(ROOT)}: generated result tables are stale; run python -m speculant.bench.docs")
+        return 1 if stale else 0
+    blocks = render()
+    for p in stale:
+        p.write_text(apply(p.read_text(encoding="utf-8"), blocks), encoding="utf-8")
+        print(f"updated {p.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,168 @@
+"""Draft-length policies: how many proposals each running decode may get in a step.
+
+The engine asks its policy once per step, before scheduling (``plan``); the
+scheduler then trims each request's k to the token budget and to the
+request's room (``max_model_len``, ``max_tokens``). Greedy output does not
+depend on k (every proposal is verified), so a policy only changes speed.
+
+- ``fixed``: every decode may get ``num_speculative_tokens``.
+- ``adaptive``: the rule below.
+
+The adaptive rule. Each request keeps a running estimate ``a_i`` of the
+chance that one more of its proposals is accepted (a geometric model: a
+proposal is reached only if all before it were accepted). Each verify step
+counts ``accepted`` successes and one failure if a proposal was rejected;
+both counts decay by ``acceptance_decay`` per step and start from
+``prior_acceptance`` worth two observations. The j-th proposal of request i
+is then accepted with probability ``a_i ** j``: that is its expected gain
+in tokens. A proposer with its own confidence (``suffix``'s ``min_token_prob``,
+``draft_model``'s ``confidence_threshold``) stops drafting early by itself;
+the policy only sets the ceiling, and rejected tokens drafted below it are what
+lowers ``a_i``.
+
+The batch's cost model is linear: a target forward over T tokens costs
+``(1 - c) + c * T`` (one token costs 1; ``c = token_cost``, measured by
+``benchmarks/verify_cost.py``), plus ``d = draft_token_cost`` per proposal.
+Without speculation n decodes yield n tokens at cost ``(1 - c) + c * n``.
+Proposals are added in order of decreasing gain while each one raises the
+step's expected tokens per unit of cost, i.e. while ``gain / (c + d)`` exceeds
+the current ``tokens / cost``. So a lone decode (cost dominated by the fixed
+part) drafts whenever ``a_i`` is not tiny, and as decodes grow the forward's
+fixed part is shared by more tokens and the bar rises towards 1: the step's
+total drafts shrink with the batch, to none when no proposal is expected to
+pay for itself. Under the model, a step with speculation is never expected
+to be slower per token than without. A step in which a request drafts
+nothing moves its estimate back toward the prior by ``acceptance_decay``, so
+a request held at k = 0 is tried again once the prior would pay (small
+batches), and stays at 0 where even the prior would not (large ones).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import ClassVar
+
+from speculant.config.models import AdaptiveDraftLengthConfig, SpeculativeConfig
+from speculant.engine.request import Request
+
+
+class DraftLengthPolicy(ABC):
+    """Decides each step's per-request proposal ceilings (``plan``) and counts what it decided."""
+
+    name: ClassVar[str]
+
+    def __init__(self, spec: SpeculativeConfig) -> None:
+        self.max_k = spec.num_speculative_tokens
+        self.disable_by_batch_size = spec.disable_by_batch_size
+        self.reset_metrics()
+
+    def reset_metrics(self) -> None:
+        self.num_planned_decodes = 0  # decodes planned (summed over steps)
+        self.num_planned_tokens = 0  # their ceilings, summed
+        self.num_planned_zero = 0  # decodes planned at k = 0
+
+    def plan(self, running: Sequence[Request]) -> dict[str, int]:
+        """request id -> most proposals it may get this step, for each decoding
+        request in ``running`` (the scheduler's running list, arrival order).
+        Above ``disable_by_batch_size`` running requests nobody speculates."""
+        decoding = [r for r in running if r.is_decoding]
+        if self.disable_by_batch_size is not None and len(running) > self.disable_by_batch_size:
+            lengths = {r.request_id: 0 for r in decoding}
+        else:
+            lengths = self.lengths(decoding)
+        self.num_planned_decodes += len(lengths)
+        self.num_planned_tokens += sum(lengths.values())
+        self.num_planned_zero += sum(1 for k in lengths.values() if k == 0)
+        return lengths
+
+    @abstractmethod
+    def lengths(self, decoding: list[Request]) -> dict[str, int]:
+        """The ceilings for ``decoding`` (all of them decoding this step)."""
+
+    def free(self, request_id: str) -> None:  # noqa: B027 - optional: stateless policies keep nothing
+        """Forget a finished request."""
+
+    def metrics(self) -> dict:
+        n = self.num_planned_decodes
+        return {
+            "draft_length_policy": self.name,
+            "mean_planned_draft_length": self.num_planned_tokens / n if n else 0.0,
+            "planned_zero_fraction": self.num_planned_zero / n if n else 0.0,
+        }
+
+
+class FixedDraftLength(DraftLengthPolicy):
+    """Every decode may get ``num_speculative_tokens`` proposals."""
+
+    name = "fixed"
+
+    def lengths(self, decoding: list[Request]) -> dict[str, int]:
+        return {r.request_id: self.max_k for r in decoding}
+
+
+@dataclass
+class _Acceptance:
+    """A request's decayed verify record and where its counters stood last step."""
+
+    successes: float
+    failures: float
+    drafted: int = 0  # request.spec_stats.num_draft_tokens when last read
+    accepted: int = 0
+
+
+class AdaptiveDraftLength(DraftLengthPolicy):
+    """k per request from its observed acceptance; drafts per batch from the cost model (module docstring)."""
+
+    name = "adaptive"
+
+    def __init__(self, spec: SpeculativeConfig) -> None:
+        super().__init__(spec)
+        assert isinstance(spec.draft_length, AdaptiveDraftLengthConfig)
+        self.config = spec.draft_length
+        self._state: dict[str, _Acceptance] = {}
+
+    def estimate(self, request: Request) -> float:
+        """The request's current chance that one more proposal is accepted,
+        after folding in the verify steps since the last call."""
+        cfg = self.config
+        state = self._state.get(request.request_id)
+        if state is None:
+            state = self._state[request.request_id] = _Acceptance(2 * cfg.prior_acceptance,
+                                                                  2 * (1 - cfg.prior_acceptance))
+        stats = request.spec_stats
+        drafted, accepted = stats.num_draft_tokens - state.drafted, stats.num_accepted_tokens - state.accepted
+        decay = cfg.acceptance_decay
+        if drafted > 0:  # one verify step per engine step, so this is the last step's record
+            state.successes = decay * state.successes + accepted
+            state.failures = decay * state.failures + (accepted < drafted)
+        else:  # nothing verified: drift back toward the prior
+            state.successes = decay * state.successes + (1 - decay) * 2 * cfg.prior_acceptance
+            state.failures = decay * state.failures + (1 - decay) * 2 * (1 - cfg.prior_acceptance)
+        state.drafted, state.accepted = stats.num_draft_tokens, stats.num_accepted_tokens
+        return state.successes / (state.successes + state.failures)
+
+    def lengths(self, decoding: list[Request]) -> dict[str, int]:
+        cfg = self.config
+        rates = [self.estimate(r) for r in decoding]
+        lengths = {r.request_id: 0 for r in decoding}
+        per_draft = cfg.token_cost + cfg.draft_token_cost
+        gain = float(len(decoding))
+        cost = 1.0 - cfg.token_cost + cfg.token_cost * len(decoding)
+        candidates = sorted(((a ** j, i) for i, a in enumerate(rates) for j in range(1, self.max_k + 1)),
+                            key=lambda c: -c[0])  # stable: equal gains go to earlier arrivals
+        for p, i in candidates:
+            if p * cost <= per_draft * gain:  # p / per_draft <= gain / cost: this draft would not pay
+                break
+            lengths[decoding[i].request_id] += 1
+            gain, cost = gain + p, cost + per_draft
+        return lengths
+
+    def free(self, request_id: str) -> None:
+        self._state.pop(request_id, None)
+
+
+def build_draft_length_policy(spec: SpeculativeConfig) -> DraftLengthPolicy:
+    policies: dict[str, type[DraftLengthPolicy]] = {"fixed": FixedDraftLength, "adaptive": AdaptiveDraftLength}
+    return policies[spec.draft_length.policy](spec)

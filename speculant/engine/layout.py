@@ -1,0 +1,64 @@
+"""Lay a step's batch out as query spans and split the logits back.
+
+The flat layout is the engine's plain forward: each prefill chunk is one
+multi-token span (logits only at its last token, and only when it reports:
+samples, or ends a recompute one token short),
+each decode one span ``[last, p1..pk]`` with logits at every position. Scorers
+may lay decodes out differently; they all reuse ``prefill_spans`` and
+``gather_scores`` so results map back the same way.
+"""
+
+from __future__ import annotations
+
+from speculant.engine.batch import ScheduledRequest, StepBatch
+from speculant.interfaces import Proposals, QuerySpan, Scores
+from speculant.model.runner import ForwardOutput, ModelRunner
+
+
+def block_table(runner: ModelRunner, entry: ScheduledRequest) -> list[int]:
+    return runner.block_manager.block_table(entry.request.request_id)
+
+
+def prefill_spans(runner: ModelRunner, batch: StepBatch) -> list[QuerySpan]:
+    return [
+        QuerySpan(block_table(runner, p), p.start, p.new_token_ids, [p.num_new_tokens - 1] if p.reports else [])
+        for p in batch.prefills
+    ]
+
+
+def decode_tokens(batch: StepBatch, proposals: Proposals) -> list[list[int]]:
+    """Each decode's last token followed by its proposals (one host copy)."""
+    return [[d.request.token_ids[-1]] + row for d, row in zip(batch.decodes, proposals.to_lists())]
+
+
+def flat_decode_spans(runner: ModelRunner, batch: StepBatch, proposals: Proposals) -> list[QuerySpan]:
+    spans = []
+    for d, tokens in zip(batch.decodes, decode_tokens(batch, proposals)):
+        spans.append(QuerySpan(block_table(runner, d), d.start, tokens, list(range(len(tokens)))))
+    return spans
+
+
+def gather_scores(out: ForwardOutput, batch: StepBatch, proposals: Proposals) -> Scores:
+    """Split a forward's logits (prefill rows first, then 1 + lens[i] rows per
+    decode, in batch order) into ``Scores``: the decode rows are already in
+    ``Scores``' flat order, so this slices, it never copies or pads."""
+    logits = out.logits  # [R, V]
+    num_prefill_rows = sum(1 for p in batch.prefills if p.reports)
+    num_decode_rows = len(batch.decodes) + proposals.num_draft_tokens
+    assert logits.shape[0] == num_prefill_rows + num_decode_rows, \
+        "forward returned an unexpected number of logit rows"
+    hidden = out.hidden_states
+    prompt_rows = sum(p.num_new_tokens for p in batch.prefills)  # prefill spans come first in every layout
+    return Scores(
+        prefill_logits=logits[:num_prefill_rows],
+        decode_logits=logits[num_prefill_rows:],
+        cu_num_logits=proposals.cu_num_logits().to(logits.device),
+        prefill_hidden=hidden[:num_prefill_rows] if hidden is not None else None,
+        decode_hidden=hidden[num_prefill_rows:] if hidden is not None else None,
+        prompt_hidden=out.token_hidden[:prompt_rows] if out.token_hidden is not None else None,
+    )
+
+
+def score_flat(runner: ModelRunner, batch: StepBatch, proposals: Proposals, want_hidden: bool = False) -> Scores:
+    spans = prefill_spans(runner, batch) + flat_decode_spans(runner, batch, proposals)
+    return gather_scores(runner.forward(spans, want_hidden), batch, proposals)

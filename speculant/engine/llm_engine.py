@@ -1,0 +1,314 @@
+"""LLMEngine: requests in, one step at a time, RequestOutputs out.
+
+Faults stay with their request: a step is computed in full before any request
+changes (``step_runner``), a request at fault fails alone with finish_reason
+"error" and a message naming it, a faulty proposer only costs speculation
+(``proposer_guard``), and ``add_request`` / ``abort_request`` from other threads
+are applied between steps (``inbox``).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import operator
+from typing import TYPE_CHECKING
+
+import torch
+
+from speculant.config.compat import default_plugins, sampling_reasons, validate_config
+from speculant.config.models import EngineConfig
+from speculant.config.sampling_params import SamplingParams
+from speculant.engine.commit import apply
+from speculant.engine.detokenizer import Detokenizer, TextDecoder
+from speculant.engine.draft_length import DraftLengthPolicy, build_draft_length_policy
+from speculant.engine.inbox import Inbox
+from speculant.engine.proposer_guard import ProposerGuard
+from speculant.engine.request import Request, RequestOutput, RequestStatus, SpecStats
+from speculant.engine.scheduler import Scheduler
+from speculant.engine.spec_components import SpecComponents, build_spec_components, resolve_backend
+from speculant.engine.step import StepTimes
+from speculant.engine.step_runner import StepParts, StepRun, failure, run_step
+from speculant.interfaces import AttentionBackend
+from speculant.model.runner import ModelRunner
+
+if TYPE_CHECKING:
+    from speculant.plugins.registry import Registry
+
+logger = logging.getLogger(__name__)
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig, *, registry: Registry | None = None, source: str = "<config>") -> None:
+        """Check ``config`` (the one ``validate_config`` of its path; a
+        ``ConfigError`` names ``source``), then load. ``registry`` defaults to
+        the loaded plugins'."""
+        self.config = validate_config(config, registry, source=source)
+        registry = registry if registry is not None else default_plugins().registry
+        backend: AttentionBackend = resolve_backend(config, registry)
+        self.runner = ModelRunner(config.model, config.cache, backend)
+        self.tokenizer = self.runner.tokenizer
+        self.decoder = TextDecoder.for_tokenizer(self.tokenizer, self._detokenize)
+        self.max_model_len = self.runner.max_model_len
+        self.scheduler = Scheduler(config.scheduler, self.runner.block_manager, self.max_model_len)
+        self.spec: SpecComponents = build_spec_components(config, self.runner, registry)
+        self.draft_length: DraftLengthPolicy = build_draft_length_policy(config.speculative)
+        self._counter = itertools.count()
+        self._requests: dict[str, Request] = {}  # every unfinished request, queued ones included
+        self._aborting: set[str] = set()  # aborts waiting in the inbox
+        self._inbox = Inbox()  # its lock guards _requests, _aborting, the counters and _seed_gen
+        self._seed_gen = torch.Generator().manual_seed(config.model.seed)
+        self.guard = ProposerGuard(self.runner.vocab_size)
+        self.times = StepTimes()
+        self.spec_stats = SpecStats()
+        self.num_steps = 0
+        self.num_failed_requests = 0
+        self.num_fallback_steps = 0  # steps recomputed without speculation or request by request
+        self.stream_text = True  # unfinished requests' text every step (incremental); LLM.generate turns it off
+
+    # --- requests ------------------------------------------------------------
+    def add_request(self, request_id: str | None, prompt: str | list[int],
+                    params: SamplingParams | None = None) -> str:
+        """Validate and queue a request; raises ValueError naming the problem
+        (the engine's other requests are untouched). Thread-safe: validation
+        runs in the caller's thread, the id is reserved atomically, and the
+        request joins the scheduler now or, during a step, when it ends."""
+        params = params or SamplingParams()
+        if request_id is not None:
+            self._check_id_free(request_id)
+        self._check_sampling(params)
+        text, token_ids = self._tokenize(prompt)
+        self._check_prompt(token_ids)
+        with self._inbox.lock:
+            if request_id is None:
+                request_id = f"req-{next(self._counter)}"
+                while request_id in self._requests:
+                    request_id = f"req-{next(self._counter)}"
+            self._check_id_free(request_id)
+            seed = params.seed if params.seed is not None else int(
+                torch.randint(0, 2**62, (1,), generator=self._seed_gen))
+            req = Request(request_id=request_id, prompt=text, prompt_token_ids=token_ids, params=params,
+                          seed=seed, eos_token_ids=self.runner.eos_token_ids)
+            self._requests[request_id] = req
+            self._inbox.submit(lambda: self.scheduler.add(req))
+        return request_id
+
+    def _check_id_free(self, request_id: str) -> None:
+        if request_id in self._requests:
+            raise ValueError(f"request_id {request_id!r} is already in use by an unfinished request; "
+                             "pick a unique id")
+
+    def _tokenize(self, prompt: str | list[int]) -> tuple[str | None, list[int]]:
+        """Text and token ids of a prompt: a str, or a list/tuple of int token ids
+        (integer-like objects such as numpy ints are converted; bools, floats and
+        anything else are refused with TypeError, ids outside the vocabulary and
+        text that is not valid Unicode with ValueError)."""
+        if isinstance(prompt, str):
+            try:
+                prompt.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                raise ValueError(
+                    f"prompt contains {prompt[exc.start:exc.end]!r} at index {exc.start}, which cannot be "
+                    f"encoded as UTF-8 ({exc.reason}); remove the lone surrogates, e.g. with "
+                    "text.encode('utf-8', 'replace').decode('utf-8')") from None
+            return prompt, list(self.tokenizer(prompt, add_special_tokens=False)["input_ids"])
+        if isinstance(prompt, (list, tuple)):
+            ids = []
+            for i, t in enumerate(prompt):
+                try:
+                    if isinstance(t, bool):
+                        raise TypeError("a bool is not a token id")
+                    ids.append(operator.index(t))
+                except TypeError:
+                    raise TypeError(f"prompt must be a str or a list of int token ids, but item {i} is "
+                                    f"{t!r} ({type(t).__name__}); pass integer token ids from this model's "
+                                    "tokenizer") from None
+            vocab = self.runner.vocab_size
+            bad = [t for t in ids if not 0 <= t < vocab]
+            if bad:
+                raise ValueError(f"prompt token ids {bad[:5]} are outside the vocabulary [0, {vocab}); "
+                                 "pass ids produced by this model's tokenizer")
+            return None, ids
+        raise TypeError(f"prompt must be a str or a list of int token ids, got {type(prompt).__name__}; "
+                        "pass text or a list of token ids (one prompt per call)")
+
+    def _check_sampling(self, params: SamplingParams) -> None:
+        if self.spec.proposer is None or params.greedy:
+            return
+        assert self.spec.acceptance is not None  # built together with the proposer (build_spec_components)
+        reasons = sampling_reasons(type(self.spec.proposer), type(self.spec.acceptance))
+        if reasons:
+            raise ValueError(f"temperature={params.temperature} is not supported by this speculative "
+                             "configuration: " + "; ".join(reasons))
+
+    def _check_prompt(self, token_ids: list[int]) -> None:
+        n, limit = len(token_ids), self.max_model_len
+        if n == 0:
+            raise ValueError("prompt is empty (0 tokens); pass at least one token")
+        if n >= limit:
+            raise ValueError(f"prompt has {n} tokens but max_model_len is {limit}, leaving no room to "
+                             "generate; shorten the prompt or raise model.max_model_len")
+        sched = self.config.scheduler
+        if not sched.enable_chunked_prefill and n > sched.max_num_batched_tokens:
+            raise ValueError(
+                f"prompt has {n} tokens, more than scheduler.max_num_batched_tokens="
+                f"{sched.max_num_batched_tokens}, and scheduler.enable_chunked_prefill is false; "
+                "enable chunked prefill or raise max_num_batched_tokens")
+        blocks = self.runner.block_manager
+        if blocks.num_blocks_for(n + 1) > blocks.num_blocks:
+            raise ValueError(f"prompt needs {blocks.num_blocks_for(n + 1)} KV blocks but the pool has "
+                             f"{blocks.num_blocks}; raise cache.num_blocks or cache.memory_gb")
+
+    def abort_request(self, request_id: str) -> bool:
+        """Abort an unfinished request (thread-safe; during a step it takes
+        effect when the step ends). False if unknown, finished or already aborted."""
+        with self._inbox.lock:
+            req = self._requests.get(request_id)
+            if req is None or req.finished or request_id in self._aborting:
+                return False
+            self._aborting.add(request_id)
+            self._inbox.submit(lambda: self._abort_now(req))
+            return True
+
+    def _abort_now(self, req: Request) -> None:
+        self._aborting.discard(req.request_id)
+        if not req.finished:
+            self._finish(req, "abort")
+
+    def has_unfinished_requests(self) -> bool:
+        with self._inbox.lock:
+            return self.scheduler.num_unfinished > 0 or self._inbox.pending > 0
+
+    def _finish(self, req: Request, reason: str | None = None) -> None:
+        if reason is not None:
+            req.status = RequestStatus.FINISHED
+            req.finish_reason = reason
+        self.scheduler.remove(req)
+        req.detokenizer = Detokenizer()  # its text is output_text now
+        if self.spec.proposer is not None:
+            self.guard.free(self.spec.proposer, req.request_id)
+            self.draft_length.free(req.request_id)
+        with self._inbox.lock:
+            self.spec_stats.merge(req.spec_stats)
+            self._requests.pop(req.request_id, None)
+
+    def _fail(self, req: Request, message: str) -> None:
+        """Finish ``req`` with finish_reason "error": its blocks and proposer state are freed."""
+        req.error = message
+        self.num_failed_requests += 1
+        self._finish(req, "error")
+
+    # --- stepping ------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        """Run one scheduler step; return outputs of the requests it touched.
+        Never raises for a request's or a proposer's fault: a failed request's
+        output has finish_reason "error" and ``error`` naming it and the cause."""
+        with self._inbox.stepping():
+            return self._step()
+
+    def _step(self) -> list[RequestOutput]:
+        proposer = self.spec.proposer
+        draft_lengths = self.draft_length.plan(self.scheduler.running) if proposer is not None else None
+        batch = self.scheduler.schedule(draft_lengths)
+        if proposer is not None:
+            self.guard.reset(proposer, [req.request_id for req in batch.preempted])
+        if batch.is_empty:
+            return []
+        parts = StepParts(self.runner, proposer, self.spec.scorer, self.spec.acceptance, self.guard,
+                          self.spec.want_hidden, self.decoder, self.stream_text)
+        try:
+            run = run_step(batch, parts)
+        except Exception as exc:  # a fault of the step machinery itself: no one to blame
+            logger.exception("engine step failed outside any request's computation")
+            run = StepRun([], {i: failure(e, "the engine ran its step", exc) for i, e in enumerate(batch.entries)},
+                          None, [], fallback="isolated")
+        for plan in run.plans:
+            apply(plan)  # plain assignments: cannot fail halfway
+        if proposer is not None:
+            if run.scores is not None:
+                self.guard.commit(proposer, batch, run.num_accepted, run.scores)
+            else:  # the step was not computed as one batch: the proposer rebuilds its state
+                self.guard.reset(proposer, [e.request.request_id for e in batch.entries])
+        for idx, message in run.errors.items():
+            self._fail(batch.entries[idx].request, message)
+        self.times.add(run.times)
+        self.num_steps += 1
+        self.num_fallback_steps += bool(run.fallback)
+        outputs = [self._output(e.request) for e in batch.entries]
+        for e in batch.entries:
+            if e.request.finished and self._requests.get(e.request.request_id) is e.request:
+                self._finish(e.request)
+        return outputs
+
+    def _detokenize(self, token_ids: list[int]) -> str:
+        return self.tokenizer.decode(token_ids, skip_special_tokens=True)
+
+    def _output(self, req: Request) -> RequestOutput:
+        stopped_by_string = req.finish_reason == "stop" and isinstance(req.stop_reason, str)
+        try:
+            if req.finished and not stopped_by_string:
+                req.output_text = self._detokenize(req.output_token_ids)
+            elif not req.finished and self.stream_text:
+                req.output_text = self._stable_text(req)
+        except Exception as exc:  # noqa: BLE001 - detokenizing one request must not fail the step
+            if not req.finished:
+                req.status, req.finish_reason = RequestStatus.FINISHED, "error"
+                req.error = f"request {req.request_id!r} failed while detokenizing its output: " \
+                            f"{type(exc).__name__}: {exc}"
+                self.num_failed_requests += 1
+        return RequestOutput.from_request(req)
+
+    def _stable_text(self, req: Request) -> str:
+        """Text of an unfinished request that later steps will only extend:
+        a trailing partial character (U+FFFD) and any tail that could still
+        become the start of a stop string are held back. Read from the
+        request's incremental text, which planning keeps up to date."""
+        hold = max((len(s) for s in req.params.stop), default=1) - 1
+        return req.detokenizer.stable_text(hold)
+
+    def reset_metrics(self) -> None:
+        """Forget the counters of finished requests and step timings."""
+        with self._inbox.lock:
+            self.times = StepTimes()
+            self.spec_stats = SpecStats()
+            self.num_steps = 0
+            self.num_failed_requests = self.num_fallback_steps = 0
+            self.guard.errors = self.guard.slow_calls = 0
+            self.draft_length.reset_metrics()
+
+    def spec_totals(self) -> SpecStats:
+        """Speculation counters summed over finished and unfinished requests
+        (a copy; safe from any thread). Never decrease, except at ``reset_metrics``."""
+        stats = SpecStats()
+        with self._inbox.lock:
+            stats.merge(self.spec_stats)
+            for req in list(self._requests.values()):
+                stats.merge(req.spec_stats)
+        return stats
+
+    def occupancy(self) -> dict[str, int]:
+        """What the engine holds now (safe from any thread): requests waiting
+        (queued or preempted, changes still in the inbox included), running, and
+        the target's KV blocks in use out of the pool."""
+        with self._inbox.lock:
+            blocks = self.runner.block_manager
+            return {"num_waiting": len(self.scheduler.waiting) + self._inbox.pending,
+                    "num_running": len(self.scheduler.running),
+                    "num_kv_blocks_in_use": blocks.num_blocks - blocks.num_free_blocks,
+                    "num_kv_blocks": blocks.num_blocks}
+
+    def get_metrics(self) -> dict:
+        """Counters and timings; safe to call from any thread."""
+        stats = self.spec_totals()
+        return {
+            "num_engine_steps": self.num_steps,
+            "propose_s": self.times.propose_s,
+            "score_s": self.times.score_s,
+            "accept_s": self.times.accept_s,
+            "proposer_errors": self.guard.errors,
+            "slow_proposer_calls": self.guard.slow_calls,
+            "failed_requests": self.num_failed_requests,
+            "fallback_steps": self.num_fallback_steps,
+            **self.draft_length.metrics(),
+            **stats.as_dict(),
+        }

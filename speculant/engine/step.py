@@ -1,0 +1,125 @@
+"""One engine step's computation as small functions: propose -> score -> decide.
+
+None of them changes a request: they produce ``Decisions``, which
+``commit.py`` turns into each request's new state (``step_runner.py`` runs the
+stages and handles their faults). Every stage walks ``batch.prefills`` then
+``batch.decodes`` in order, so results map back to requests without index
+bookkeeping. Without speculation the same path runs with empty proposals
+(k = 0 for every decode).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from speculant.engine.acceptance import greedy_accept, verifies_by_argmax
+from speculant.engine.batch import StepBatch
+from speculant.engine.layout import score_flat
+from speculant.engine.logits_processing import filtered_logprobs, sampling_tensors
+from speculant.engine.proposer_guard import ProposerGuard
+from speculant.engine.sampler import ACCEPT_STREAM, request_generator, sample
+from speculant.interfaces import AcceptanceMethod, Proposals, Proposer, Scorer, Scores
+from speculant.model.runner import ModelRunner
+
+
+@dataclass
+class StepTimes:
+    propose_s: float = 0.0
+    score_s: float = 0.0
+    accept_s: float = 0.0
+
+    def add(self, other: StepTimes) -> None:
+        self.propose_s += other.propose_s
+        self.score_s += other.score_s
+        self.accept_s += other.accept_s
+
+
+@dataclass
+class Decisions:
+    """What each sampling entry emits this step (before stop rules)."""
+
+    prefill_tokens: list[list[int]] = field(default_factory=list)  # per sampling prefill: [token]
+    prefill_logprobs: list[list[torch.Tensor | None]] = field(default_factory=list)  # per token: [V]
+    decode_tokens: list[list[int]] = field(default_factory=list)  # per decode: accepted + bonus
+    decode_logprobs: list[list[torch.Tensor | None]] = field(default_factory=list)  # None: not asked for
+    num_accepted: list[int] = field(default_factory=list)
+    num_drafted: list[int] = field(default_factory=list)  # per decode: proposals verified
+
+
+def propose(proposer: Proposer | None, batch: StepBatch, guard: ProposerGuard | None = None,
+            device: torch.device | str = "cpu") -> Proposals:
+    """Checked proposals on the target's ``device`` (``proposal_checks``); a
+    faulty proposer yields none for the affected decodes (``proposer_guard``),
+    it never raises."""
+    if proposer is None:
+        return Proposals.empty(len(batch.decodes), device)
+    # called even when no decode speculates: a proposer with its own KV cache
+    # must see this step's prefill chunks to stay in sync
+    guard = guard or ProposerGuard(proposer.context.target.vocab_size)
+    return guard.propose(proposer, batch)
+
+
+def score(scorer: Scorer | None, runner: ModelRunner, batch: StepBatch, proposals: Proposals,
+          want_hidden: bool = False) -> Scores:
+    if scorer is None:
+        return score_flat(runner, batch, proposals, want_hidden)
+    return scorer.score(runner, batch, proposals, want_hidden)
+
+
+def decide(acceptance: AcceptanceMethod | None, batch: StepBatch, proposals: Proposals, scores: Scores) -> Decisions:
+    out = Decisions()
+    reporting = [p for p in batch.prefills if p.reports]  # rows of scores.prefill_logits
+    rows = [i for i, p in enumerate(reporting) if p.samples]
+    logits = scores.prefill_logits if len(rows) == len(reporting) else scores.prefill_logits[rows]
+    sampled = sample(logits, [reporting[i].request for i in rows])
+    for i, tok in enumerate(sampled.token_ids):
+        out.prefill_tokens.append([tok])
+        out.prefill_logprobs.append([sampled.logprobs[i] if sampled.logprobs is not None else None])
+    requests = [d.request for d in batch.decodes]
+    if not requests:
+        return out
+    out.num_drafted = proposals.lens.tolist()
+    cu = scores.cu_num_logits  # [n + 1]: decode i's target rows are cu[i]:cu[i + 1]
+    if acceptance is None or proposals.num_draft_tokens == 0:
+        first = scores.decode_logits if proposals.num_draft_tokens == 0 else scores.decode_logits[cu[:-1]]
+        sampled = sample(first, requests)
+        for i, tok in enumerate(sampled.token_ids):
+            out.decode_tokens.append([tok])
+            out.decode_logprobs.append([sampled.logprobs[i] if sampled.logprobs is not None else None])
+            out.num_accepted.append(0)
+        return out
+    if verifies_by_argmax(requests):
+        # no distribution is needed: verify on the raw logits' argmax (what plain
+        # greedy decoding picks), skipping the log-softmax over every row
+        accepted = greedy_accept(scores.decode_logits, proposals.token_ids, proposals.cu_num_draft_tokens)
+        for ids, a in zip(accepted.token_ids.tolist(), accepted.num_accepted.tolist()):
+            out.decode_tokens.append(ids[: a + 1])
+            out.decode_logprobs.append([None] * (a + 1))
+            out.num_accepted.append(a)
+        return out
+    num_rows = scores.decode_logits.shape[0]  # n + T real rows, no padding to filter
+    t = sampling_tensors([r.params for r in requests], scores.decode_logits.device)
+    rep = {name: v.repeat_interleave(cu.diff(), output_size=num_rows) for name, v in t.items()}
+    target_lp = filtered_logprobs(scores.decode_logits, **rep)  # [n + T, V]
+    accepted = acceptance.accept(
+        target_lp, proposals.token_ids, proposals.cu_num_draft_tokens, proposals.probs,
+        t["temperature"] == 0, [request_generator(r, ACCEPT_STREAM) for r in requests])
+    ids = accepted.token_ids.tolist()
+    for i, (row, a) in enumerate(zip(cu[:-1].tolist(), accepted.num_accepted.tolist())):
+        out.decode_tokens.append(ids[i][: a + 1])
+        out.decode_logprobs.append([target_lp[row + j] for j in range(a + 1)])
+        out.num_accepted.append(a)
+    return out
+
+
+class Timer:
+    def __init__(self) -> None:
+        self.t = time.perf_counter()
+
+    def lap(self) -> float:
+        now = time.perf_counter()
+        dt, self.t = now - self.t, now
+        return dt

@@ -1,0 +1,71 @@
+"""Capability flags that proposers, scorers, acceptance methods and attention
+backends declare as class data, and the options model of plugins without options.
+
+Core code never compares plugin names: it reads these flags. The single checker
+that turns flags into "supported or not, and why" lives in
+``speculant.config.compat`` and is shared by config validation, the engine and
+the compatibility matrix.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
+
+DraftProbsKind = Literal["full", "one_hot", "none"]
+
+
+class NoOptions(BaseModel):
+    """Options model for plugins that take none: any key is an error."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+@dataclass(frozen=True)
+class ProposerCapabilities:
+    needs_target_hidden_states: bool = False
+    """The proposer reads the target's final hidden states in ``Scores`` at commit
+    (at least at the rows that produced each request's newest token)."""
+    supports_chunked_prefill: bool = True
+    """The proposer keeps working when a prompt is split across steps."""
+    draft_probs: DraftProbsKind = "one_hot"
+    """What the proposer returns as draft probabilities: the full distribution it
+    sampled from, an implicit one-hot on the proposed token, or nothing usable."""
+    max_num_speculative_tokens: int | None = None
+    """Largest k the proposer can produce per step (None: no limit)."""
+    needs_prompt_hidden_states: bool = False
+    """The proposer also reads the hidden state at every prompt position
+    (``Scores.prompt_hidden``, each prefill chunk as it is computed). Such a
+    proposer must support chunked prefill or the checker refuses chunking."""
+
+
+@dataclass(frozen=True)
+class ScorerCapabilities:
+    supports_mixed_prefill_decode: bool = True
+    """Prefill chunks and speculating decodes may share one target forward."""
+    needs_multi_token_queries: bool = False
+    """The attention backend must accept several query tokens per sequence over a
+    cached prefix (an MQA scorer does; batch expansion needs single-token rows)."""
+
+
+@dataclass(frozen=True)
+class AcceptanceCapabilities:
+    needs_draft_probs: bool = False
+    """Needs the full draft distribution (a proposer with draft_probs='full')."""
+    lossless: bool = True
+    """Output distribution equals the target's exactly."""
+    supports_sampling: bool = True
+    """Works with temperature > 0 (every method supports greedy)."""
+
+
+@dataclass(frozen=True)
+class AttentionBackendCapabilities:
+    multi_token_queries: bool = True
+    """Accepts query runs of length > 1 over a cached, paged prefix."""
+    devices: tuple[str, ...] = ("cpu", "cuda")
+    """torch device types the backend runs on."""
+    priority: int = 0
+    """``attention_backend = 'auto'`` picks the highest-priority backend that
+    runs on the model's device (the reference backend has 0)."""

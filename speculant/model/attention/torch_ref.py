@@ -1,0 +1,114 @@
+"""Pure-torch reference backend for paged, mixed prefill/decode batches.
+
+One call per layer covers the whole batch: every token's K/V is written into
+the paged cache first (so batch-expansion siblings see each other), then each
+span attends over exactly its own visible blocks. Decodes (one query token)
+need no mask; a multi-token span over a cached prefix gets a bottom-right
+aligned causal mask. Attending span by span avoids padding every sequence to
+the longest one, which dominated batched decode time; grouped-query heads are
+handled by folding the group into the query rows of a batched matmul over
+H_kv, without repeating K/V (faster on CPU than SDPA's GQA path for short
+query runs).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from speculant.interfaces import AttentionBackend, AttentionBackendCapabilities
+from speculant.interfaces.span_tensors import SpanTensors
+
+
+@dataclass(slots=True)
+class SpanView:
+    rows: slice  # this span's query rows in the flattened batch
+    blocks: torch.Tensor  # [num_blocks] long: the blocks holding positions < seq_len
+    first_block: int | None  # set when those blocks are consecutive: read them as a view, no copy
+    seq_len: int  # visible keys: positions 0 .. seq_len - 1
+    mask: torch.Tensor | None  # [q, seq_len] bool, None for a single query token
+
+
+@dataclass(slots=True)
+class TorchAttentionMetadata:
+    slot_mapping: torch.Tensor  # [T] long
+    spans: list[SpanView]
+
+
+class TorchAttentionBackend(AttentionBackend):
+    name = "torch"
+    capabilities = AttentionBackendCapabilities(multi_token_queries=True, devices=("cpu", "cuda"))
+
+    def build_metadata(self, spans: SpanTensors) -> TorchAttentionMetadata:
+        return TorchAttentionMetadata(slot_mapping=spans.slot_mapping,
+                                      spans=self.span_views(spans, range(spans.num_seqs)))
+
+    @staticmethod
+    def span_views(spans: SpanTensors, which) -> list[SpanView]:
+        """Views of the spans with the given indices (in that order)."""
+        bs = spans.block_size
+        cu = spans.cu_query_lens.tolist()
+        starts, seq_lens = spans.starts.tolist(), spans.seq_lens.tolist()
+        views = []
+        for b in which:
+            start, seq_len = starts[b], seq_lens[b]
+            q = cu[b + 1] - cu[b]
+            mask = None
+            if q > 1:
+                key_pos = torch.arange(seq_len, device=spans.positions.device)
+                q_pos = torch.arange(start, seq_len, device=spans.positions.device)
+                mask = key_pos.unsqueeze(0) <= q_pos.unsqueeze(1)  # [q, seq_len]
+            blocks = spans.block_tables[b, : -(-seq_len // bs)]
+            ids = blocks.tolist()
+            consecutive = ids == list(range(ids[0], ids[0] + len(ids)))
+            views.append(SpanView(slice(cu[b], cu[b + 1]), blocks, ids[0] if consecutive else None, seq_len, mask))
+        return views
+
+    def forward(self, query, key, value, key_cache, value_cache, metadata: TorchAttentionMetadata,
+                scaling: float) -> torch.Tensor:
+        self.write_kv(key, value, key_cache, value_cache, metadata.slot_mapping)
+        out = torch.empty(query.shape, dtype=query.dtype, device=query.device)  # [T, H, D] row-major
+        self.attend_spans(query, key_cache, value_cache, metadata.spans, scaling, out)
+        return out
+
+    @staticmethod
+    def write_kv(key: torch.Tensor,  # [T, H_kv, D]
+                 value: torch.Tensor,  # [T, H_kv, D]
+                 key_cache: torch.Tensor,  # [num_blocks, block_size, H_kv, D]
+                 value_cache: torch.Tensor,  # [num_blocks, block_size, H_kv, D]
+                 slot_mapping: torch.Tensor) -> None:  # [T] long
+        num_kv_heads, head_dim = key_cache.shape[2], key_cache.shape[3]
+        key_cache.view(-1, num_kv_heads, head_dim)[slot_mapping] = key.to(key_cache.dtype)
+        value_cache.view(-1, num_kv_heads, head_dim)[slot_mapping] = value.to(value_cache.dtype)
+
+    def attend_spans(self, query: torch.Tensor,  # [T, H, D]
+                     key_cache: torch.Tensor, value_cache: torch.Tensor,  # [num_blocks, block_size, H_kv, D]
+                     views: list[SpanView], scaling: float,
+                     out: torch.Tensor) -> None:  # [T, H, D], the rows of `views` are written
+        num_heads, head_dim = query.shape[1], query.shape[2]
+        num_kv_heads = key_cache.shape[2]
+        group = num_heads // num_kv_heads
+        for span in views:
+            k, v = (self._span_keys(cache, span).to(query.dtype) for cache in (key_cache, value_cache))
+            q = query[span.rows].view(-1, num_kv_heads, group, head_dim)  # [q, H_kv, G, D]
+            n = q.shape[0]
+            q = q.permute(1, 2, 0, 3).reshape(num_kv_heads, group * n, head_dim)  # [H_kv, G*q, D]
+            scores = torch.matmul(q, k.permute(1, 2, 0)) * scaling  # [H_kv, G*q, L]
+            if span.mask is not None:
+                scores = scores.view(num_kv_heads, group, n, -1).masked_fill(~span.mask, float("-inf"))
+                scores = scores.view(num_kv_heads, group * n, -1)
+            wide = scores.dtype in (torch.float32, torch.float64)
+            probs = scores.softmax(dim=-1) if wide else scores.float().softmax(dim=-1).to(v.dtype)
+            o = torch.matmul(probs, v.transpose(0, 1))  # [H_kv, G*q, D]
+            o = o.view(num_kv_heads, group, n, head_dim).permute(2, 0, 1, 3)
+            out[span.rows] = o.reshape(n, num_heads, head_dim)
+
+    @staticmethod
+    def _span_keys(cache: torch.Tensor,  # [num_blocks, block_size, H_kv, D]
+                   span: SpanView) -> torch.Tensor:  # [seq_len, H_kv, D]
+        if span.first_block is not None:
+            blocks = cache.narrow(0, span.first_block, span.blocks.shape[0])
+        else:
+            blocks = cache.index_select(0, span.blocks)
+        return blocks.flatten(0, 1)[: span.seq_len]

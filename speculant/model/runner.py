@@ -1,0 +1,212 @@
+"""Drive a Hugging Face causal LM over flattened, paged batches.
+
+A forward takes a list of ``QuerySpan``s, lays their tokens out as one row of
+``T`` tokens with explicit positions, writes K/V into the paged cache through
+the attention seam and returns logits (and optionally final hidden states)
+only at the requested offsets.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from speculant.config.models import CacheConfig, ModelConfig, resolve_device
+from speculant.interfaces import AttentionBackend, QuerySpan
+from speculant.interfaces.span_tensors import SpanTensors
+from speculant.model.attention.context import ForwardContext, forward_context
+from speculant.model.attention.hf_seam import SEAM_NAME
+from speculant.model.attention.seam_probe import probe_attention, seam_refusals
+from speculant.model.fused_norms import fuse_rms_norms
+from speculant.model.gguf_source import resolve_model_source
+from speculant.model.kv_cache import BlockManager
+from speculant.model.linear_backend import pack_linear_layers
+from speculant.model.loading import (
+    eos_token_ids,
+    load_hf_model,
+    load_tokenizer,
+    require_device,
+    unsupported_model_error,
+)
+from speculant.model.merged_linears import merge_sibling_linears
+from speculant.model.resources import total_memory_bytes
+from speculant.model.seam_selftest import SeamSelfTestError, seam_self_test
+
+logger = logging.getLogger(__name__)
+
+# Auto rows for the kept dense weight copy, by model weight bytes, on Intel CPUs;
+# other vendors get 0. The measurements behind these numbers are in
+# benchmarks/README.md, "Why the linear-layer defaults are what they are".
+AUTO_DENSE_MAX_ROWS = ((128 << 20, 8), (2 << 30, 3))  # (up to this many bytes, rows); larger: 0
+
+
+def cpu_vendor() -> str:
+    """``vendor_id`` of /proc/cpuinfo (e.g. GenuineIntel, AuthenticAMD); '' if unknown."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("vendor_id"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
+
+
+def auto_dense_max_rows(weight_bytes: int, vendor: str) -> int:
+    if vendor != "GenuineIntel":
+        return 0
+    return next((rows for limit, rows in AUTO_DENSE_MAX_ROWS if weight_bytes <= limit), 0)
+
+
+@dataclass(frozen=True)
+class ForwardOutput:
+    logits: torch.Tensor  # [R, V] float32, R = total len(span.logits_at), span order
+    hidden_states: torch.Tensor | None  # [R, H] final (normed) hidden states, if asked
+    token_hidden: torch.Tensor | None = None  # [T, H] the same at every token of the forward (span order)
+
+
+class ModelRunner:
+    def __init__(self, model_cfg: ModelConfig, cache_cfg: CacheConfig, backend: AttentionBackend,
+                 *, path_option: str = "model.path", tokenizer_option: str = "model.tokenizer") -> None:
+        self.device = require_device(resolve_device(model_cfg.device))
+        self.backend = backend
+        self.block_size = cache_cfg.block_size
+        # a GGUF checkpoint becomes its cached HF directory (gguf_source.py); a directory stays as it is
+        source = resolve_model_source(model_cfg.path, model_cfg.gguf_file, model_cfg.dtype, option=path_option)
+        self.model, self.max_model_len = load_hf_model(
+            source, model_cfg.dtype, self.device, model_cfg.max_model_len,
+            option=path_option)
+        self.tokenizer = load_tokenizer(model_cfg.tokenizer or source, option=tokenizer_option)
+        self.eos_token_ids = eos_token_ids(self.model, self.tokenizer)
+        self.vocab_size = self.model.get_output_embeddings().weight.shape[0]
+        self.norms_fused, self.norms_kept = fuse_rms_norms(self.model)
+        self.linear_report = self._pack_linears(model_cfg.linear_backend, model_cfg.linear_dense_max_rows)
+        self._captured_hidden: torch.Tensor | None = None
+        self._capture = False
+        self._hidden_source().register_forward_hook(self._hidden_hook)
+        self.kv_shapes = self._probe_kv_shapes(path_option)  # per layer (H_kv, D)
+        self.num_blocks = self._num_blocks(cache_cfg)
+        self.key_caches, self.value_caches = self._allocate_caches()
+        self.block_manager = BlockManager(self.num_blocks, self.block_size)
+        self.self_test_deviation = self._self_test(path_option)
+
+    # --- setup -----------------------------------------------------------
+    def _pack_linears(self, backend: str, dense_max_rows: int | None):
+        if dense_max_rows is None:
+            weight_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
+            dense_max_rows = auto_dense_max_rows(weight_bytes, cpu_vendor())
+        with torch.inference_mode():
+            report = pack_linear_layers(self.model, backend, dense_max_rows=dense_max_rows)
+            self.merged_linear_groups = merge_sibling_linears(self.model)
+            return report
+
+    def _hidden_source(self) -> torch.nn.Module:
+        """The module whose output is the final hidden states: the base model
+        (``model`` where ``base_model_prefix`` names no attribute, as in
+        llama4_text), or its ``decoder`` where the LM class calls that directly (OPT)."""
+        base = self.model.base_model
+        if base is self.model:
+            base = getattr(self.model, "model", base)
+        decoder = getattr(base, "decoder", None)
+        return decoder if isinstance(decoder, torch.nn.Module) else base
+
+    def _hidden_hook(self, module, args, output) -> None:
+        if self._capture:
+            self._captured_hidden = output.last_hidden_state if hasattr(output, "last_hidden_state") else output[0]
+
+    def _probe_kv_shapes(self, option: str) -> list[tuple[int, int]]:
+        """Run a few tokens through the model recording every attention call:
+        refuse what the paged backends would get wrong (``seam_probe``), and
+        size the cache from what the model really does (GQA, head_dim)."""
+        try:
+            calls = probe_attention(self.model, self.backend, self.device)
+        except Exception as exc:  # any failure here means the model cannot run through the seam
+            raise unsupported_model_error(option, self.model.config, [
+                f"its forward fails under speculant's attention seam ({type(exc).__name__}: {exc})"]) from exc
+        num_layers = getattr(self.model.config.get_text_config(), "num_hidden_layers", None)
+        problems = seam_refusals(calls, num_layers if isinstance(num_layers, int) else None, self.max_model_len)
+        if problems:
+            raise unsupported_model_error(option, self.model.config, problems)
+        shapes = {c.layer: (c.key_shape[1], c.key_shape[3]) for c in calls}
+        return [shapes[i] for i in range(len(calls))]  # seam_refusals passed: layers 0..L-1, once each
+
+    def _self_test(self, option: str) -> float:
+        try:
+            return seam_self_test(self, SEAM_NAME)
+        except SeamSelfTestError as exc:
+            raise unsupported_model_error(option, self.model.config, [str(exc)]) from exc
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        elem = torch.empty(0, dtype=self.model.dtype).element_size()
+        return sum(2 * h * d * elem for h, d in self.kv_shapes)
+
+    def _num_blocks(self, cache_cfg: CacheConfig) -> int:
+        needed = -(-self.max_model_len // self.block_size)  # one full-length sequence
+        if cache_cfg.num_blocks is not None:
+            if cache_cfg.num_blocks < needed:
+                raise ValueError(
+                    f"cache.num_blocks = {cache_cfg.num_blocks} holds {cache_cfg.num_blocks * self.block_size} "
+                    f"tokens, less than one sequence of model.max_model_len = {self.max_model_len}; raise "
+                    f"cache.num_blocks to at least {needed} or lower model.max_model_len")
+            self._check_pool_fits(cache_cfg.num_blocks)
+            return cache_cfg.num_blocks
+        per_block = self.kv_bytes_per_token * self.block_size
+        num = int(cache_cfg.memory_gb * (1 << 30) // per_block)
+        if num < needed:
+            raise ValueError(
+                f"cache.memory_gb = {cache_cfg.memory_gb} holds {num} KV blocks of {per_block} bytes, fewer "
+                f"than the {needed} one sequence of model.max_model_len = {self.max_model_len} needs; raise "
+                "cache.memory_gb or lower model.max_model_len")
+        # never more than enough for max_model_len tokens of many sequences
+        return min(num, 1 + 256 * -(-self.max_model_len // self.block_size))
+
+    def _check_pool_fits(self, num_blocks: int) -> None:
+        """Refuse a pool larger than the device's memory before the allocator does."""
+        total = total_memory_bytes(self.device.type)
+        need = num_blocks * self.block_size * self.kv_bytes_per_token
+        if total is not None and need > total:
+            raise ValueError(
+                f"cache.num_blocks = {num_blocks}: the KV cache needs {need / (1 << 30):.2f} GiB "
+                f"({self.kv_bytes_per_token * self.block_size} bytes per block), more than the "
+                f"{total / (1 << 30):.2f} GiB of {self.device.type} memory; lower cache.num_blocks to at most "
+                f"{total // (self.kv_bytes_per_token * self.block_size)} or use cache.memory_gb")
+
+    def _allocate_caches(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        keys, values = [], []
+        for h, d in self.kv_shapes:
+            shape = (self.num_blocks, self.block_size, h, d)
+            keys.append(torch.zeros(shape, dtype=self.model.dtype, device=self.device))
+            values.append(torch.zeros(shape, dtype=self.model.dtype, device=self.device))
+        return keys, values
+
+    # --- forward ---------------------------------------------------------
+    @torch.inference_mode()
+    def forward(self, spans: list[QuerySpan], want_hidden: bool = False) -> ForwardOutput:
+        assert spans, "forward needs at least one span"
+        assert max(s.end for s in spans) <= self.max_model_len, "scheduler let a position reach max_model_len"
+        st = SpanTensors.build(spans, self.block_size, self.device)
+        keep: list[int] = []
+        offset = 0
+        for span in spans:
+            keep.extend(offset + i for i in span.logits_at)
+            offset += span.num_tokens
+        keep_t = torch.tensor(keep, dtype=torch.long, device=self.device)
+        ctx = ForwardContext(self.backend, self.backend.build_metadata(st), self.key_caches, self.value_caches)
+        self._capture = want_hidden
+        try:
+            with forward_context(ctx):
+                out = self.model(input_ids=st.token_ids.unsqueeze(0), position_ids=st.positions.unsqueeze(0),
+                                 use_cache=False, logits_to_keep=keep_t)
+            hidden = every = None
+            if want_hidden:
+                if self._captured_hidden is None:
+                    raise RuntimeError("the base model's forward hook captured no hidden states")
+                every = self._captured_hidden[0]
+                hidden = every[keep_t]
+        finally:
+            self._capture = False
+            self._captured_hidden = None
+        return ForwardOutput(logits=out.logits[0].float(), hidden_states=hidden, token_hidden=every)
