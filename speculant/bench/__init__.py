@@ -106,14 +106,25 @@ def _mark_matches(rows: list[dict[str, Any]]) -> None:
         r["matches_no_spec"] = (r["token_ids"] == ref) if ref is not None and "token_ids" in r else None
 
 
+def _bound_note(bound: float | None, bandwidth: list[dict[str, Any]], facts: dict[str, Any]) -> str:
+    if bound is None:
+        return "no memory-bandwidth bound: it is measured for the CPU only"
+    best = max(b["best_gb_s"] for b in bandwidth)
+    return (f"of bound: decode tok/s / memory-bandwidth bound ({bound:.1f} tok/s = best read bandwidth "
+            f"{best:.1f} GB/s / {facts['weight_bytes_per_decode_step'] / 1e6:.0f} MB of weights read per "
+            f"{facts['dtype']} decode step); speculative rows can exceed 1.")
+
+
 def run_bench(target: str, draft: str | None = None, *, prompts: list[str] | None = None, max_tokens: int = 64,
               k: int = 4, repeats: int = 3, concurrency: list[int] | None = None, hf: bool = True,
               hf_batched: bool = True, heads: dict[str, str] | None = None, confidence: float = 0.4,
-              dtype: str = "float32", chat: bool = False, log=print) -> dict[str, Any]:
+              dtype: str = "float32", chat: bool = False, device: str = "cpu", log=print) -> dict[str, Any]:
     """Run every row; ``target`` / ``draft`` are model directories or GGUF files
     (converted once, cached), loaded in ``dtype`` by both engines; ``heads`` maps
     ``medusa`` / ``mlp_speculator`` to trained head directories. Raises
-    ``ValueError`` (naming the option) for bad heads or ``--chat`` without a template."""
+    ``ValueError`` (naming the option) for bad heads or ``--chat`` without a template.
+    Both engines run on ``device``; the memory-bandwidth bound is the CPU's, so
+    on CUDA it is left out."""
     from transformers import AutoTokenizer
 
     concurrency = concurrency or [1, 32]
@@ -125,32 +136,36 @@ def run_bench(target: str, draft: str | None = None, *, prompts: list[str] | Non
     methods = speculant_methods(k, draft_dir, confidence) + head_methods(heads, target_dir, k,
                                                                          max(len(p) for p in ids), confidence)
     env = environment()
-    bandwidth = [read_bandwidth()]
+    on_cpu = device == "cpu"
+    bandwidth = [read_bandwidth()] if on_cpu else []
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     runs = []
     for rep in range(repeats):  # every row once per round, so load from other jobs hits all rows alike
         log(f"round {rep + 1} of {repeats}")
         run = run_speculant(target_dir, methods, ids, max_tokens=max_tokens, repeats=1,
-                            concurrency=concurrency, dtype=dtype, log=log)
+                            concurrency=concurrency, dtype=dtype, device=device, log=log)
         if hf:
             run += run_hf(target_dir, draft_dir, ids, max_tokens=max_tokens, k=k, repeats=1,
                           concurrency=concurrency, batched=hf_batched, pad_id=pad,
                           max_batch_tokens=SchedulerConfig().max_num_batched_tokens, confidence=confidence,
-                          dtype=dtype, log=log)
+                          dtype=dtype, device=device, log=log)
         runs.append(run)
     rows = merge_repeats(runs)
-    bandwidth.append(read_bandwidth())
     _mark_matches(rows)
     drop_raw(rows)
     facts = model_decode_bytes(target_dir, getattr(torch, dtype))
-    best = max(b["best_gb_s"] for b in bandwidth)
-    bound = bound_tokens_per_s(facts["weight_bytes_per_decode_step"], best)
-    add_bound(rows, bound)
+    bound = None
+    if on_cpu:
+        bandwidth.append(read_bandwidth())
+        best = max(b["best_gb_s"] for b in bandwidth)
+        bound = bound_tokens_per_s(facts["weight_bytes_per_decode_step"], best)
+        add_bound(rows, bound)
     env["load_avg_end"] = environment()["load_avg"]
     return {
         "env": env,
         "model": {**facts, "read_bandwidth_gb_s": bandwidth, "bound_decode_tokens_per_s": bound},
         "settings": {"target": str(target), "draft": str(draft) if draft else None, "dtype": dtype, "chat": chat,
+                     "device": device,
                      "max_tokens": max_tokens, "k": k, "draft_confidence": confidence, "repeats": repeats,
                      "concurrency": concurrency, "num_prompts": len(texts),
                      "greedy": True, "ignore_eos": True, "hf_batched": hf_batched,
@@ -161,9 +176,7 @@ def run_bench(target: str, draft: str | None = None, *, prompts: list[str] | Non
                   "in rounds (every row once per round), so load from other jobs hits all rows alike.",
                   "decode tok/s: tokens after the first / time after the first token (batch 1 only); TTFT: time "
                   "to the first token.",
-                  f"of bound: decode tok/s / memory-bandwidth bound ({bound:.1f} tok/s = best read bandwidth "
-                  f"{best:.1f} GB/s / {facts['weight_bytes_per_decode_step'] / 1e6:.0f} MB of weights read per "
-                  f"{facts['dtype']} decode step); speculative rows can exceed 1."],
+                  _bound_note(bound, bandwidth, facts)],
         "prompts": texts,
         "rows": rows,
     }

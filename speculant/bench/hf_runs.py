@@ -20,7 +20,7 @@ import time
 from typing import Any
 
 from speculant.bench.hf_cb import CBUnsupported, run_continuous_batching
-from speculant.bench.report import median, rate, timing_fields
+from speculant.bench.report import gpu_peak_gb, gpu_peak_reset, median, rate, timing_fields
 
 BATCHED_ONLY = ("continuous_batching",)  # methods with rows at concurrency > 1 only
 
@@ -78,13 +78,21 @@ def hf_methods(k: int, draft: str | None, confidence: float = 0.4) -> list[tuple
     return rows
 
 
-def _load(path: str, dtype: str):
+def _load(path: str, dtype: str, device: str = "cpu"):
     import torch
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype))
-    model.eval()
+    model.to(device).eval()  # type: ignore[arg-type] # transformers types .to with an unbound self
     return model
+
+
+def _sync(model) -> None:
+    """Wait for the device's queued work, so a timer read after it counts it."""
+    import torch
+
+    if model.device.type == "cuda":
+        torch.cuda.synchronize()
 
 
 def _run_bs1(model, prompts, max_tokens, repeats, pad_id, extra) -> dict[str, Any]:
@@ -100,12 +108,13 @@ def _run_bs1(model, prompts, max_tokens, repeats, pad_id, extra) -> dict[str, An
         total_t = decode_t = 0.0
         token_ids = []
         for p in (prompts[:1] if rep == 0 else prompts):
-            ids = torch.tensor([p])
+            ids = torch.tensor([p], device=model.device)
             streamer = _TimingStreamer()
             t0 = time.perf_counter()
             with torch.no_grad():
                 out = model.generate(ids, attention_mask=torch.ones_like(ids), streamer=streamer,
                                      **_gen_kwargs(max_tokens, pad_id), **extra)
+            _sync(model)
             end = time.perf_counter()
             total_t += end - t0
             first = streamer.first_at or end
@@ -129,8 +138,8 @@ def _run_batched(model, requests, max_tokens, repeats, pad_id) -> dict[str, Any]
 
     width = max(len(p) for p in requests)
     pad = pad_id if pad_id is not None else 0
-    ids = torch.tensor([[pad] * (width - len(p)) + p for p in requests])
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in requests])
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in requests], device=model.device)
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in requests], device=model.device)
     rates, token_ids = [], []
     with torch.no_grad():  # untimed warm-up: the whole batch, a few tokens
         model.generate(ids, attention_mask=mask, **_gen_kwargs(min(4, max_tokens), pad_id))
@@ -138,6 +147,7 @@ def _run_batched(model, requests, max_tokens, repeats, pad_id) -> dict[str, Any]
         t0 = time.perf_counter()
         with torch.no_grad():
             out = model.generate(ids, attention_mask=mask, **_gen_kwargs(max_tokens, pad_id))
+        _sync(model)
         secs = time.perf_counter() - t0
         token_ids = out[:, width:].tolist()
         rates.append(sum(len(t) for t in token_ids) / secs)
@@ -156,9 +166,9 @@ def _unsupported_batched(method: str) -> str:
 
 def run_hf(target: str, draft: str | None, prompts: list[list[int]], *, max_tokens: int, k: int, repeats: int,
            concurrency: list[int], batched: bool, pad_id: int | None, max_batch_tokens: int = 512,
-           confidence: float = 0.4, dtype: str = "float32", log=print) -> list[dict[str, Any]]:
+           confidence: float = 0.4, dtype: str = "float32", device: str = "cpu", log=print) -> list[dict[str, Any]]:
     """transformers rows; ``max_batch_tokens`` is the continuous-batching step budget,
-    ``confidence`` assisted generation's confidence threshold, ``dtype`` both models' dtype."""
+    ``confidence`` assisted generation's confidence threshold, ``dtype`` / ``device`` both models'."""
     from transformers.utils import logging as hf_logging
 
     verbosity = hf_logging.get_verbosity()
@@ -166,18 +176,19 @@ def run_hf(target: str, draft: str | None, prompts: list[list[int]], *, max_toke
     try:
         return _run_rows(target, draft, prompts, max_tokens=max_tokens, k=k, repeats=repeats,
                          concurrency=concurrency, batched=batched, pad_id=pad_id,
-                         max_batch_tokens=max_batch_tokens, confidence=confidence, dtype=dtype, log=log)
+                         max_batch_tokens=max_batch_tokens, confidence=confidence, dtype=dtype, device=device,
+                         log=log)
     finally:
         hf_logging.set_verbosity(verbosity)
 
 
 def _run_rows(target: str, draft: str | None, prompts: list[list[int]], *, max_tokens: int, k: int, repeats: int,
               concurrency: list[int], batched: bool, pad_id: int | None, max_batch_tokens: int,
-              confidence: float, dtype: str, log) -> list[dict[str, Any]]:
+              confidence: float, dtype: str, device: str, log) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     base = {"engine": "transformers", "acceptance_rate": None, "mean_accepted_length": None}
-    model = _load(target, dtype)
-    assistant = _load(draft, dtype) if draft is not None else None
+    model = _load(target, dtype, device)
+    assistant = _load(draft, dtype, device) if draft is not None else None
     for method, extra, skip in hf_methods(k, draft, confidence):
         for c in concurrency:
             if c <= 1 and method in BATCHED_ONLY:
@@ -194,6 +205,7 @@ def _run_rows(target: str, draft: str | None, prompts: list[list[int]], *, max_t
                 continue
             log(f"transformers {method} concurrency={c} ...")
             requests = [prompts[i % len(prompts)] for i in range(c)]
+            gpu_peak_reset(device)
             try:
                 if c <= 1:
                     kw = dict(extra or {})  # None only for skipped methods
@@ -204,7 +216,7 @@ def _run_rows(target: str, draft: str | None, prompts: list[list[int]], *, max_t
                     res = run_continuous_batching(model, requests, max_tokens, repeats, max_batch_tokens, pad_id)
                 else:
                     res = _run_batched(model, requests, max_tokens, repeats, pad_id)
-                rows.append({**row, "status": "ok", **res})
+                rows.append({**row, "status": "ok", **res, "peak_gpu_memory_gb": gpu_peak_gb(device)})
             except CBUnsupported as exc:
                 rows.append({**row, "status": f"unsupported: {exc}"})
             except Exception as exc:  # noqa: BLE001 - record, do not crash the bench

@@ -117,6 +117,25 @@ def environment() -> dict[str, Any]:
     }
 
 
+def gpu_peak_reset(device: str) -> None:
+    """Start a row's peak-memory window on a CUDA ``device`` (nothing on the CPU)."""
+    import torch
+
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+
+
+def gpu_peak_gb(device: str) -> float | None:
+    """Peak GPU memory allocated since ``gpu_peak_reset``, in GB; None on the CPU."""
+    import torch
+
+    if not device.startswith("cuda"):
+        return None
+    torch.cuda.synchronize()
+    return round(torch.cuda.max_memory_allocated() / 1e9, 3)
+
+
 def git_commit() -> str | None:
     """The checkout's commit (``-dirty`` with uncommitted changes), or None outside a git checkout."""
     import subprocess

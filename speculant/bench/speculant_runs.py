@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from speculant.bench.report import median, rate, timing_fields
+from speculant.bench.report import gpu_peak_gb, gpu_peak_reset, median, rate, timing_fields
 from speculant.config.sampling_params import SamplingParams
 
 ADAPTIVE = {"policy": "adaptive"}  # speculative.draft_length of the ``*_adaptive`` rows (default cost model)
@@ -70,10 +70,12 @@ def speculant_methods(k: int, draft: str | None, confidence: float = 0.4) -> lis
     return methods
 
 
-def build_llm(target: str, method: Method, max_seqs: int, dtype: str = "float32"):
+def build_llm(target: str, method: Method, max_seqs: int, dtype: str = "float32", device: str = "cpu",
+              **extra: Any):
     from speculant.llm import LLM
 
-    kw: dict[str, Any] = {"max_num_seqs": max(1, max_seqs), "seed": 0, "dtype": dtype, **method.engine_kwargs}
+    kw: dict[str, Any] = {"max_num_seqs": max(1, max_seqs), "seed": 0, "dtype": dtype, "device": device,
+                          **method.engine_kwargs, **extra}
     if method.speculative:
         kw["speculative"] = method.speculative
     return LLM(model=str(target), **kw)
@@ -178,8 +180,10 @@ def run_method(llm, prompts: list[list[int]], max_tokens: int, concurrency: int,
 
 
 def run_speculant(target: str, methods: list[Method], prompts: list[list[int]], *, max_tokens: int,
-                  repeats: int, concurrency: list[int], dtype: str = "float32", log=print) -> list[dict[str, Any]]:
-    """One row per method and concurrency level; a method that fails is an ``error:`` row."""
+                  repeats: int, concurrency: list[int], dtype: str = "float32", device: str = "cpu",
+                  log=print, **llm_kwargs: Any) -> list[dict[str, Any]]:
+    """One row per method and concurrency level; a method that fails is an ``error:`` row.
+    ``llm_kwargs`` go to every ``LLM`` (``load_format="dummy"`` for random targets)."""
     rows: list[dict[str, Any]] = []
     for m in methods:
         base = {"engine": "speculant", "method": m.name, **m.fields}
@@ -188,12 +192,14 @@ def run_speculant(target: str, methods: list[Method], prompts: list[list[int]], 
         if m.skip:
             rows += [{**base, "concurrency": c, "status": m.skip} for c in concurrency]
             continue
-        llm = build_llm(target, m, max(concurrency), dtype)
+        gpu_peak_reset(device)
+        llm = build_llm(target, m, max(concurrency), dtype, device, **llm_kwargs)
         for c in concurrency:
             log(f"speculant {m.name} concurrency={c} ...")
             try:
                 res = run_method(llm, prompts, max_tokens, c, repeats)
-                rows.append({**base, "concurrency": c, "status": "ok", **res})
+                rows.append({**base, "concurrency": c, "status": "ok", **res,
+                             "peak_gpu_memory_gb": gpu_peak_gb(device)})
             except Exception as exc:  # noqa: BLE001 - a failing method is a row, not a crash
                 rows.append({**base, "concurrency": c, "status": f"error: {type(exc).__name__}: {exc}"})
         del llm

@@ -36,8 +36,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                     "  transformers 5 generate_batch; 'unsupported: <reason>' where unavailable).\n\n"
                     "Writes JSON (--out), a PNG chart (--chart; needs matplotlib: pip install "
                     "'speculant[bench]')\nand prints a Markdown table.")
-    p.add_argument("--target", required=True, help="local Hugging Face target model directory, or a .gguf file "
-                                                   "(converted once into a cached directory)")
+    p.add_argument("--target", default=None, help="local Hugging Face target model directory, or a .gguf file "
+                                                  "(converted once into a cached directory)")
+    p.add_argument("--random-llama", default=None, choices=("1b", "8b", "tiny"),
+                   help="instead of --target: a random-weight llama of this size built on the device from a "
+                        "config (nothing downloaded), with the oracle proposer at --alpha (no transformers rows)")
+    p.add_argument("--alpha", default="0.8", metavar="A[,A...]",
+                   help="--random-llama: the oracle proposer's per-token acceptance probabilities (default 0.8)")
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                   help="where both engines run (default auto: CUDA when torch sees one, else the CPU)")
     p.add_argument("--draft", default=None, help="local draft model directory or .gguf file (same tokenizer); "
                                                   "draft rows are skipped without it")
     p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32",
@@ -81,6 +88,15 @@ def run(args: argparse.Namespace) -> int:
     from speculant.bench.report import markdown_table, write_json
     from speculant.config.models import ConfigError
 
+    if (args.target is None) == (args.random_llama is None):
+        print("error: give exactly one of --target DIR|FILE.gguf and --random-llama SIZE", file=sys.stderr)
+        return 2
+    device = _device(args.device)
+    if device is None:
+        print("error: --device cuda: torch sees no CUDA device here; pass --device cpu or auto", file=sys.stderr)
+        return 2
+    if args.random_llama:
+        return _run_random(args, device)
     for name, path in (("--target", args.target), ("--draft", args.draft)):
         if path is not None and not (Path(path) / "config.json").is_file() \
                 and not (Path(path).is_file() and path.endswith(".gguf")):
@@ -120,7 +136,7 @@ def run(args: argparse.Namespace) -> int:
                            hf_batched=not args.quick, log=log,
                            heads={"medusa": args.medusa, "mlp_speculator": args.mlp_speculator,
                                   "eagle": args.eagle},
-                           confidence=args.draft_confidence, dtype=args.dtype, chat=args.chat)
+                           confidence=args.draft_confidence, dtype=args.dtype, chat=args.chat, device=device)
     except (ConfigError, ValueError, FileNotFoundError, TypeError, RuntimeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -131,10 +147,49 @@ def run(args: argparse.Namespace) -> int:
     if note:
         result["notes"].append(note)
     write_json(args.out, result)
-    print(f"{result['env']['cpu']}, {result['env']['date_utc'][:10]}, {args.dtype}")
+    print(f"{result['env'].get('gpu') or result['env']['cpu']}, {result['env']['date_utc'][:10]}, {args.dtype}")
     print(markdown_table(result["rows"]))
     print()
     for n in result["notes"]:
         print(f"- {n}")
     print(f"results: {args.out}" + (f", chart: {chart}" if not note else ""))
+    return 0
+
+
+def _device(choice: str) -> str | None:
+    """``--device`` resolved once for both engines (None: CUDA asked for but absent)."""
+    import torch
+
+    if choice == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if choice == "cuda" and not torch.cuda.is_available():
+        return None
+    return choice
+
+
+def _run_random(args: argparse.Namespace, device: str) -> int:
+    from speculant.bench.random_target import run_random_bench, write
+
+    try:
+        alphas = [float(a) for a in str(args.alpha).split(",")]
+    except ValueError:
+        alphas = []
+    if not alphas or not all(0.0 <= a <= 1.0 for a in alphas):
+        print(f"error: --alpha {args.alpha}: give probabilities in [0, 1], comma-separated", file=sys.stderr)
+        return 2
+    if args.k < 1:
+        print(f"error: --k {args.k}: speculative tokens per step must be >= 1; pass --k 1 or more", file=sys.stderr)
+        return 2
+    log = lambda msg: print(msg, file=sys.stderr)  # noqa: E731 - progress to stderr
+    result = run_random_bench(args.random_llama, alphas=alphas, k=args.k, max_tokens=args.max_tokens or 128,
+                              repeats=args.repeats or (1 if args.quick else 3), concurrency=args.concurrency or [1],
+                              dtype=args.dtype, device=device, log=log)
+    write(args.out, result)
+    print(result["title"])
+    for r in result["rows"]:
+        vs = f"{r['vs_baseline']:.2f}x" if r.get("vs_baseline") else "-"
+        print(f"{r['method']:>14} c={r['concurrency']:<3} {r['status']:<4} "
+              f"{(r.get('tokens_per_s') or 0):8.1f} tok/s  {vs:>6}  "
+              f"tokens/step {(r.get('mean_accepted_length') or 1.0):.2f}")
+    print(f"results: {args.out}")
     return 0

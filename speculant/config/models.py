@@ -65,6 +65,11 @@ class ModelConfig(StrictModel):
     128 MiB, 3 up to 2 GiB, else 0; 0 on other CPUs."""
     seed: int = Field(default=0, ge=0, le=MAX_SEED)
     """Engine seed, in [0, 2**63 - 1]: requests without their own seed draw theirs from it."""
+    load_format: Literal["auto", "dummy"] = "auto"
+    """``auto`` loads the weights in ``path``; ``dummy`` builds the model from
+    ``path``'s config.json alone with random weights (seeded by ``seed``),
+    allocated on the device: for benchmarks at sizes no checkpoint here has
+    (vLLM's ``load_format = "dummy"``). Its output is meaningless text."""
 
     @field_validator("gguf_file")
     @classmethod

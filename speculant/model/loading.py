@@ -110,8 +110,11 @@ def default_max_model_len(config: PretrainedConfig) -> int:
 
 
 def load_hf_model(path: str, dtype: str, device: torch.device, max_model_len: int | None,
-                  option: str = "model.path") -> tuple[PreTrainedModel, int]:
-    """Load the model with our attention; return it and the resolved max_model_len."""
+                  option: str = "model.path", random_seed: int | None = None) -> tuple[PreTrainedModel, int]:
+    """Load the model with our attention; return it and the resolved max_model_len.
+    With ``random_seed`` (``model.load_format = "dummy"``) the weights are not
+    read: the model is built from config.json with seeded random weights,
+    allocated directly on ``device``."""
     model_dir = check_model_dir(path, option)
     config = AutoConfig.from_pretrained(model_dir)
     limit = default_max_model_len(config)
@@ -125,6 +128,8 @@ def load_hf_model(path: str, dtype: str, device: torch.device, max_model_len: in
         config._name_or_path = path
         raise unsupported_model_error(option, config, problems)
     seam = register_seam()
+    if random_seed is not None:
+        return _random_model(config, dtype, device, seam, random_seed), max_model_len
     check_weight_files(model_dir, option)
     try:
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=_DTYPES[dtype], attn_implementation=seam)
@@ -143,6 +148,17 @@ def load_hf_model(path: str, dtype: str, device: torch.device, max_model_len: in
     model.to(device).eval()  # type: ignore[arg-type]
     model.requires_grad_(False)
     return model, max_model_len
+
+
+def _random_model(config: PretrainedConfig, dtype: str, device: torch.device, seam: str,
+                  seed: int) -> PreTrainedModel:
+    """``config``'s model with seeded random weights, built on ``device`` (no host copy)."""
+    torch.manual_seed(seed)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, dtype=_DTYPES[dtype], attn_implementation=seam)
+    model.eval()
+    model.requires_grad_(False)
+    return model
 
 
 def load_tokenizer(path: str, option: str = "model.tokenizer"):

@@ -77,7 +77,7 @@ class ModelRunner:
         source = resolve_model_source(model_cfg.path, model_cfg.gguf_file, model_cfg.dtype, option=path_option)
         self.model, self.max_model_len = load_hf_model(
             source, model_cfg.dtype, self.device, model_cfg.max_model_len,
-            option=path_option)
+            option=path_option, random_seed=model_cfg.seed if model_cfg.load_format == "dummy" else None)
         self.tokenizer = load_tokenizer(model_cfg.tokenizer or source, option=tokenizer_option)
         self.eos_token_ids = eos_token_ids(self.model, self.tokenizer)
         self.vocab_size = self.model.get_output_embeddings().weight.shape[0]
