@@ -34,10 +34,10 @@ def draw_uniforms(
     device: torch.device,
 ) -> torch.Tensor:  # [sum(counts)] float64, generator i's draws at sum(counts[:i]) onwards
     """Draw ``counts[i]`` uniforms in [0, 1) from ``generators[i]`` and nothing else,
-    so a row's draws do not depend on which rows share its batch. Drawn on each
-    generator's device (the CPU for ``request_generator``), moved once."""
-    parts = [torch.rand(count, generator=gen, dtype=torch.float64, device=gen.device).cpu()
-             for gen, count in zip(generators, counts) if count]
+    so a row's draws do not depend on which rows share its batch. The generators
+    are host (CPU) generators (``request_generator``): the draws cost no device
+    synchronisation, and reach ``device`` in one host-to-device copy."""
+    parts = [torch.rand(count, generator=gen, dtype=torch.float64) for gen, count in zip(generators, counts) if count]
     if not parts:
         return torch.zeros(0, dtype=torch.float64, device=device)
     return torch.cat(parts).to(device)
