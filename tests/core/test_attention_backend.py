@@ -27,7 +27,7 @@ from speculant.interfaces import QuerySpan
 from speculant.interfaces.span_tensors import SpanTensors
 from speculant.model.attention import cpu_kernel, cpu_kernel_build
 from speculant.model.attention.cpu_kernel import CpuKernelAttentionBackend
-from speculant.model.attention.cpu_kernel_build import kernel_dtypes, load_kernel
+from speculant.model.attention.cpu_kernel_build import kernel_dtypes, kernel_isa, load_kernel, set_kernel_isa
 from speculant.model.attention.torch_ref import TorchAttentionBackend
 from speculant.plugins.manager import get_registry
 
@@ -103,21 +103,21 @@ def backend_variants():
 
 
 def run_backend(backend_cls, layout: str, input_layout: str, block_size: int, num_kv_heads: int, scale: float,
-                dtype: torch.dtype):
+                dtype: torch.dtype, head_dim: int = HEAD_DIM):
     """One mixed batch through ``backend_cls`` over shuffled paged blocks with
     garbage around them; checks the K/V writes and returns (out [T, H, D],
     the spans, every sequence's full q/k/v)."""
     gen = torch.Generator().manual_seed(0)
     tables, num_blocks = block_tables(block_size, gen)
-    full = {name: tuple(torch.randn(length, h, HEAD_DIM, generator=gen, dtype=torch.float64).to(dtype)
+    full = {name: tuple(torch.randn(length, h, head_dim, generator=gen, dtype=torch.float64).to(dtype)
                         for h in (NUM_HEADS, num_kv_heads, num_kv_heads))
             for name, length in SEQUENCE_LENGTHS.items()}
     # a pool of garbage; then the cached prefix of every span (positions < its lowest start)
-    key_cache = (100 * torch.randn(num_blocks, block_size, num_kv_heads, HEAD_DIM, generator=gen,
+    key_cache = (100 * torch.randn(num_blocks, block_size, num_kv_heads, head_dim, generator=gen,
                                    dtype=torch.float64)).to(dtype)
-    value_cache = (100 * torch.randn(num_blocks, block_size, num_kv_heads, HEAD_DIM, generator=gen,
+    value_cache = (100 * torch.randn(num_blocks, block_size, num_kv_heads, head_dim, generator=gen,
                                      dtype=torch.float64)).to(dtype)
-    flat_k, flat_v = key_cache.view(-1, num_kv_heads, HEAD_DIM), value_cache.view(-1, num_kv_heads, HEAD_DIM)
+    flat_k, flat_v = key_cache.view(-1, num_kv_heads, head_dim), value_cache.view(-1, num_kv_heads, head_dim)
 
     def slot(name: str, pos: int) -> int:
         return tables[name][pos // block_size] * block_size + pos % block_size
@@ -143,7 +143,7 @@ def run_backend(backend_cls, layout: str, input_layout: str, block_size: int, nu
     backend = backend_cls()
     metadata = backend.build_metadata(SpanTensors.build(spans, block_size, torch.device("cpu")))
     out = backend.forward(query, key, value, key_cache, value_cache, metadata, scale)
-    assert out.shape == (sum(q.shape[0] for q in qs), NUM_HEADS, HEAD_DIM) and out.dtype == dtype
+    assert out.shape == (sum(q.shape[0] for q in qs), NUM_HEADS, head_dim) and out.dtype == dtype
     # every span's K/V landed in its own slots; nothing else was written
     for name, _, end in spans_def:
         slots = [slot(name, pos) for pos in range(end)]
@@ -251,3 +251,57 @@ def test_cpu_kernel_falls_back_with_a_warning_when_disabled(monkeypatch):
         assert torch.allclose(out, reference(q, k, v, 0.5), atol=1e-6)
     finally:
         cpu_kernel_build.load_kernel.cache_clear()
+
+
+def _cpu_has_avx512_bf16() -> bool:
+    try:
+        return any("avx512_bf16" in line.split() for line in open("/proc/cpuinfo") if line.startswith("flags"))
+    except OSError:
+        return False
+
+
+@pytest.fixture
+def kernel_path():
+    """Force the C kernel's bfloat16 score path for one test, then restore cpuid detection."""
+    lib = load_kernel()
+    if lib is None:
+        pytest.skip(f"no C kernel here: {cpu_kernel_build.kernel_status()}")
+    yield lambda name: set_kernel_isa(lib, name)
+    set_kernel_isa(lib, None)
+
+
+def test_the_kernel_picks_the_bf16_dot_path_where_the_cpu_has_it(kernel_path):
+    lib = load_kernel()
+    assert kernel_isa(lib) == ("avx512_bf16" if _cpu_has_avx512_bf16() else "portable")
+    assert kernel_path("portable") == "portable"
+    if not _cpu_has_avx512_bf16():
+        with pytest.raises(RuntimeError, match="no AVX512-BF16"):
+            kernel_path("avx512_bf16")
+
+
+@pytest.mark.parametrize("path", ["portable", "avx512_bf16"])
+@pytest.mark.parametrize("head_dim", [8, 32, 64], ids=lambda d: f"d{d}")
+@pytest.mark.parametrize("num_kv_heads", [4, 2, 1], ids=["mha", "gqa2", "mqa1"])
+@pytest.mark.parametrize("block_size", [1, 4, 16], ids=lambda b: f"block{b}")
+@pytest.mark.parametrize("input_layout", INPUT_LAYOUTS)
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_both_bf16_kernel_paths_round_once_to_nearest(kernel_path, path, layout, input_layout, block_size,
+                                                      num_kv_heads, head_dim):
+    """Each instruction path of the kernel (head dims 32 and 64 take VDPBF16PS
+    on the AVX512-BF16 path; 8 shows its fallback) stays within half an ulp
+    of float64 attention over the stored bfloat16 inputs."""
+    if path == "avx512_bf16" and not _cpu_has_avx512_bf16():
+        pytest.skip("this CPU has no AVX512-BF16 (the Intel hosts here); the portable path is walked")
+    assert kernel_path(path) == path
+    scale = head_dim ** -0.5
+    out, spans_def, full = run_backend(CpuKernelAttentionBackend, layout, input_layout, block_size, num_kv_heads,
+                                       scale, torch.bfloat16, head_dim)
+    eps = torch.finfo(torch.bfloat16).eps
+    row = 0
+    for name, start, end in spans_def:
+        want = reference(*(x.double() for x in full[name]), scale)[start:end]
+        got = out[row: row + end - start].double()
+        if end - start <= cpu_kernel.MAX_KERNEL_QUERY:
+            over = ((got - want).abs() - (0.5 * eps * want.abs() + 1e-5)).max().item()
+            assert over <= 0, f"{path}: span {name}[{start}:{end}]: error {over:.3e} over half an ulp"
+        row += end - start

@@ -182,7 +182,30 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     fn.restype = ctypes.c_int
     lib.speculant_kernel_dtypes.argtypes = []
     lib.speculant_kernel_dtypes.restype = ctypes.c_int
+    lib.speculant_kernel_isa.argtypes = []
+    lib.speculant_kernel_isa.restype = ctypes.c_int
+    lib.speculant_kernel_set_isa.argtypes = [ctypes.c_int]
+    lib.speculant_kernel_set_isa.restype = ctypes.c_int
     return lib
+
+
+KERNEL_ISAS = {0: "portable", 1: "avx512_bf16"}
+"""The kernel's instruction paths for bfloat16 scores (``speculant_kernel_isa``)."""
+
+
+def kernel_isa(lib: ctypes.CDLL) -> str:
+    """The bfloat16 score path in use: 'avx512_bf16' where the CPU has it (cpuid), else 'portable'."""
+    return KERNEL_ISAS[lib.speculant_kernel_isa()]
+
+
+def set_kernel_isa(lib: ctypes.CDLL, name: str | None) -> str:
+    """Force the bfloat16 score path (None: back to cpuid detection); raises
+    ``RuntimeError`` when the CPU lacks the one asked for."""
+    wanted = -1 if name is None else {v: k for k, v in KERNEL_ISAS.items()}[name]
+    got = lib.speculant_kernel_set_isa(wanted)
+    if got < 0:
+        raise RuntimeError(f"kernel path {name!r}: this CPU has no AVX512-BF16 instructions")
+    return KERNEL_ISAS[got]
 
 
 def kernel_dtypes(lib: ctypes.CDLL) -> frozenset[torch.dtype]:

@@ -15,6 +15,14 @@
  * on its own query and its visible keys: a decode and the same position inside
  * a verify span give the same bits.
  *
+ * bfloat16 on CPUs with AVX512-BF16 (chosen at run time from cpuid): the
+ * query-key dot products run on VDPBF16PS straight from the stored bfloat16
+ * rows. Its products of two bfloat16 numbers are exact in float32 and it
+ * accumulates in float32 (denormal inputs and results flushed to zero), so the
+ * scores are the same float32 sums in another order; softmax and the weighted
+ * sum of values are the portable path's. speculant_kernel_set_isa(0) forces the
+ * portable path (tests walk both).
+ *
  * Layouts (all contiguous, row-major; elements of `dtype`):
  *   q, out          [T, H, D]
  *   k_cache/v_cache [num_blocks, block_size, H_kv, D]
@@ -25,6 +33,12 @@
  */
 #include <math.h>
 #include <stdint.h>
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define HAVE_BF16_DOT_BUILD 1
+#else
+#define HAVE_BF16_DOT_BUILD 0
+#endif
 #include <stdlib.h>
 #include <string.h>
 
@@ -41,6 +55,53 @@ int speculant_kernel_dtypes(void)
 {
     return (1 << DT_F32) | (1 << DT_BF16) | (HAVE_F16 << DT_F16);
 }
+
+/* Which instruction path bfloat16 scores take: 0 portable, 1 AVX512-BF16.
+ * -1 until the first call reads cpuid. */
+static int isa = -1;
+
+static int cpu_has_bf16_dot(void)
+{
+#if HAVE_BF16_DOT_BUILD
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512f");
+#else
+    return 0;
+#endif
+}
+
+/* The path in use (after detection): 0 portable, 1 AVX512-BF16 dot products. */
+int speculant_kernel_isa(void)
+{
+    if (isa < 0)
+        isa = cpu_has_bf16_dot();
+    return isa;
+}
+
+/* Force a path: 0 portable; 1 AVX512-BF16 (refused, returning -1, where the CPU
+ * lacks it); -1 back to detection. Returns the path now in use. */
+int speculant_kernel_set_isa(int wanted)
+{
+    if (wanted == 1 && !cpu_has_bf16_dot())
+        return -1;
+    isa = wanted < 0 ? cpu_has_bf16_dot() : wanted;
+    return isa;
+}
+
+#if HAVE_BF16_DOT_BUILD
+/* sum_d a[d] * b[d] over bfloat16 rows, D a multiple of 32, float32 accumulation. */
+__attribute__((target("avx512f,avx512bf16")))
+static float dot_bf16(const uint16_t *a, const uint16_t *b, int64_t D)
+{
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t d = 0; d < D; d += 32) {
+        const __m512i x = _mm512_loadu_si512((const void *)(a + d));
+        const __m512i y = _mm512_loadu_si512((const void *)(b + d));
+        acc = _mm512_dpbf16_ps(acc, (__m512bh)x, (__m512bh)y);
+    }
+    return _mm512_reduce_add_ps(acc);
+}
+#endif
 
 /* Row `offset` (in elements) of `base` as float32: a pointer into `base` for
  * float32 storage, else widened into `scratch` [D]. */
@@ -118,6 +179,19 @@ static int attend(const void *q, const void *k_cache, const void *v_cache, void 
             if (src != qf + r * D)
                 memcpy(qf + r * D, src, sizeof(float) * (size_t)D);
         }
+#if HAVE_BF16_DOT_BUILD
+    if (dtype == DT_BF16 && D % 32 == 0 && speculant_kernel_isa() == 1) {
+        const uint16_t *q16 = (const uint16_t *)q, *k16 = (const uint16_t *)k_cache;
+        for (int64_t j = 0; j < n; j++) {
+            const uint16_t *k = k16 + ((table[j / block_size] * block_size + j % block_size) * H_kv + kv_head) * D;
+            for (int64_t r = 0; r < R; r++) {
+                const int64_t i = r / G, g = r % G;
+                scores[r * n + j] = j > start + i ? -INFINITY
+                    : dot_bf16(q16 + ((row0 + i) * H + kv_head * G + g) * D, k, D) * scale;
+            }
+        }
+    } else
+#endif
     for (int64_t j = 0; j < n; j++) {
         const float *k = row_f32(k_cache, ((table[j / block_size] * block_size + j % block_size) * H_kv + kv_head) * D,
                                  dtype, D, kv_row);
