@@ -35,6 +35,7 @@ import torch
 from speculant.bench.bandwidth import bound_tokens_per_s, model_decode_bytes, read_bandwidth
 from speculant.bench.heads import head_methods
 from speculant.bench.hf_runs import run_hf
+from speculant.bench.llamacpp import run_llamacpp
 from speculant.bench.report import drop_raw, environment, merge_repeats
 from speculant.bench.speculant_runs import run_speculant, speculant_methods
 from speculant.config.models import SchedulerConfig
@@ -118,13 +119,15 @@ def _bound_note(bound: float | None, bandwidth: list[dict[str, Any]], facts: dic
 def run_bench(target: str, draft: str | None = None, *, prompts: list[str] | None = None, max_tokens: int = 64,
               k: int = 4, repeats: int = 3, concurrency: list[int] | None = None, hf: bool = True,
               hf_batched: bool = True, heads: dict[str, str] | None = None, confidence: float = 0.4,
-              dtype: str = "float32", chat: bool = False, device: str = "cpu", log=print) -> dict[str, Any]:
+              dtype: str = "float32", chat: bool = False, device: str = "cpu", llamacpp: list[str] | None = None,
+              threads: int | None = None, log=print) -> dict[str, Any]:
     """Run every row; ``target`` / ``draft`` are model directories or GGUF files
     (converted once, cached), loaded in ``dtype`` by both engines; ``heads`` maps
     ``medusa`` / ``mlp_speculator`` to trained head directories. Raises
     ``ValueError`` (naming the option) for bad heads or ``--chat`` without a template.
     Both engines run on ``device``; the memory-bandwidth bound is the CPU's, so
-    on CUDA it is left out."""
+    on CUDA it is left out. ``llamacpp`` lists GGUF files run by llama.cpp (a
+    batch-1 row each, ``threads`` threads)."""
     from transformers import AutoTokenizer
 
     concurrency = concurrency or [1, 32]
@@ -149,6 +152,8 @@ def run_bench(target: str, draft: str | None = None, *, prompts: list[str] | Non
                           concurrency=concurrency, batched=hf_batched, pad_id=pad,
                           max_batch_tokens=SchedulerConfig().max_num_batched_tokens, confidence=confidence,
                           dtype=dtype, device=device, log=log)
+        if llamacpp:
+            run += run_llamacpp(llamacpp, ids, max_tokens=max_tokens, repeats=1, threads=threads, log=log)
         runs.append(run)
     rows = merge_repeats(runs)
     _mark_matches(rows)
@@ -170,7 +175,7 @@ def run_bench(target: str, draft: str | None = None, *, prompts: list[str] | Non
                      "concurrency": concurrency, "num_prompts": len(texts),
                      "greedy": True, "ignore_eos": True, "hf_batched": hf_batched,
                      "medusa": (heads or {}).get("medusa"), "mlp_speculator": (heads or {}).get("mlp_speculator"),
-                     "eagle": (heads or {}).get("eagle")},
+                     "eagle": (heads or {}).get("eagle"), "llamacpp": llamacpp or []},
         "notes": [ITL_NOTE,
                   "tokens/s: generated tokens / wall time (prefill included), median over repeats; the repeats run "
                   "in rounds (every row once per round), so load from other jobs hits all rows alike.",

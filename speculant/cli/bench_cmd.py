@@ -59,6 +59,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "mlp_speculator): adds 'mlp_speculator' rows")
     p.add_argument("--eagle", default=None, metavar="DIR",
                    help="a trained EAGLE head for the target (scripts/train_eagle.py): adds 'eagle' rows")
+    p.add_argument("--llamacpp", action="append", default=None, metavar="FILE.gguf",
+                   help="add a llama.cpp row (batch 1) on this GGUF file; repeatable (needs llama-cpp-python)")
     p.add_argument("--prompts", default=None, metavar="FILE",
                    help="one prompt per line (a literal \\n in a line becomes a newline); "
                         "default: built-in code prompts")
@@ -108,6 +110,10 @@ def run(args: argparse.Namespace) -> int:
             print(f"error: {name} {path}: no such directory; pass the directory of trained heads for the "
                   f"target (scripts/train_heads.py writes one)", file=sys.stderr)
             return 2
+    for path in args.llamacpp or []:
+        if not Path(path).is_file():
+            print(f"error: --llamacpp {path}: no such file; pass a GGUF file llama.cpp can load", file=sys.stderr)
+            return 2
     if args.k < 1:
         print(f"error: --k {args.k}: speculative tokens per step must be >= 1; pass --k 1 or more", file=sys.stderr)
         return 2
@@ -136,7 +142,8 @@ def run(args: argparse.Namespace) -> int:
                            hf_batched=not args.quick, log=log,
                            heads={"medusa": args.medusa, "mlp_speculator": args.mlp_speculator,
                                   "eagle": args.eagle},
-                           confidence=args.draft_confidence, dtype=args.dtype, chat=args.chat, device=device)
+                           confidence=args.draft_confidence, dtype=args.dtype, chat=args.chat, device=device,
+                           llamacpp=args.llamacpp, threads=args.threads)
     except (ConfigError, ValueError, FileNotFoundError, TypeError, RuntimeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
