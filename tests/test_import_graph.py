@@ -90,7 +90,7 @@ def _targets(node: ast.Import | ast.ImportFrom, package: str, known: set[str]) -
         names = [f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names]
     out = []
     for name in names:
-        while name and name not in known:  # `import speculant.core.x.y` binds the closest module
+        while name and name not in known:  # `import speculant.engine.x.y` binds the closest module
             name = name.rpartition(".")[0]
         if name:
             out.append(name)

@@ -4,5 +4,7 @@
 SamplingParams), ``responses`` (OpenAI response shapes, the ``speculant``
 speculation summary), ``serving`` (one request: whole or SSE, disconnects),
 ``engine_loop`` (the one engine thread; bounded admission), ``metrics``
-(Prometheus), ``errors`` (OpenAI's error shape). Needs the ``serve`` extra.
+(Prometheus), ``errors`` (OpenAI's error shape), ``access`` (API keys),
+``body_limit`` (``--max-request-bytes``), ``prompt_limit`` (prompts refused
+by length before tokenizing). Needs the ``serve`` extra.
 """

@@ -6,10 +6,17 @@ is ready. Then one ``EngineLoop`` steps the engine for every connection.
 On shutdown (uvicorn stops accepting, lets in-flight requests finish within
 its graceful timeout, then cancels them, which aborts them) the loop aborts
 whatever is left and stops.
+
+In front of the routes, before any body is read: ``ApiKeyAuth`` (401 without
+a valid key, when the server has keys), then ``BodyLimit`` (413 over
+``--max-request-bytes``). A prompt certain not to fit ``max_model_len`` is
+refused by its length (``PromptLimit``) before it is tokenized; chat
+templates are rendered, and prompts tokenized, in worker threads.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
@@ -24,9 +31,12 @@ from starlette.background import BackgroundTask
 
 from speculant.chat import as_conversations, render
 from speculant.engine.llm_engine import LLMEngine
+from speculant.server.access import ApiKeyAuth
+from speculant.server.body_limit import DEFAULT_MAX_REQUEST_BYTES, BodyLimit
 from speculant.server.engine_loop import EngineLoop, QueueFull
 from speculant.server.errors import APIError, install_handlers
 from speculant.server.metrics import ServerMetrics
+from speculant.server.prompt_limit import PromptLimit
 from speculant.server.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -50,13 +60,18 @@ class ServerState:
     model_name: str
     max_queued: int
     on_load_error: Callable[[str], None] = lambda message: None
+    api_keys: tuple[str, ...] = ()
+    """Empty: no authentication (the command allows that on loopback only)."""
+    metrics_public: bool = False
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
     engine: LLMEngine | None = None
     loop: EngineLoop | None = None
+    prompt_limit: PromptLimit | None = None
     created: int = field(default_factory=lambda: int(time.time()))
     metrics: ServerMetrics = field(init=False)
 
     def __post_init__(self) -> None:
-        self.metrics = ServerMetrics(lambda: self.engine, lambda: self.loop.num_queued if self.loop else 0)
+        self.metrics = ServerMetrics(lambda: self.engine, lambda: self.loop)
 
     def _load(self) -> None:
         try:
@@ -65,8 +80,15 @@ class ServerState:
             logger.exception("loading the model failed")
             self.on_load_error(f"{type(exc).__name__}: {exc}")
             return
+        # The first encode may switch off truncation or padding saved with the tokenizer, which
+        # mutates it; done here, the encodes that worker threads run side by side only read it.
+        engine.tokenizer("warm-up", add_special_tokens=False)
+        limit, why_off = PromptLimit.for_tokenizer(engine.tokenizer, engine.max_model_len)
+        if why_off:
+            logger.warning("prompts are not refused by their length in characters before tokenizing: %s", why_off)
         loop = EngineLoop(engine, self.max_queued, self._on_step)
         loop.start()
+        self.prompt_limit = limit
         self.engine, self.loop = engine, loop
         logger.info("model %r loaded; serving", self.model_name)
 
@@ -79,6 +101,11 @@ class ServerState:
                                 "once it is ready)", code="model_loading",
                            headers={"Retry-After": str(LOADING_RETRY_AFTER_S)})
         return self.engine, self.loop
+
+    def check_length(self, prompt: str | list[int], param: str, what: str = "prompt") -> None:
+        """400 for a prompt certain not to fit max_model_len, before it is tokenized."""
+        if self.prompt_limit is not None:
+            self.prompt_limit.check(prompt, param, what)
 
     def check_model(self, name: str | None) -> None:
         if name is not None and name != self.model_name:
@@ -97,6 +124,9 @@ def build_app(state: ServerState) -> FastAPI:
     app = FastAPI(title="Speculant", summary="OpenAI-compatible server", lifespan=lifespan)
     app.state.speculant = state
     install_handlers(app)
+    app.add_middleware(BodyLimit, max_bytes=state.max_request_bytes)
+    if state.api_keys:  # added last: runs first
+        app.add_middleware(ApiKeyAuth, keys=state.api_keys, metrics_public=state.metrics_public)
 
     @app.get("/health")
     def health() -> dict[str, str]:
@@ -121,21 +151,29 @@ def build_app(state: ServerState) -> FastAPI:
         state.ready()
         state.check_model(body.model)
         params = sampling_params(body, COMPLETIONS_DEFAULT_MAX_TOKENS)
-        return await _run(state, request, body, prompt_of(body), params, chat=False)
+        prompt = prompt_of(body)
+        state.check_length(prompt, "prompt")
+        return await _run(state, request, body, prompt, params, chat=False)
 
     @app.post("/v1/chat/completions", response_model=None)
     async def chat(body: ChatCompletionRequest, request: Request) -> dict[str, Any] | StreamingResponse:
         engine, _ = state.ready()
         state.check_model(body.model)
         params = sampling_params(body, engine.max_model_len)
-        try:
-            conversations, _ = as_conversations(messages_of(body))
-            prompt = render(engine.tokenizer, conversations[0])
-        except (TypeError, ValueError) as exc:
-            raise APIError(400, str(exc), param="messages") from None
+        prompt = await asyncio.to_thread(_render, engine.tokenizer, body)
+        state.check_length(prompt, "messages", "the prompt the messages render to")
         return await _run(state, request, body, prompt, params, chat=True)
 
     return app
+
+
+def _render(tokenizer: Any, body: ChatCompletionRequest) -> str:
+    """The chat prompt, in a worker thread: a template over long messages takes a while."""
+    try:
+        conversations, _ = as_conversations(messages_of(body))
+        return render(tokenizer, conversations[0])
+    except (TypeError, ValueError) as exc:
+        raise APIError(400, str(exc), param="messages") from None
 
 
 def _model_card(state: ServerState) -> dict[str, Any]:
@@ -148,7 +186,7 @@ async def _run(state: ServerState, request: Request, body: CompletionRequest | C
                prompt: str | list[int], params: Any, chat: bool) -> dict[str, Any] | StreamingResponse:
     engine, loop = state.ready()
     try:
-        stream = loop.submit(prompt, params)
+        stream = await loop.submit(prompt, params)
     except QueueFull as exc:
         state.metrics.finished("rejected")
         raise APIError(429, f"the server is busy: {exc}; retry after {QUEUE_FULL_RETRY_AFTER_S} s",

@@ -2,10 +2,12 @@
 
 The thread calls ``LLMEngine.step()`` while any request is unfinished and
 sleeps on a condition otherwise. Request handlers run on the asyncio event
-loop: ``submit`` validates and queues a request (``LLMEngine.add_request``,
-thread-safe, errors raised to the caller) and returns a ``RequestStream``;
-each step's ``RequestOutput`` for it is handed to the event loop with
-``call_soon_threadsafe`` and read with ``await stream.next()``. ``abort``
+loop: ``await submit(...)`` admits a request, then hands it to the engine
+(``LLMEngine.add_request``, thread-safe, errors raised to the caller) from a
+worker thread, because that tokenizes and checks the prompt, which takes a
+while for a long prompt and must not stall the event loop; it returns a
+``RequestStream``. Each step's ``RequestOutput`` for it is handed to the
+event loop with ``call_soon_threadsafe`` and read with ``await stream.next()``. ``abort``
 (a client that went away) reaches the engine between steps, which frees the
 request's KV blocks then.
 
@@ -73,6 +75,7 @@ class EngineLoop:
         self._num_queued = 0
         self._ids = itertools.count()
         self._stopping = False
+        self.num_submitted = 0  # add_request calls (refused ones included)
         self._thread = threading.Thread(target=self._run, name="speculant-engine", daemon=True)
 
     @property
@@ -86,9 +89,21 @@ class EngineLoop:
     def start(self) -> None:
         self._thread.start()
 
-    def submit(self, prompt: str | list[int], params: SamplingParams) -> RequestStream:
-        """Queue a request for the calling event loop; raises ``QueueFull``, or
-        ValueError / TypeError from the engine's checks (a bad prompt)."""
+    async def submit(self, prompt: str | list[int], params: SamplingParams) -> RequestStream:
+        """Admit a request and hand it to the engine from a worker thread; raises
+        ``QueueFull``, or ValueError / TypeError from the engine's checks (a bad
+        prompt). A caller cancelled meanwhile (its client left) leaves the worker
+        to finish, and a request that was added is then aborted."""
+        stream = self._admit()
+        adding = asyncio.ensure_future(asyncio.to_thread(self._add, stream, prompt, params))
+        try:
+            await asyncio.shield(adding)
+        except asyncio.CancelledError:
+            adding.add_done_callback(lambda done: self._added_for_nobody(stream, done))
+            raise
+        return stream
+
+    def _admit(self) -> RequestStream:
         stream = RequestStream(f"srv-{next(self._ids)}", asyncio.get_running_loop())
         with self._cv:
             if self._stopping:
@@ -98,6 +113,12 @@ class EngineLoop:
             # registered first: the engine thread may step the request before add_request returns
             self._num_queued += 1
             self._streams[stream.request_id] = stream
+        return stream
+
+    def _add(self, stream: RequestStream, prompt: str | list[int], params: SamplingParams) -> None:
+        """In a worker thread: tokenizing a long prompt takes a while."""
+        with self._cv:
+            self.num_submitted += 1
         try:
             self.engine.add_request(stream.request_id, prompt, params)
         except BaseException:
@@ -107,7 +128,10 @@ class EngineLoop:
             raise
         with self._cv:
             self._cv.notify()
-        return stream
+
+    def _added_for_nobody(self, stream: RequestStream, adding: asyncio.Future) -> None:
+        if not adding.cancelled() and adding.exception() is None:
+            self.abort(stream)
 
     def abort(self, stream: RequestStream) -> None:
         """The client is gone: drop the request (its blocks are freed between steps)."""

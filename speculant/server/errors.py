@@ -3,9 +3,11 @@
 Every error the server answers is ``{"error": {"message", "type", "param",
 "code"}}``: 400 for a request the server cannot run as sent (malformed JSON,
 wrong types, unknown fields, parameters ``SamplingParams`` refuses, a prompt
-too long), 404 for an unknown model or route, 429 when the waiting queue is
-full, 503 while the model loads, 500 when the engine failed the request (the
-message names the request, the stage and, where one ran, the plugin).
+too long), 401 without a valid API key (``--api-key``), 404 for an unknown
+model or route, 413 for a body over ``--max-request-bytes``, 429 when the
+waiting queue is full, 503 while the model loads, 500 when the engine failed
+the request (the message names the request, the stage and, where one ran,
+the plugin).
 """
 
 from __future__ import annotations
@@ -17,8 +19,9 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-ERROR_TYPES = {400: "invalid_request_error", 404: "not_found_error", 413: "invalid_request_error",
-               422: "invalid_request_error", 429: "rate_limit_error", 503: "service_unavailable"}
+ERROR_TYPES = {400: "invalid_request_error", 401: "invalid_request_error", 404: "not_found_error",
+               413: "invalid_request_error", 422: "invalid_request_error", 429: "rate_limit_error",
+               503: "service_unavailable"}
 
 
 class APIError(Exception):

@@ -1,8 +1,8 @@
 """``GET /metrics``: Prometheus text from ``prometheus_client``.
 
 Counted by the server: requests by finish reason, prompt and generated
-tokens, step time (a histogram observed by the engine thread). Read from the
-engine at scrape time: queue length, running requests, KV blocks in use, and
+tokens, step time (a histogram observed by the engine thread), requests
+handed to the engine. Read from the engine at scrape time: queue length, running requests, KV blocks in use, and
 the speculation counters vLLM users know (drafts, draft tokens, accepted
 tokens, accepted tokens per draft position, mean acceptance length), plus
 the proposer faults and failed requests the engine contained. The process
@@ -28,6 +28,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from speculant.engine.llm_engine import LLMEngine
+from speculant.server.engine_loop import EngineLoop
 
 disable_created_metrics()  # no *_created series: counters here start with the process
 
@@ -35,7 +36,7 @@ STEP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.
 
 
 class ServerMetrics:
-    def __init__(self, engine: Callable[[], LLMEngine | None], num_queued: Callable[[], int]) -> None:
+    def __init__(self, engine: Callable[[], LLMEngine | None], loop: Callable[[], EngineLoop | None]) -> None:
         self.registry = CollectorRegistry()
         ProcessCollector(registry=self.registry)
         self.requests = Counter("speculant_requests", "Requests answered, by finish reason (stop, length, "
@@ -47,7 +48,7 @@ class ServerMetrics:
                                          "requests", registry=self.registry)
         self.step_seconds = Histogram("speculant_step_seconds", "Wall time of one engine step",
                                       buckets=STEP_BUCKETS, registry=self.registry)
-        self.registry.register(_EngineCollector(engine, num_queued))
+        self.registry.register(_EngineCollector(engine, loop))
 
     def finished(self, reason: str, num_prompt_tokens: int = 0, num_output_tokens: int = 0) -> None:
         self.requests.labels(finish_reason=reason).inc()
@@ -61,13 +62,17 @@ class ServerMetrics:
 class _EngineCollector(Collector):
     """Engine state, read when scraped (nothing is copied in between)."""
 
-    def __init__(self, engine: Callable[[], LLMEngine | None], num_queued: Callable[[], int]) -> None:
+    def __init__(self, engine: Callable[[], LLMEngine | None], loop: Callable[[], EngineLoop | None]) -> None:
         self.engine = engine
-        self.num_queued = num_queued
+        self.loop = loop
 
     def collect(self) -> Iterator[Metric]:
+        loop = self.loop()
         yield GaugeMetricFamily("speculant_requests_queued", "Requests admitted that have not had their first "
-                                "step yet (bounded by --max-queued)", value=self.num_queued())
+                                "step yet (bounded by --max-queued)", value=loop.num_queued if loop else 0)
+        yield CounterMetricFamily("speculant_engine_submissions", "Requests handed to the engine (add_request "
+                                  "calls; those it refuses as invalid included)",
+                                  value=loop.num_submitted if loop else 0)
         engine = self.engine()
         if engine is None:  # still loading
             return

@@ -24,6 +24,7 @@ from speculant.config.compat import build_config
 from speculant.config.models import ConfigError, EngineConfig, apply_overrides, read_config
 from speculant.engine.llm_engine import LLMEngine
 from speculant.server.app import ServerState, build_app
+from speculant.server.body_limit import DEFAULT_MAX_REQUEST_BYTES
 
 
 class GracefulServer(uvicorn.Server):
@@ -44,7 +45,8 @@ class GracefulServer(uvicorn.Server):
 
 
 def run_server(config: EngineConfig, source: str, model_name: str, *, host: str, port: int, max_queued: int,
-               shutdown_timeout: int, log_level: str = "info") -> str | None:
+               shutdown_timeout: int, log_level: str = "info", api_keys: tuple[str, ...] = (),
+               metrics_public: bool = False, max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES) -> str | None:
     """Serve until stopped; returns None after a clean stop, or why it could not serve."""
     errors: list[str] = []
     server: GracefulServer | None = None
@@ -54,7 +56,8 @@ def run_server(config: EngineConfig, source: str, model_name: str, *, host: str,
         if server is not None:
             server.should_exit = True
 
-    state = ServerState(lambda: LLMEngine(config, source=source), model_name, max_queued, load_failed)
+    state = ServerState(lambda: LLMEngine(config, source=source), model_name, max_queued, load_failed,
+                        api_keys=api_keys, metrics_public=metrics_public, max_request_bytes=max_request_bytes)
     uv_config = uvicorn.Config(build_app(state), host=host, port=port, log_level=log_level,
                                timeout_graceful_shutdown=round(shutdown_timeout), lifespan="on")
     server = GracefulServer(uv_config)
@@ -81,7 +84,9 @@ def serve_command(args: argparse.Namespace) -> int:
         return 2
     name = args.served_model_name or Path(config.model.path).name.removesuffix(".gguf")
     error = run_server(config, source, name, host=args.host, port=args.port, max_queued=args.max_queued,
-                       shutdown_timeout=args.shutdown_timeout, log_level=args.log_level)
+                       shutdown_timeout=args.shutdown_timeout, log_level=args.log_level, api_keys=args.api_keys,
+                       metrics_public=args.metrics_public,
+                       max_request_bytes=args.max_request_bytes or DEFAULT_MAX_REQUEST_BYTES)
     if error:
         print(f"error: {error}", file=sys.stderr)
         return 1

@@ -8,13 +8,18 @@ stream, or a dropped connection while a whole answer is computed) aborts
 its request at once, which frees its KV blocks between steps. A request the
 engine failed is a 500 naming the request and where it failed (mid-stream:
 an ``error`` event, as OpenAI's own API sends, then ``[DONE]``).
+
+The text itself was detokenized by the engine thread. Log-probabilities
+are not: each token and each alternative is decoded with the tokenizer when
+the reply is built, so with them the reply (and each event) is built in a
+worker thread, off the event loop; without them it is a few dict entries.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -88,7 +93,13 @@ class Serving:
         error = failed(out)
         if error is not None:
             raise error
-        return self.reply.whole(out)
+        return await self._built(self.reply.whole, out)
+
+    async def _built(self, build: Callable[..., Any], *args: Any) -> Any:
+        """``build(*args)``, in a worker thread when it decodes log-probabilities."""
+        if self.reply.num_logprobs is None:
+            return build(*args)
+        return await asyncio.to_thread(build, *args)
 
     async def _final(self, request: Request) -> RequestOutput:
         watcher = asyncio.create_task(self._watch(request))
@@ -121,8 +132,8 @@ class Serving:
                 first = tokens_sent == 0 and not text_sent
                 if len(c.token_ids) > tokens_sent or last.finished:
                     logprobs = c.logprobs[tokens_sent:] if c.logprobs is not None else None
-                    yield sse(self.reply.chunk(c.text[len(text_sent):], c.token_ids[tokens_sent:], logprobs,
-                                               last if last.finished else None, first, len(text_sent)))
+                    yield sse(await self._built(self.reply.chunk, c.text[len(text_sent):], c.token_ids[tokens_sent:],
+                                                logprobs, last if last.finished else None, first, len(text_sent)))
                     text_sent, tokens_sent = c.text, len(c.token_ids)
             out = last
             if include_usage and out is not None and failed(out) is None:

@@ -3,7 +3,8 @@
 ``ServerProcess(args, log_dir).start()`` launches it (or a launcher script
 that registers test plugins first), waits for ``/health`` to answer 200 and
 fails with the server's log if it exits instead. ``stop()`` sends SIGTERM and
-returns the exit status.
+returns the exit status. With ``api_key`` the helpers (``client``, ``metrics``)
+send it; ``env`` adds variables to the server's environment.
 """
 
 from __future__ import annotations
@@ -33,7 +34,11 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    def __init__(self, args: list[str], log_dir: Path, launcher: Path | None = None) -> None:
+    def __init__(self, args: list[str], log_dir: Path, launcher: Path | None = None, *, api_key: str | None = None,
+                 env: dict[str, str] | None = None) -> None:
+        self.api_key = api_key
+        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.extra_env = env or {}
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_dir / f"server-{self.port}.log"
@@ -43,7 +48,9 @@ class ServerProcess:
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> ServerProcess:
-        env = {**os.environ, "PYTHONPATH": str(REPO_ROOT / "tests" / "server")}
+        # the checkout under test first, also for a launcher script (whose own directory leads sys.path)
+        path = os.pathsep.join([str(REPO_ROOT / "tests" / "server"), str(REPO_ROOT)])
+        env = {**os.environ, "PYTHONPATH": path, **self.extra_env}
         self.log = open(self.log_path, "w")
         self.proc = subprocess.Popen(self.cmd, stdout=self.log, stderr=subprocess.STDOUT, cwd=REPO_ROOT, env=env)
         deadline = time.monotonic() + STARTUP_LIMIT_S
@@ -58,19 +65,28 @@ class ServerProcess:
             time.sleep(0.2)
         raise AssertionError(f"server not ready after {STARTUP_LIMIT_S} s:\n{self.read_log()}")
 
+    def rss_bytes(self) -> int:
+        """The server process's resident memory (Linux: /proc)."""
+        assert self.proc is not None
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+        raise AssertionError(f"no VmRSS in /proc/{self.proc.pid}/status")
+
     def read_log(self) -> str:
         return self.log_path.read_text()
 
     def client(self) -> openai.OpenAI:
-        return openai.OpenAI(base_url=self.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+        return openai.OpenAI(base_url=self.url + "/v1", api_key=self.api_key or "unused", max_retries=0, timeout=120)
 
     def async_client(self) -> openai.AsyncOpenAI:
-        return openai.AsyncOpenAI(base_url=self.url + "/v1", api_key="unused", max_retries=0, timeout=300)
+        return openai.AsyncOpenAI(base_url=self.url + "/v1", api_key=self.api_key or "unused", max_retries=0,
+                                  timeout=300)
 
     def metrics(self) -> dict[str, float]:
         """The /metrics samples as {name{labels}: value}."""
         out = {}
-        for line in httpx.get(self.url + "/metrics", timeout=10).text.splitlines():
+        for line in httpx.get(self.url + "/metrics", headers=self.headers, timeout=10).text.splitlines():
             if line and not line.startswith("#"):
                 name, value = line.rsplit(" ", 1)
                 out[name] = float(value)
