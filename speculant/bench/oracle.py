@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import json
 import random
+import sys
 from pathlib import Path
 from typing import ClassVar
 
@@ -38,6 +39,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from speculant.interfaces import Proposals, Proposer, ProposerCapabilities, ProposerContext
 from speculant.plugins.hookspecs import hookimpl
+from speculant.plugins.manager import load_plugins, register_plugin, unregister_plugin
 
 PLUGIN_NAME = "benchmark-oracle"
 
@@ -142,18 +144,12 @@ def register_proposers(register) -> None:
 
 def register() -> None:
     """Register this module as a plugin in the current process (idempotent)."""
-    import sys
-
-    from speculant.plugins.manager import load_plugins, register_plugin
-
     if "oracle" in load_plugins().registry.names("proposer"):
         return
     register_plugin(sys.modules[__name__], PLUGIN_NAME)
 
 
 def unregister() -> None:
-    from speculant.plugins.manager import unregister_plugin
-
     unregister_plugin(PLUGIN_NAME)
 
 

@@ -18,6 +18,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from speculant.bench.oracle import register, save_continuations
 from speculant.bench.report import environment
 from speculant.bench.speculant_runs import Method, run_speculant
 
@@ -62,8 +63,6 @@ def run_random_bench(size: str, *, alphas: list[float], k: int, max_tokens: int,
                      concurrency: list[int], dtype: str, device: str, num_prompts: int = 4,
                      prompt_len: int = 128, log=print) -> dict[str, Any]:
     """Rows ``no_spec`` and ``oracle_a<alpha>`` (k proposals per step) on a random target."""
-    from speculant.bench.oracle import register, save_continuations
-
     register()
     env = environment()
     with tempfile.TemporaryDirectory(prefix="speculant-random-") as tmp:

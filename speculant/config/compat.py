@@ -74,12 +74,14 @@ def default_plugins() -> LoadedPlugins:
     return load_plugins()
 
 
-def auto_attention_backend(registry: Registry, device: str) -> str | None:
-    """What ``attention_backend = 'auto'`` picks on ``device``: the registered
-    backend with the highest ``priority`` among those that run there (ties: by
-    name); None if none runs there."""
+def auto_attention_backend(registry: Registry, device: str, dtype: str | None = None) -> str | None:
+    """What ``attention_backend = 'auto'`` picks on ``device`` (for ``model.dtype
+    = dtype``, any dtype if None): the registered backend with the highest
+    ``priority`` among those that run there, are available and compute that
+    dtype (ties: by name); None if none does."""
     usable = [registry.get("attention_backend", n) for n in registry.names("attention_backend")]
-    usable = [c for c in usable if device in c.capabilities.devices]
+    usable = [c for c in usable if device in c.capabilities.devices and c.capabilities.unavailable is None
+              and (dtype is None or dtype in c.capabilities.dtypes)]
     return max(usable, key=lambda c: c.capabilities.priority).name if usable else None
 
 
@@ -90,7 +92,7 @@ def resolve_attention_backend_name(config: EngineConfig, registry: Registry | No
     if name != "auto":
         return name
     registry = registry if registry is not None else default_plugins().registry
-    return auto_attention_backend(registry, resolve_device(config.model.device).type)
+    return auto_attention_backend(registry, resolve_device(config.model.device).type, config.model.dtype)
 
 
 def _lookup(registry: Registry, kind: Kind, name: str, key: str, shown: str,
@@ -130,10 +132,19 @@ def _backend(config: EngineConfig, registry: Registry, problems: list[str]) -> t
     if name != config.model.attention_backend:
         shown += f" (resolves to {name!r})"
     backend = _lookup(registry, "attention_backend", name, "model.attention_backend", shown, problems)
-    if backend is not None and device not in backend.capabilities.devices:
-        problems.append(f"model.attention_backend = {shown} runs on {', '.join(backend.capabilities.devices)} "
+    if backend is None:
+        return None
+    caps = backend.capabilities
+    if caps.unavailable is not None:
+        problems.append(f"model.attention_backend = {shown} cannot run in this installation: {caps.unavailable}")
+    if device not in caps.devices:
+        problems.append(f"model.attention_backend = {shown} runs on {', '.join(caps.devices)} "
                         f"only, but model.device resolves to '{device}': set model.device to one of those or "
                         f"choose another backend")
+    if config.model.dtype not in caps.dtypes:
+        problems.append(f"model.attention_backend = {shown} computes {', '.join(caps.dtypes)} only, but "
+                        f"model.dtype = '{config.model.dtype}': set model.dtype to one of those or choose "
+                        f"another backend")
     return backend
 
 

@@ -68,4 +68,10 @@ class AttentionBackendCapabilities:
     """torch device types the backend runs on."""
     priority: int = 0
     """``attention_backend = 'auto'`` picks the highest-priority backend that
-    runs on the model's device (the reference backend has 0)."""
+    runs on the model's device and dtype (the reference backend has 0)."""
+    dtypes: tuple[str, ...] = ("float32", "float64", "bfloat16", "float16")
+    """``model.dtype`` values the backend computes (the KV cache has the model's dtype)."""
+    unavailable: str | None = None
+    """Why the backend cannot run in this installation (a package it needs is
+    missing, with how to get it), None when it can: ``auto`` passes it over and
+    the checker refuses it with this text."""

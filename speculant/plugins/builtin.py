@@ -13,6 +13,7 @@ from speculant.acceptance.rejection import RejectionSampler
 from speculant.acceptance.typical import TypicalAcceptance
 from speculant.model.attention.cpu_kernel import CpuKernelAttentionBackend
 from speculant.model.attention.torch_ref import TorchAttentionBackend
+from speculant.model.attention.triton_backend import TritonAttentionBackend
 from speculant.plugins.hookspecs import RegisterCallback, hookimpl
 from speculant.proposers.draft_model import DraftModelProposer
 from speculant.proposers.eagle.proposer import EagleProposer
@@ -53,3 +54,4 @@ def register_acceptance_methods(register: RegisterCallback) -> None:
 def register_attention_backends(register: RegisterCallback) -> None:
     register(TorchAttentionBackend)
     register(CpuKernelAttentionBackend)
+    register(TritonAttentionBackend)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import warnings
 
 import pytest
+import torch
 
 from arch_zoo import EITHER, REFUSED, VERIFIED, build_arch_model, matrix_prompts
 from greedy_compare import check_all_greedy
@@ -53,18 +54,29 @@ SETTINGS = {
 SPECULATES = {"ngram-mqa", "draft-batch-expansion", "eagle-chunked", "suffix-adaptive", "eagle-suffix-chunked"}
 
 
-def cpu_backends() -> list[str]:
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+"""The device the engines take from the environment (model.device = 'auto'): on a
+GPU machine the matrix walks the CUDA backends, on the CPU the CPU ones."""
+DEFAULT_BACKEND = {"cpu": "cpu_kernel", "cuda": "triton"}[DEVICE]
+
+
+def device_backends() -> list[str]:
+    """The registered attention backends that run on ``DEVICE`` here (dtype float32)."""
     registry = get_registry()
-    return sorted(n for n in registry.names("attention_backend")
-                  if "cpu" in registry.get("attention_backend", n).capabilities.devices)
+    out = []
+    for n in registry.names("attention_backend"):
+        caps = registry.get("attention_backend", n).capabilities
+        if DEVICE in caps.devices and not getattr(caps, "unavailable", None):
+            out.append(n)
+    return sorted(out)
 
 
 def _cells():
-    archs, settings, backends = list(VERIFIED), list(SETTINGS), cpu_backends()
+    archs, settings, backends = list(VERIFIED), list(SETTINGS), device_backends()
     for i, arch in enumerate(archs):
         for backend in backends:
             for j, setting in enumerate(settings):
-                default = backend == "cpu_kernel" and j == i % len(settings)
+                default = backend == DEFAULT_BACKEND and j == i % len(settings)
                 marks = () if default else (pytest.mark.slow,)
                 yield pytest.param(arch, backend, setting, marks=marks, id=f"{arch}-{backend}-{setting}")
 

@@ -20,7 +20,7 @@ BUILTIN_NAMES = {
     "proposer": ["draft_model", "draft_suffix", "eagle", "eagle_suffix", "medusa", "mlp_speculator", "ngram", "suffix"],
     "scorer": ["batch_expansion", "mqa"],
     "acceptance": ["rejection", "typical"],
-    "attention_backend": ["cpu_kernel", "torch"],
+    "attention_backend": ["cpu_kernel", "torch", "triton"],
 }
 
 
