@@ -97,19 +97,71 @@ def heldout_acceptance(results: Path) -> list[str]:
     return out
 
 
+def _gpu_files(results: Path) -> list[tuple[str, dict[str, Any]]]:
+    return [(p.name, json.loads(p.read_text(encoding="utf-8"))) for p in sorted(results.glob("gpu_bench_*.json"))]
+
+
+def _with_baseline(data: dict[str, Any]) -> list[dict[str, Any]]:
+    """``data``'s rows that ran, each with ``vs_baseline``: its tokens/s over Speculant's
+    no-speculation row at the same concurrency (what ``--random-llama`` files already hold)."""
+    rows = [r for r in data["rows"] if r.get("status") == "ok"]
+    base = {r["concurrency"]: r["tokens_per_s"] for r in rows
+            if r["engine"] == "speculant" and r["method"] == "no_spec"}
+    for r in rows:
+        if r.get("vs_baseline") is None and base.get(r["concurrency"]):
+            r["vs_baseline"] = r["tokens_per_s"] / base[r["concurrency"]]
+    return rows
+
+
+def _title(data: dict[str, Any]) -> str:
+    if "title" in data:
+        return str(data["title"])
+    s = data["settings"]
+    return (f"{Path(str(s['target'])).name}, {s['dtype']}, {s['num_prompts']} chat prompts × {s['max_tokens']} "
+            f"tokens, k = {s['k']}, greedy, {s.get('device', 'cpu')}")
+
+
 def gpu_rows(results: Path) -> list[str]:
-    """``scripts/gpu_check.sh``'s bench rows (``gpu_*.json``), one table per file."""
+    """``scripts/gpu_check.sh``'s bench rows on the GPU (``gpu_bench_*.json``), one table per file."""
     out: list[str] = []
-    for path in sorted(results.glob("gpu_bench_*.json")):
-        data = json.loads(path.read_text(encoding="utf-8"))
-        out += [f"`{path.name}`: {data.get('title', '')}; measured on {measured_on(data)}.", "",
-                "| engine | method | batch | tok/s | vs baseline | tokens per verify step |",
-                "|---|---|---|---|---|---|"]
-        for r in data["rows"]:
+    for name, data in _gpu_files(results):
+        out += [f"`{name}`: {_title(data)}; measured on {measured_on(data)}.", "",
+                "| engine | method | batch | tok/s | vs Speculant without speculation | tokens per verify step | "
+                "output = no speculation | peak GPU GB |", "|---|---|---|---|---|---|---|---|"]
+        for r in _with_baseline(data):
+            same = {True: "yes", False: "no", None: "–"}[r.get("matches_no_spec")]
             out.append(f"| {r['engine']} | {r['method']} | {r.get('concurrency', 1)} | {_num(r.get('tokens_per_s'))} "
-                       f"| {_x(r.get('vs_baseline'))} | {_num(r.get('mean_accepted_length'), 2)} |")
+                       f"| {_x(r.get('vs_baseline'))} | {_num(r.get('mean_accepted_length'), 2)} | {same} | "
+                       f"{_num(r.get('peak_gpu_memory_gb'), 2)} |")
         out.append("")
     return out[:-1] if out else out
+
+
+def gpu_headline(results: Path) -> list[str]:
+    """One README line per GPU file: Speculant against its reference in that file."""
+    out = []
+    for _name, data in _gpu_files(results):
+        rows = _with_baseline(data)
+        on = measured_on(data)
+        spec = {(r["engine"], r["method"]): r for r in rows}
+        base = spec.get(("speculant", "no_spec"))
+        oracle = [r for r in rows if r["method"].startswith("oracle")]
+        if oracle and base:
+            r = oracle[0]
+            out.append(f"| {_title(data).split(',')[0]}, `{r['method']}`, batch 1 | {r['vs_baseline']:.2f}× no "
+                       f"speculation ({base['tokens_per_s']:.1f} → {r['tokens_per_s']:.1f} tok/s, "
+                       f"{r['mean_accepted_length']:.2f} tokens per verify step) | {on} | "
+                       f"[gpu](docs/benchmarks.md#results-gpu) |")
+            continue
+        hf = spec.get(("transformers", "generate"))
+        if base and hf:
+            c = base["concurrency"]
+            what = "batch 1" if c == 1 else f"{c} concurrent requests (transformers: one static padded batch)"
+            out.append(f"| {_title(data).split(',')[0]} {data['settings']['dtype']} on the GPU, {what}, no "
+                       f"speculation vs transformers `generate()` | {base['tokens_per_s']:.0f} vs "
+                       f"{hf['tokens_per_s']:.0f} tok/s ({base['tokens_per_s'] / hf['tokens_per_s']:.2f}×) | {on} | "
+                       f"[gpu](docs/benchmarks.md#results-gpu) |")
+    return out
 
 
 def headline(results: Path) -> list[str]:
@@ -138,11 +190,7 @@ def headline(results: Path) -> list[str]:
                 out.append(f"| `{name}` on SmolLM2 (eagle_bench, 2 prompts) | {r['speedup_vs_no_spec']:.2f}× "
                            f"({r['tokens_per_verify_step']:.2f} tokens per verify step) | {measured_on(data)} | "
                            f"[eagle](docs/benchmarks.md#results-eagle) |")
-    for path in sorted(results.glob("gpu_bench_*.json")):
-        gpu = json.loads(path.read_text(encoding="utf-8"))
-        for r in gpu.get("headline", []):
-            out.append(f"| {r['what']} | {r['figure']} | {measured_on(gpu)} | [gpu](docs/benchmarks.md#results-gpu) |")
-    return out
+    return out + gpu_headline(results)
 
 
 BLOCKS: dict[str, Table] = {

@@ -11,7 +11,9 @@ batched rows are measured (not in ``--quick``): ``generate`` over one static
 left-padded batch, and ``continuous_batching`` (``speculant.bench.hf_cb``; no
 row at concurrency 1, where it would be ``generate`` alone). Assisted
 generation and prompt lookup run at batch size 1 only. What transformers
-cannot do is recorded as ``status: "unsupported: <reason>"``.
+cannot do is recorded as ``status: "unsupported: <reason>"``; a row whose run
+raised is ``status: "error: <type>: <message>"`` (a failure, not a missing
+feature).
 """
 
 from __future__ import annotations
@@ -220,5 +222,5 @@ def _run_rows(target: str, draft: str | None, prompts: list[list[int]], *, max_t
             except CBUnsupported as exc:
                 rows.append({**row, "status": f"unsupported: {exc}"})
             except Exception as exc:  # noqa: BLE001 - record, do not crash the bench
-                rows.append({**row, "status": f"unsupported: {type(exc).__name__}: {exc}"})
+                rows.append({**row, "status": f"error: {type(exc).__name__}: {exc}"})
     return rows

@@ -33,7 +33,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                     "  eagle_suffix).\n"
                     "transformers rows: generate (batch 1; at concurrency > 1 one static left-padded batch),\n"
                     "  assisted and prompt_lookup (batch 1 only), continuous_batching (concurrency > 1 only:\n"
-                    "  transformers 5 generate_batch; 'unsupported: <reason>' where unavailable).\n\n"
+                    "  transformers 5 generate_batch; 'unsupported: <reason>' where unavailable).\n"
+                    "A row that raised is 'error: <type>: <message>'.\n\n"
                     "Writes JSON (--out), a PNG chart (--chart; needs matplotlib: pip install "
                     "'speculant[bench]')\nand prints a Markdown table.")
     p.add_argument("--target", default=None, help="local Hugging Face target model directory, or a .gguf file "

@@ -3,12 +3,13 @@ the static left-padded ``generate`` batch and transformers continuous batching."
 
 from __future__ import annotations
 
+import contextlib
 import json
 
 import pytest
 
 from speculant.bench import hf_runs
-from speculant.bench.hf_cb import CBUnsupported, run_continuous_batching
+from speculant.bench.hf_cb import CBFailed, CBUnsupported, run_continuous_batching
 from speculant.cli import main
 
 
@@ -29,8 +30,7 @@ def test_continuous_batching_row(batched_result):
     hf = {(r["method"], r["concurrency"]): r for r in data["rows"] if r["engine"] == "transformers"}
     assert ("continuous_batching", 1) not in hf  # batch 1 is the generate row
     cb = hf[("continuous_batching", 3)]
-    if cb["status"].startswith("unsupported:"):  # an older transformers: reason recorded, nothing else
-        pytest.skip(cb["status"])
+    # transformers >= 5 (what pyproject requires) has continuous batching: anything but ok is a failure here
     assert cb["status"] == "ok", cb
     assert cb["num_requests"] == 3 and cb["num_tokens"] == 3 * 6 and cb["tokens_per_s"] > 0
     assert cb["matches_no_spec"] is True, cb
@@ -61,26 +61,56 @@ def test_missing_continuous_batching_is_unsupported():
         run_continuous_batching(OldModel(), [[1, 2, 3]], 4, 1, 512, 0)
 
 
-def test_failing_continuous_batching_is_unsupported():
+def test_failing_continuous_batching_is_an_error_not_unsupported():
     class Broken:
         config = None
 
         def continuous_batching_context_manager(self, **kwargs):
             raise RuntimeError("paged attention unavailable")
 
-    with pytest.raises(CBUnsupported, match="RuntimeError: paged attention unavailable"):
+    with pytest.raises(RuntimeError, match="paged attention unavailable") as info:
         run_continuous_batching(Broken(), [[1, 2, 3]], 4, 1, 512, 0)
+    assert not isinstance(info.value, CBUnsupported)
 
 
-def test_run_hf_records_unsupported_continuous_batching(monkeypatch, llama_dir, one_thread):
-    def refuse(*args, **kwargs):
-        raise CBUnsupported("no continuous batching here")
+def test_stopped_manager_is_an_error_not_unsupported():
+    class StoppedManager:  # the background thread died: no result will ever come
+        def add_request(self, prompt, max_new_tokens):
+            return "r0"
 
-    monkeypatch.setattr(hf_runs, "run_continuous_batching", refuse)
+        def get_result(self, timeout):
+            return None
+
+        def is_running(self):
+            return False
+
+    class Stopped:
+        config = None
+
+        @contextlib.contextmanager
+        def continuous_batching_context_manager(self, **kwargs):
+            yield StoppedManager()
+
+    with pytest.raises(CBFailed, match="thread stopped before every request finished") as info:
+        run_continuous_batching(Stopped(), [[1, 2, 3]], 4, 1, 512, 0)
+    assert not isinstance(info.value, CBUnsupported)
+
+
+@pytest.mark.parametrize("exc, status", [
+    (CBUnsupported("no continuous batching here"), "unsupported: no continuous batching here"),
+    (CBFailed("a request failed: out of pages"), "error: CBFailed: a request failed: out of pages"),
+    (ValueError("bad page size"), "error: ValueError: bad page size"),
+])
+def test_run_hf_records_continuous_batching_failures(monkeypatch, llama_dir, one_thread, exc, status):
+    """Only a missing feature is "unsupported"; an exception in the row is an error."""
+    def fail(*args, **kwargs):
+        raise exc
+
+    monkeypatch.setattr(hf_runs, "run_continuous_batching", fail)
     rows = hf_runs.run_hf(str(llama_dir), None, [[5, 6, 7]], max_tokens=2, k=2, repeats=1, concurrency=[2],
                           batched=True, pad_id=0, log=lambda m: None)
     by = {r["method"]: r for r in rows}
-    assert by["continuous_batching"]["status"] == "unsupported: no continuous batching here"
+    assert by["continuous_batching"]["status"] == status
     assert by["generate"]["status"] == "ok"
 
 

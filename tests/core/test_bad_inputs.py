@@ -266,6 +266,7 @@ def test_sliding_window_not_below_max_model_len_runs_exactly(windowed_mistral, h
     prompts = random_prompts([10, 15], seed=43)
     outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True), use_tqdm=False)
     ref = hf_reference(windowed_mistral)
+    assert len(outs) == len(prompts)
     for p, o in zip(prompts, outs):
         check_greedy(o.outputs[0].token_ids, ref.greedy(p, 16))
 
@@ -296,6 +297,7 @@ def test_same_architecture_without_softcapping_runs_exactly(tokenizer_dir, tmp_p
     prompts = random_prompts([7, 12], seed=44)
     outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True), use_tqdm=False)
     ref = hf_reference(model_dir)
+    assert len(outs) == len(prompts)
     for p, o in zip(prompts, outs):
         check_greedy(o.outputs[0].token_ids, ref.greedy(p, 12))
 

@@ -87,6 +87,7 @@ def test_generates_like_transformers_loading_the_gguf(gguf_path, cache):
     llm = LLM(str(gguf_path), max_num_batched_tokens=8, max_num_seqs=4, block_size=4)
     outs = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
     hf_tok = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+    assert len(outs) == len(PROMPTS)
     for text, out in zip(PROMPTS, outs):
         assert out.prompt_token_ids == hf_tok(text, add_special_tokens=True)["input_ids"]
     ref = GGUFReference(gguf_path)

@@ -1,11 +1,16 @@
 """Property: any SamplingParams kwargs and any prompt are either accepted and
 served (valid token ids, at most max_tokens of them) or refused with a
 TypeError/ValueError that names what is wrong; never an internal error, and
-the engine keeps serving afterwards."""
+the engine keeps serving afterwards. Which inputs are wrong, the exception type
+and what the message must show (the field or prompt and the offending value)
+come from the documented rules (``param_problem``, ``prompt_problem``)."""
 
 from __future__ import annotations
 
 import math
+import numbers
+import operator
+from collections.abc import Iterable, Mapping
 
 import numpy as np
 import pytest
@@ -70,22 +75,122 @@ def baseline(llm):
     return llm.generate([PROMPT], GREEDY, use_tqdm=False)[0].outputs[0].token_ids
 
 
+def _index(v: object) -> int | None:
+    """``v`` as a token id / integer option if it is integer-like (not a bool), else None."""
+    if isinstance(v, bool) or not hasattr(type(v), "__index__"):
+        return None
+    return operator.index(v)
+
+
+INT_RANGES = {"max_tokens": (1, None), "top_k": (-1, 2**31 - 1), "seed": (0, 2**63 - 1), "logprobs": (0, 20)}
+REAL_RANGES = {"temperature": (0.0, None, True), "top_p": (0.0, 1.0, False), "min_p": (0.0, 1.0, True)}
+
+
+def param_problem(name: str, v: object) -> tuple[type[Exception], str] | None:
+    """What SamplingParams' docs say ``name=v`` alone must raise (TypeError for a wrong type,
+    ValueError for a value out of range) and the part of the message that shows the value;
+    None for a valid value. Written from the documented rules, not from the code."""
+    if name in INT_RANGES:
+        if v is None and name in ("seed", "logprobs"):
+            return None
+        i = _index(v)
+        if i is None:
+            return TypeError, f"SamplingParams.{name}={v!r}"
+        lo, hi = INT_RANGES[name]
+        return None if lo <= i and (hi is None or i <= hi) else (ValueError, f"SamplingParams.{name}={i!r}")
+    if name in REAL_RANGES:
+        if isinstance(v, bool) or not isinstance(v, numbers.Real):
+            return TypeError, f"SamplingParams.{name}={v!r}"
+        if not math.isfinite(float(v)):
+            return ValueError, f"SamplingParams.{name}={v!r}"
+        lo, hi, lo_ok = REAL_RANGES[name]
+        f = float(v)
+        ok = (f >= lo if lo_ok else f > lo) and (hi is None or f <= hi)
+        return None if ok else (ValueError, f"SamplingParams.{name}={f!r}")
+    if name in ("ignore_eos", "include_stop_str_in_output"):
+        return None if isinstance(v, bool) else (TypeError, f"SamplingParams.{name}={v!r}")
+    if v is None:
+        return None
+    if name == "stop":
+        items = [v] if isinstance(v, str) else v
+        if not isinstance(items, (list, tuple)):
+            return TypeError, f"SamplingParams.stop={v!r}"
+        for s in items:
+            if not isinstance(s, str):
+                return TypeError, f"SamplingParams.stop={list(items)!r}"
+            if not s:
+                return ValueError, f"SamplingParams.stop={list(items)!r}"
+            if any(0xD800 <= ord(c) <= 0xDFFF for c in s):
+                return ValueError, f"SamplingParams.stop contains {s!r}"
+        return None
+    assert name == "stop_token_ids"
+    if not isinstance(v, (list, tuple)):
+        return TypeError, f"SamplingParams.stop_token_ids={v!r}"
+    ids = [_index(t) for t in v]
+    for t, i in zip(v, ids):
+        if i is None:
+            return TypeError, f"SamplingParams.stop_token_ids={t!r}"
+    return None if all(i >= 0 for i in ids) else (ValueError, f"SamplingParams.stop_token_ids={ids!r}")
+
+
+def prompt_problem(tokenizer, prompts) -> tuple[type[Exception], list[str]] | None:
+    """What ``LLM.generate`` is documented to raise for ``prompts`` (TypeError for a wrong type,
+    ValueError for a bad value; the message names the prompt and shows what is wrong), or None."""
+    if isinstance(prompts, str):
+        prompts = [prompts]
+    elif isinstance(prompts, (Mapping, set, frozenset, bytes, bytearray)) or not isinstance(prompts, Iterable):
+        return TypeError, ["prompts must be", f"got {type(prompts).__name__}"]
+    elif isinstance(prompts, (list, tuple)) and prompts and hasattr(type(prompts[0]), "__index__"):
+        prompts = [prompts]  # one prompt of token ids: its first item is integer-like (a bool too)
+    for n, p in enumerate(prompts):
+        where = f"prompt {n}: "
+        if isinstance(p, str):
+            bad = [c for c in p if 0xD800 <= ord(c) <= 0xDFFF]
+            if bad:
+                return ValueError, [where, f"contains {bad[0]!r}"]
+            ids = tokenizer(p, add_special_tokens=False)["input_ids"]
+        elif isinstance(p, (list, tuple)):
+            for j, t in enumerate(p):
+                if _index(t) is None:
+                    return TypeError, [where, f"item {j} is {t!r}"]
+            ids = [_index(t) for t in p]
+            outside = [t for t in ids if not 0 <= t < VOCAB]
+            if outside:
+                return ValueError, [where, f"prompt token ids {outside[:5]}"]
+        else:
+            return TypeError, [where, f"got {type(p).__name__}"]
+        if not ids:
+            return ValueError, [where, "prompt is empty"]
+        if len(ids) >= MAX_MODEL_LEN:
+            return ValueError, [where, f"prompt has {len(ids)} tokens", f"max_model_len is {MAX_MODEL_LEN}"]
+    return None
+
+
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                    HealthCheck.too_slow])
 @given(kwargs=sampling_kwargs, prompt=prompts)
 def test_inputs_are_served_or_clearly_refused(llm, baseline, kwargs, prompt):
+    wrong = {k: p for k in kwargs if (p := param_problem(k, kwargs[k])) is not None}
     try:
         params = SamplingParams(**kwargs)
-    except (TypeError, ValueError) as exc:
-        assert "SamplingParams." in str(exc), str(exc)
+    except Exception as exc:  # noqa: BLE001 - which exception, and what it says, is the point
+        assert wrong, f"valid SamplingParams{kwargs} refused: {exc!r}"
+        # the documented type (exactly: not a subclass), naming a field that is wrong and its value
+        assert any(type(exc) is t and text in str(exc) for t, text in wrong.values()), (repr(exc), wrong)
         event("params refused")
         params = GREEDY
+    else:
+        assert not wrong, f"SamplingParams accepted {wrong}"
+    expected = prompt_problem(llm.tokenizer, prompt)
     try:
         outs = llm.generate(prompt, params, use_tqdm=False)
-    except (TypeError, ValueError) as exc:
-        assert "prompt" in str(exc), str(exc)
+    except Exception as exc:  # noqa: BLE001
+        assert expected, f"valid prompt {prompt!r} refused: {exc!r}"
+        exc_type, texts = expected
+        assert type(exc) is exc_type and all(t in str(exc) for t in texts), (repr(exc), expected)
         event("prompt refused")
     else:
+        assert not expected, f"prompt {prompt!r} served, expected {expected}"
         event("served")
         for out in outs:
             ids = out.outputs[0].token_ids

@@ -91,9 +91,14 @@ def test_matches_do_not_cross_files(example_installed, tmp_path):
 
 
 def test_max_match_bounds_the_window(example_installed, tmp_path):
-    proposer, tok = make_proposer(example_installed, tmp_path, "a b c d", min_match=1, max_match=1)
-    # only the last token is matched, so the unrelated prefix does not matter
-    assert proposer.propose_for(tok.encode("zz yy b"), 2) == tok.encode("c d")
+    # "b" first occurs before "x a"; the two-token suffix "a b" only before "c"
+    corpus = "b x a b c"
+    short, tok1 = make_proposer(example_installed, tmp_path, corpus, min_match=1, max_match=1)
+    long, tok2 = make_proposer(example_installed, tmp_path, corpus, min_match=1, max_match=2)
+    # max_match=1: only the last token is matched, so its first occurrence wins
+    assert short.propose_for(tok1.encode("a b"), 2) == tok1.encode("x a")
+    # max_match=2: the longer suffix matches and leads elsewhere
+    assert long.propose_for(tok2.encode("a b"), 2) == tok2.encode("c")
 
 
 def test_suffix_automaton_agrees_with_brute_force(example_installed):

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from speculant.cli import main
-from speculant.config.compat import combination_reasons, config_problems, validate_config
+from speculant.config.compat import config_problems, validate_config
 from speculant.config.matrix import (
     README_END,
     README_START,
@@ -63,14 +63,7 @@ def cell_config(cell) -> EngineConfig:
 def test_builtin_matrix_cell(cell, fresh_plugins):
     assert cell is not None, f"no compatibility-matrix cells to check: {NO_CELLS_REASON}"
     registry = builtin_registry(load_plugins().registry)
-    proposer, scorer, acceptance = (registry.get(k, n) for k, n in
-                                    (("proposer", cell.proposer), ("scorer", cell.scorer),
-                                     ("acceptance", cell.acceptance)))
-    backend = registry.get("attention_backend", cell.attention_backend)
-    reasons = combination_reasons(proposer, scorer, acceptance, backend,
-                                  enable_chunked_prefill=cell.enable_chunked_prefill,
-                                  num_speculative_tokens=cell.num_speculative_tokens, sampling=False)
-    assert reasons == cell.reasons
+    proposer, acceptance = registry.get("proposer", cell.proposer), registry.get("acceptance", cell.acceptance)
     config = cell_config(cell)
     if not cell.supported:
         with pytest.raises(ConfigError) as info:
@@ -123,6 +116,65 @@ def test_compute_matrix_cells(small_registry):
     assert cells[("heads", True)].label() == "❌ needs hidden states at every prompt position"
     assert cells[("sampled", True)].label() == "✅ greedy only: draft distribution unknown"
     assert cells[("sampled", True)].supported and cells[("sampled", True)].greedy_only
+
+
+# Every rule an incompatible plugin trips, written out by hand: what the matrix and the config
+# check must say for it (a rule that stops firing, or says something else, fails here).
+HEADS_NEEDS_PROMPT_STATES = (
+    "proposer 'x_heads' needs the target's hidden state at every prompt position, which chunked prefill splits "
+    "across steps: set scheduler.enable_chunked_prefill = false or choose another proposer")
+ACCEPTANCE_NEEDS_FULL_PROBS = (
+    "acceptance 'x_full' needs the proposer's full draft distribution, but proposer 'x_heads' provides only its "
+    "proposed tokens (draft_probs = 'one_hot'): choose a proposer with draft_probs = 'full' or set "
+    "speculative.acceptance to a method that does not need draft probabilities")
+K_ABOVE_MAXIMUM = (
+    "speculative.num_speculative_tokens = 3 is above the maximum of proposer 'x_heads' (2 tokens per step): "
+    "set speculative.num_speculative_tokens to at most 2")
+SCORER_NEEDS_MULTI_TOKEN = (
+    "scorer 'x_mqa' needs attention over multi-token queries, which attention backend 'x_single' does not "
+    "provide (multi_token_queries = false): set model.attention_backend to a backend with multi-token queries "
+    "or set speculative.scorer to one that scores single-token rows")
+SCORER_CANNOT_MIX = (
+    "scorer 'x_mqa' cannot score prefill chunks and speculating decodes in one target forward "
+    "(supports_mixed_prefill_decode = false), which chunked prefill does every step: set "
+    "scheduler.enable_chunked_prefill = false or choose another scorer")
+BACKEND_CANNOT_CHUNK = (
+    "attention backend 'x_single' cannot attend from several query tokens over a cached prefix "
+    "(multi_token_queries = false), which every prefill chunk after the first does: set "
+    "scheduler.enable_chunked_prefill = false or set model.attention_backend to another backend")
+
+
+def test_incompatible_plugin_reasons(fresh_plugins, make_class, fake_plugin):
+    from speculant.plugins.manager import register_plugin, unregister_plugin
+
+    plugin = fake_plugin(
+        proposers=[make_class("proposer", "x_heads", needs_target_hidden_states=True, needs_prompt_hidden_states=True,
+                              supports_chunked_prefill=False, max_num_speculative_tokens=2)],
+        scorers=[make_class("scorer", "x_mqa", needs_multi_token_queries=True, supports_mixed_prefill_decode=False)],
+        acceptance=[make_class("acceptance", "x_full", needs_draft_probs=True)],
+        backends=[make_class("attention_backend", "x_single", multi_token_queries=False)])
+    register_plugin(plugin, "matrix-incompatible")
+    try:
+        registry = load_plugins().registry
+        cells = {c.enable_chunked_prefill: c for c in compute_matrix(registry, attention_backend="x_single")
+                 if (c.proposer, c.scorer, c.acceptance) == ("x_heads", "x_mqa", "x_full")}
+        # the matrix clips k to the proposer's maximum, so the k rule never decides a cell
+        assert cells[False].num_speculative_tokens == 2
+        assert cells[False].reasons == [ACCEPTANCE_NEEDS_FULL_PROBS, SCORER_NEEDS_MULTI_TOKEN]
+        assert cells[True].reasons == [HEADS_NEEDS_PROMPT_STATES, ACCEPTANCE_NEEDS_FULL_PROBS,
+                                       SCORER_NEEDS_MULTI_TOKEN, SCORER_CANNOT_MIX, BACKEND_CANNOT_CHUNK]
+        assert not cells[True].supported and not cells[False].supported
+        config = EngineConfig.model_validate({
+            "model": {"path": "unused", "device": "cpu", "attention_backend": "x_single"},
+            "scheduler": {"enable_chunked_prefill": True},
+            "speculative": {"proposer": "x_heads", "scorer": "x_mqa", "acceptance": "x_full",
+                            "num_speculative_tokens": 3}})
+        with pytest.raises(ConfigError) as info:
+            validate_config(config, registry)
+        assert info.value.problems == [HEADS_NEEDS_PROMPT_STATES, ACCEPTANCE_NEEDS_FULL_PROBS, K_ABOVE_MAXIMUM,
+                                       SCORER_NEEDS_MULTI_TOKEN, SCORER_CANNOT_MIX, BACKEND_CANNOT_CHUNK]
+    finally:
+        unregister_plugin("matrix-incompatible")
 
 
 def test_markdown_and_json(small_registry):

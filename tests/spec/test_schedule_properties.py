@@ -26,19 +26,24 @@ Each example draws:
 The target and the draft are the tiny llama test models (hidden 64). Solo
 results are cached per (request, speculation config) across examples.
 The default profile is small and derandomized (reproducible in CI); the
-``slow`` variant draws more examples: ``pytest -m slow tests/spec/test_schedule_properties.py``.
+``slow`` variants draw more examples (the hybrids ``eagle_suffix`` /
+``draft_suffix`` have a slow variant of their own, with the same budget):
+``pytest -m slow tests/spec/test_schedule_properties.py``. The suffix, hybrid
+and slow tests count the examples that preempted or aborted a request and fail
+when the drawn schedules include no preemption or no abort (``check_schedules``).
 """
 
 from __future__ import annotations
 
 import math
 import os
+import zlib
 from collections import Counter
 from dataclasses import dataclass
 
 import pytest
 import torch
-from hypothesis import HealthCheck, event, given, note, settings
+from hypothesis import HealthCheck, event, given, note, seed, settings
 from hypothesis import strategies as st
 
 from schedule_check import Req, ScheduleChecker, Setup
@@ -48,6 +53,12 @@ from tiny_models import copy_model, random_prompts, set_eos_token
 MAX_PROMPT = 80
 MAX_TOKENS = 24
 MAX_REQUESTS = 6
+# Examples per round of check_schedules (in 20-example rounds over eight seeds, 0-11 suffix and
+# 1-11 hybrid examples preempted, 3-15 aborted)
+SUFFIX_EXAMPLES = 12
+HYBRID_EXAMPLES = 12
+SLOW_EXAMPLES = 300
+HYBRIDS = ("eagle_suffix", "draft_suffix")
 
 COMMON = dict(deadline=None, derandomize=True, database=None, print_blob=False,
               suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture,
@@ -167,7 +178,8 @@ def setups(draw, reqs: list[Req], proposers: tuple = (None, "ngram", "suffix", "
                  max_num_batched_tokens=budget, max_num_seqs=max_num_seqs, enable_chunked_prefill=chunked, **spec)
 
 
-def run_example(data, schedule_models, **setup_kw) -> None:
+def run_example(data, schedule_models, **setup_kw) -> tuple[str | None, bool, bool]:
+    """Draw and check one schedule; (proposer, whether a request was preempted, whether one was aborted)."""
     checker, pools = schedule_models
     reqs = data.draw(requests(pools), label="requests")
     setup = data.draw(setups(reqs, **setup_kw), label="setup")
@@ -179,6 +191,44 @@ def run_example(data, schedule_models, **setup_kw) -> None:
     event("aborted" if trace.aborted else "no abort")
     for reason in sorted(set(checker.events)):
         event(reason)
+    return setup.proposer, bool(trace.preempted), bool(trace.aborted)
+
+
+ANY = "any proposer"
+ROUNDS = 5
+
+
+def counts(seen: Counter, proposer: str | None) -> dict[str, int]:
+    """Examples, and those that preempted / aborted a request, of ``proposer`` (``ANY``: all)."""
+    return {what: sum(n for (w, p), n in seen.items() if w == what and proposer in (ANY, p))
+            for what in ("examples", "preempted", "aborted")}
+
+
+def check_schedules(schedule_models, name: str, max_examples: int, need: tuple, **setup_kw) -> None:
+    """Rounds of ``max_examples`` examples of ``run_example`` (round r seeded from ``name`` and r,
+    so every run draws the same examples) until the drawn schedules include a preemption and
+    an abort for each proposer of ``need`` (``ANY``: any proposer), at most ``ROUNDS`` rounds;
+    then assert that they do. ``event()`` alone would not fail if they stopped happening.
+    Hypothesis draws correlated examples, so one round can miss either (one of eight seeds drew
+    no preemption in 20 suffix examples); further rounds keep that from failing the test when
+    a hypothesis upgrade changes the draws, while a scheduler or strategy that never preempts
+    or aborts still fails after ``ROUNDS`` rounds."""
+    seen: Counter = Counter()
+    for r in range(ROUNDS):
+        @seed(zlib.crc32(f"{name}/{r}".encode()))
+        @settings(max_examples=max_examples, **COMMON)
+        @given(data=st.data())
+        def schedules_match_solo_runs(data):
+            proposer, preempted, aborted = run_example(data, schedule_models, **setup_kw)
+            seen.update([("examples", proposer)] + [("preempted", proposer)] * preempted
+                        + [("aborted", proposer)] * aborted)
+
+        schedules_match_solo_runs()
+        if all(counts(seen, p)["preempted"] and counts(seen, p)["aborted"] for p in need):
+            return
+    missing = {p: counts(seen, p) for p in need}
+    pytest.fail(f"in {ROUNDS} rounds of {max_examples} examples the drawn schedules never preempted or "
+                f"never aborted a request: {missing}")
 
 
 @settings(max_examples=40, **COMMON)
@@ -187,20 +237,16 @@ def test_schedules_match_solo_runs(data, schedule_models):
     run_example(data, schedule_models)
 
 
-@settings(max_examples=8, **COMMON)
-@given(data=st.data())
-def test_suffix_schedules_match_solo_runs(data, schedule_models):
+def test_suffix_schedules_match_solo_runs(schedule_models):
     """The suffix proposer (with and without its global cache, under both
     draft-length policies) gets examples of its own in the default run."""
-    run_example(data, schedule_models, proposers=("suffix",))
+    check_schedules(schedule_models, "suffix", SUFFIX_EXAMPLES, ("suffix",), proposers=("suffix",))
 
 
-@settings(max_examples=8, **COMMON)
-@given(data=st.data())
-def test_hybrid_schedules_match_solo_runs(data, schedule_models):
+def test_hybrid_schedules_match_solo_runs(schedule_models):
     """The suffix hybrids (suffix drafts where the match is strong, the EAGLE head
     or the draft model elsewhere) under random schedules."""
-    run_example(data, schedule_models, proposers=("eagle_suffix", "draft_suffix"))
+    check_schedules(schedule_models, "hybrid", HYBRID_EXAMPLES, (ANY,), proposers=HYBRIDS)
 
 
 @pytest.fixture
@@ -212,7 +258,11 @@ def slow_selected(request):
 
 
 @pytest.mark.slow
-@settings(max_examples=300, **COMMON)
-@given(data=st.data())
-def test_schedules_match_solo_runs_slow(data, slow_selected, schedule_models):
-    run_example(data, schedule_models)
+def test_schedules_match_solo_runs_slow(slow_selected, schedule_models):
+    check_schedules(schedule_models, "slow", SLOW_EXAMPLES, (ANY,))
+
+
+@pytest.mark.slow
+def test_hybrid_schedules_match_solo_runs_slow(slow_selected, schedule_models):
+    """The hybrids with the slow variant's budget; each preempts and aborts somewhere."""
+    check_schedules(schedule_models, "hybrid-slow", SLOW_EXAMPLES, HYBRIDS, proposers=HYBRIDS)
