@@ -2,7 +2,7 @@
 and ``step.decide`` (filter + accept) for one step of speculating decodes.
 
 Default: 32 decodes, k = 4, V = 49152 (SmolLM2's vocabulary), random float32
-logits on the CPU, median of ``--reps`` timed calls after one warm-up. Cases:
+logits on the CPU, median of ``--repeats`` timed calls after one warm-up. Cases:
 
 * ``greedy``: every request greedy (``greedy_accept`` on the raw logits);
 * ``temperature``: temperature 0.8, no draft probabilities (n-gram style),
@@ -17,9 +17,9 @@ Runs against whichever ``speculant`` is importable (``PYTHONPATH`` first), so
 the same script measures an older checkout: ``--label before`` with
 ``PYTHONPATH`` pointing at an exported tree, ``--label after`` in place. Each
 run is appended under its label in ``benchmarks/results/accept_layout.json``
-with the CPU model (``/proc/cpuinfo``), torch threads and the date;
-``summary_ms`` is the median over a label's runs (alternate the labels on a
-shared machine).
+with its environment (``harness.py``; an older checkout must have
+``speculant.bench.report.environment``); ``summary_ms`` is the median over a
+label's runs (alternate the labels on a shared machine).
 
     git archive <old commit> speculant | tar -x -C /tmp/before
     for i in 1 2 3; do
@@ -30,15 +30,13 @@ shared machine).
 
 from __future__ import annotations
 
-import argparse
-import datetime as dt
 import json
 import statistics
-import time
 from pathlib import Path
 
 import torch
 
+import harness
 import speculant
 from speculant.acceptance.rejection import RejectionSampler
 from speculant.config.sampling_params import SamplingParams
@@ -52,15 +50,6 @@ try:  # the contract classes may live in core/interfaces.py
     from speculant.interfaces import Proposals
 except ImportError:
     from speculant.proposers.base import Proposals
-
-RESULTS = Path(__file__).resolve().parent / "results" / "accept_layout.json"
-
-
-def cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return "unknown"
 
 
 def make_batch(n: int, lens: list[int], params: SamplingParams) -> StepBatch:
@@ -97,16 +86,6 @@ def make_proposals(logits: torch.Tensor, lens: list[int], with_probs: bool, g: t
     return Proposals(ids, lens_t, probs)
 
 
-def time_calls(fn, reps: int) -> list[float]:
-    fn()  # warm-up
-    out = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        fn()
-        out.append(time.perf_counter() - t)
-    return out
-
-
 def run_case(name: str, n: int, k: int, vocab: int, reps: int) -> dict:
     g = torch.Generator().manual_seed(0)
     ragged = name.startswith("ragged")
@@ -120,8 +99,8 @@ def run_case(name: str, n: int, k: int, vocab: int, reps: int) -> dict:
     out = ForwardOutput(logits=logits, hidden_states=None)
     acceptance = RejectionSampler()
     scores = gather_scores(out, batch, proposals)
-    gather_s = time_calls(lambda: gather_scores(out, batch, proposals), reps)
-    decide_s = time_calls(lambda: decide(acceptance, batch, proposals, scores), reps)
+    gather_s = harness.time_calls(lambda: gather_scores(out, batch, proposals), reps)
+    decide_s = harness.time_calls(lambda: decide(acceptance, batch, proposals, scores), reps)
     ms = lambda xs: round(1000 * statistics.median(xs), 3)  # noqa: E731
     return {"lens": lens, "logit_rows": len(lens) + sum(lens), "gather_scores_ms": ms(gather_s),
             "decide_ms": ms(decide_s), "total_ms": round(ms(gather_s) + ms(decide_s), 3),
@@ -129,38 +108,36 @@ def run_case(name: str, n: int, k: int, vocab: int, reps: int) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = harness.arg_parser(__doc__, out=harness.RESULTS_DIR / "accept_layout.json", repeats=15,
+                           quick="8 decodes, V = 4096, 3 calls per case")
     ap.add_argument("--label", required=True, help="key of this run in the JSON, e.g. before / after")
     ap.add_argument("--decodes", type=int, default=32)
     ap.add_argument("--k", type=int, default=4)
     ap.add_argument("--vocab", type=int, default=49152)
-    ap.add_argument("--reps", type=int, default=15)
-    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
-    ap.add_argument("--out", type=Path, default=RESULTS)
     ap.add_argument("--fresh", action="store_true", help="drop earlier runs of this label")
     args = ap.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    if args.quick:
+        args.decodes, args.vocab, args.repeats = 8, 4096, 3
+    bench = harness.start("accept_layout", args)
     cases = ["greedy", "temperature", "temperature_draft_probs", "top_p", "ragged_greedy", "ragged_temperature",
              "ragged_top_p"]
     with torch.inference_mode():
-        results = {c: run_case(c, args.decodes, args.k, args.vocab, args.reps) for c in cases}
-    data = json.loads(args.out.read_text()) if args.out.is_file() else {}
+        results = {c: run_case(c, args.decodes, args.k, args.vocab, args.repeats) for c in cases}
+    # one file gathers the runs of every label: each run carries its own environment
+    data = json.loads(args.out.read_text()) if args.out.is_file() else {"benchmark": bench.name}
     runs = data.setdefault("runs", {}).setdefault(args.label, [])
     if args.fresh:
         runs.clear()
-    runs.append({
-        "cpu": cpu_model(), "date": dt.date.today().isoformat(), "torch": torch.__version__,
-        "torch_threads": torch.get_num_threads(), "speculant_path": str(Path(speculant.__file__).parent),
-        "decodes": args.decodes, "k": args.k, "vocab": args.vocab, "reps": args.reps, "cases": results})
+    run = bench.result({"speculant_path": str(Path(speculant.__file__).parent), "decodes": args.decodes,
+                        "k": args.k, "vocab": args.vocab, "reps": args.repeats, "cases": results})
+    runs.append({k: v for k, v in run.items() if k != "benchmark"})
     # per label and case: the median over runs of each run's median (runs of labels are meant to alternate)
     data["summary_ms"] = {
         label: {case: {key: round(statistics.median(r["cases"][case][key] for r in label_runs), 3)
                        for key in ("gather_scores_ms", "decide_ms", "total_ms")}
                 for case in label_runs[-1]["cases"]}
         for label, label_runs in data["runs"].items()}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(data, indent=1) + "\n")
+    harness.write_json(args.out, data)
     for c, r in results.items():
         print(f"{args.label:>8} {c:<22} gather_scores {r['gather_scores_ms']:8.2f} ms  decide {r['decide_ms']:8.2f} ms")
 

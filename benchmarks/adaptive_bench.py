@@ -22,22 +22,12 @@ tokens): a rough quiet-machine estimate of the step structure's cost.
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import statistics
-import sys
-import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
+import harness
 from repeated_tasks import conversations
-from suffix_bench import alternating_runs, build
-
-from common import environment, write_json
-
-RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def configs(k: int, token_cost: float | None, eagle: str | None = None,
@@ -64,12 +54,11 @@ def workload() -> list[list[dict[str, str]]]:
     return conversations("unittest") + conversations("edit")[:12]
 
 
-def run(spec: dict, k: int, max_tokens: int, threads: int | None, fit: tuple[float, float] | None,
-        dtype: str = "float32") -> dict:
+def run(spec: dict, k: int, max_tokens: int, fit: tuple[float, float] | None, dtype: str = "float32") -> dict:
     from speculant import SamplingParams
 
-    llm = build(spec, k, threads, dtype=dtype)
-    llm.generate(["Hello"], SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)  # warm-up
+    llm = harness.smollm2_llm(spec, k=k, dtype=dtype)
+    harness.warm_up(llm)
     llm.engine.reset_metrics()
     step_tokens: list[int] = []
     schedule = llm.engine.scheduler.schedule
@@ -80,15 +69,14 @@ def run(spec: dict, k: int, max_tokens: int, threads: int | None, fit: tuple[flo
         return batch
 
     llm.engine.scheduler.schedule = recorded
-    t0, c0 = time.perf_counter(), time.process_time()
-    outs = llm.chat(workload(), SamplingParams(temperature=0, max_tokens=max_tokens), use_tqdm=False)
-    seconds, cpu_seconds = time.perf_counter() - t0, time.process_time() - c0
+    with harness.timed() as t:
+        outs = llm.chat(workload(), SamplingParams(temperature=0, max_tokens=max_tokens), use_tqdm=False)
     tokens = [list(o.outputs[0].token_ids) for o in outs]
     total = sum(len(t) for t in tokens)
     m = llm.get_metrics()
     model_s = sum(fit[0] + fit[1] * n for n in step_tokens if n) if fit else None
-    return {"tok_per_s": total / seconds, "seconds": seconds, "output_tokens": total, "token_ids": tokens,
-            "cpu_seconds": cpu_seconds, "tok_per_cpu_s": total / cpu_seconds,
+    return {"tok_per_s": total / t.wall, "seconds": t.wall, "output_tokens": total, "token_ids": tokens,
+            "cpu_seconds": t.cpu, "tok_per_cpu_s": total / t.cpu,
             "steps": sum(1 for n in step_tokens if n), "step_tokens": step_tokens, "model_s": model_s,
             "model_tok_per_s": total / model_s if model_s else None,
             **{key: m.get(key) for key in ("mean_accepted_length", "acceptance_rate", "num_draft_tokens",
@@ -97,19 +85,16 @@ def run(spec: dict, k: int, max_tokens: int, threads: int | None, fit: tuple[flo
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--repeats", type=int, default=2)
+    ap = harness.arg_parser(__doc__, out=harness.RESULTS_DIR / "adaptive_concurrent.json", repeats=2,
+                           dtype="float32")
     ap.add_argument("--k", type=int, default=4)
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--token-cost", type=float, default=None)
     ap.add_argument("--configs", default=None, help="comma-separated subset")
-    ap.add_argument("--threads", type=int, default=None)
-    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--eagle", default=None, help="a trained EAGLE head (models/smollm2-eagle): adds its configs")
     ap.add_argument("--confidence", type=float, default=0.4, help="the head's confidence_threshold")
-    ap.add_argument("--cost", type=Path, default=RESULTS / "verify_cost.json",
+    ap.add_argument("--cost", type=Path, default=harness.RESULTS_DIR / "verify_cost.json",
                     help="verify_cost.py's result for this dtype: the step-cost fit and default token_cost")
-    ap.add_argument("--out", type=Path, default=RESULTS / "adaptive_concurrent.json")
     args = ap.parse_args()
     cost = args.cost
     fit = None
@@ -120,10 +105,11 @@ def main() -> None:
             args.token_cost = round(c["token_cost"], 4)
     cfgs = configs(args.k, args.token_cost, args.eagle, args.confidence)
     names = args.configs.split(",") if args.configs else list(cfgs)
-    env = environment()
-    runs = alternating_runs(
-        names, args.repeats, lambda name: run(cfgs[name], args.k, args.max_tokens, args.threads, fit, args.dtype),
-        lambda res: f"steps {res['steps']}  accepted/step {res['mean_accepted_length'] or 0:.2f}  "
+    bench = harness.start("adaptive_concurrent", args)
+    runs = harness.rounds(
+        names, args.repeats, lambda name: run(cfgs[name], args.k, args.max_tokens, fit, args.dtype),
+        lambda res: f"{res['tok_per_s']:6.2f} tok/s  {res['tok_per_cpu_s']:6.2f} tok/cpu-s  steps {res['steps']}  "
+                    f"accepted/step {res['mean_accepted_length'] or 0:.2f}  "
                     f"planned k {res['mean_planned_draft_length'] or 0:.2f}")
     reference = runs[names[0]][0]["token_ids"]
     summary = {}
@@ -147,10 +133,8 @@ def main() -> None:
             s["cpu_speedup_vs_none"] = s["median_tok_per_cpu_s"] / summary["none"]["median_tok_per_cpu_s"]
             if s["model_tok_per_s"] and summary["none"]["model_tok_per_s"]:
                 s["model_speedup_vs_none"] = s["model_tok_per_s"] / summary["none"]["model_tok_per_s"]
-    env["load_avg_end"] = [round(x, 2) for x in os.getloadavg()]
-    write_json(args.out, {
-        "benchmark": "adaptive_concurrent", "label": f"{env['cpu']}, {env['date_utc'][:10]}",
-        "environment": env, "model": f"SmolLM2-135M-Instruct ({args.dtype})",
+    bench.write({
+        "label": f"{bench.env['cpu']}, {bench.env['date_utc'][:10]}", "model": f"SmolLM2-135M-Instruct ({args.dtype})",
         "workload": "32 chat requests at once (20 unittest + 12 edit tasks, benchmarks/repeated_tasks.py), greedy",
         "k": args.k, "max_tokens": args.max_tokens, "token_cost": args.token_cost, "cost_fit": fit,
         "repeats": args.repeats, "summary": summary,

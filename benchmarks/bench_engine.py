@@ -1,7 +1,7 @@
 """Speculant vs Hugging Face transformers on one CPU: decode speed, batch
 throughput and the cost of multi-token forwards.
 
-Model: the random ~134M-parameter Llama of ``benchmarks/common.py`` (float32),
+Model: the random ~134M-parameter Llama of ``benchmarks/bench_models.py`` (float32),
 built once into the cache directory. Every comparison runs both sides in this
 process, with the same torch thread count, interleaving their repetitions so
 that load from other processes hits them alike. Figures are medians.
@@ -39,17 +39,16 @@ Usage::
 from __future__ import annotations
 
 import gc
-import os
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import common
+import bench_models
+import harness
+from harness import CLOCKS, log, since, stamp, summary
 
 FULL = dict(model="bench", decode_prompt=64, decode_tokens=128, decode_reps=3,
             num_requests=32, prompt_range=(16, 256), output_range=(16, 128), throughput_reps=2,
@@ -63,14 +62,6 @@ TARGETS = {
     "forward_5_over_1": 1.3,  # engine's 5-token forward <= 1.3x its 1-token forward
     "throughput_speedup": 1.5,  # Speculant 32-request throughput >= 1.5x HF's best
 }
-
-
-def load_avg() -> list[float]:
-    return [round(x, 2) for x in os.getloadavg()]
-
-
-def log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')} load {os.getloadavg()[0]:.1f}] {msg}", file=sys.stderr, flush=True)
 
 
 # --- models ----------------------------------------------------------------------
@@ -109,9 +100,9 @@ class StepTimer:
         llm.engine.step = self
 
     def __call__(self):
-        t0 = common.stamp()
+        t0 = stamp()
         out = self._step()
-        self.times.append(common.since(t0))
+        self.times.append(since(t0))
         return out
 
     def remove(self) -> None:
@@ -128,7 +119,7 @@ def hf_streamer():
             self.stamps: list[tuple[float, float]] = []
 
         def put(self, value) -> None:
-            self.stamps.append(common.stamp())
+            self.stamps.append(stamp())
 
         def end(self) -> None:
             pass
@@ -137,7 +128,7 @@ def hf_streamer():
 
 
 def col(pairs: list[tuple[float, float]], clock: str) -> list[float]:
-    i = common.CLOCKS.index(clock)
+    i = CLOCKS.index(clock)
     return [p[i] for p in pairs]
 
 
@@ -149,7 +140,7 @@ def med(pairs: list[tuple[float, float]], clock: str) -> float:
 def bench_decode(cfg: dict, model_dir: Path, hf, tok, llm) -> dict[str, Any]:
     from speculant import SamplingParams
 
-    prompt = common.token_prompts(tok, [cfg["decode_prompt"]], seed=7)[0]
+    prompt = bench_models.token_prompts(tok, [cfg["decode_prompt"]], seed=7)[0]
     n = cfg["decode_tokens"]
     x = torch.tensor([prompt])
     timer = StepTimer(llm)
@@ -157,20 +148,20 @@ def bench_decode(cfg: dict, model_dir: Path, hf, tok, llm) -> dict[str, Any]:
     def run_speculant(num: int):
         timer.times.clear()
         params = SamplingParams(temperature=0.0, max_tokens=num, ignore_eos=True)
-        t0 = common.stamp()
+        t0 = stamp()
         out = llm.generate([prompt], params, use_tqdm=False)
-        total = common.since(t0)
+        total = since(t0)
         ids = list(out[0].outputs[0].token_ids)
         assert len(ids) == num, f"speculant produced {len(ids)} tokens, asked for {num}"
         return total, list(timer.times), ids
 
     def run_hf(num: int):
         streamer = hf_streamer()
-        t0 = common.stamp()
+        t0 = stamp()
         with torch.inference_mode():
             out = hf.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=num,
                               streamer=streamer)
-        total = common.since(t0)
+        total = since(t0)
         ids = out[0, len(prompt):].tolist()
         assert len(ids) == num, f"HF produced {len(ids)} tokens, asked for {num}"
         st = streamer.stamps  # prompt, then one per token
@@ -196,7 +187,7 @@ def bench_decode(cfg: dict, model_dir: Path, hf, tok, llm) -> dict[str, Any]:
     out: dict[str, Any] = {"prompt_tokens": len(prompt), "new_tokens": n, "reps": cfg["decode_reps"]}
     for name, r in runs.items():
         out[name] = {}
-        for clock in common.CLOCKS:
+        for clock in CLOCKS:
             per_tok = med(r["per_token"], clock)
             diff = med(r["total_n"], clock) - med(r["total_1"], clock)
             out[name][clock] = {
@@ -206,8 +197,8 @@ def bench_decode(cfg: dict, model_dir: Path, hf, tok, llm) -> dict[str, Any]:
                 "decode_tokens_per_s_from_difference": (n - 1) / diff if diff > 0 else None,
                 "end_to_end_tokens_per_s": n / med(r["total_n"], clock),
                 "first_token_ms": 1e3 * med(r["first"], clock),
-                "total_n_s": common.summary(col(r["total_n"], clock)),
-                "total_1_s": common.summary(col(r["total_1"], clock)),
+                "total_n_s": summary(col(r["total_n"], clock)),
+                "total_1_s": summary(col(r["total_1"], clock)),
             }
     same = 0
     for a, b in zip(ids["speculant"], ids["hf_generate"]):
@@ -216,22 +207,22 @@ def bench_decode(cfg: dict, model_dir: Path, hf, tok, llm) -> dict[str, Any]:
         same += 1
     out["greedy_identical_prefix"] = f"{same}/{n}"
     out["speedup"] = {c: out["speculant"][c]["decode_tokens_per_s"] / out["hf_generate"][c]["decode_tokens_per_s"]
-                      for c in common.CLOCKS}
-    out["load_avg_end"] = load_avg()
+                      for c in CLOCKS}
+    out["load_avg_end"] = harness.load_avg()
     return out
 
 
 # --- throughput -------------------------------------------------------------------
 def tp_result(times: list[tuple[float, float]], useful: int) -> dict[str, Any]:
-    return {c: {"seconds": common.summary(col(times, c)), "output_tokens_per_s": useful / med(times, c)}
-            for c in common.CLOCKS}
+    return {c: {"seconds": summary(col(times, c)), "output_tokens_per_s": useful / med(times, c)}
+            for c in CLOCKS}
 
 
 def bench_throughput(cfg: dict, hf, tok, llm) -> dict[str, Any]:
     from speculant import SamplingParams
 
-    pairs = common.mixed_workload(cfg["num_requests"], cfg["prompt_range"], cfg["output_range"])
-    prompts = common.token_prompts(tok, [p for p, _ in pairs], seed=11)
+    pairs = bench_models.mixed_workload(cfg["num_requests"], cfg["prompt_range"], cfg["output_range"])
+    prompts = bench_models.token_prompts(tok, [p for p, _ in pairs], seed=11)
     outs = [o for _, o in pairs]
     useful = sum(outs)
     reps = cfg["throughput_reps"]
@@ -247,9 +238,9 @@ def bench_throughput(cfg: dict, hf, tok, llm) -> dict[str, Any]:
     before = llm.get_metrics()
     times = []
     for rep in range(reps):
-        t0 = common.stamp()
+        t0 = stamp()
         res = llm.generate(prompts, params, use_tqdm=False)
-        times.append(common.since(t0))
+        times.append(since(t0))
         token_ids["speculant"] = [list(r.outputs[0].token_ids) for r in res]
         log(f"throughput speculant rep {rep + 1}/{reps}: {times[-1][0]:.1f}s")
     assert [len(t) for t in token_ids["speculant"]] == outs, "speculant output lengths differ from max_tokens"
@@ -269,10 +260,10 @@ def bench_throughput(cfg: dict, hf, tok, llm) -> dict[str, Any]:
     batch = tok.pad({"input_ids": prompts}, return_tensors="pt")
     times = []
     for rep in range(reps):
-        t0 = common.stamp()
+        t0 = stamp()
         with torch.inference_mode():
             out = hf.generate(**batch, do_sample=False, max_new_tokens=max(outs))
-        times.append(common.since(t0))
+        times.append(since(t0))
         log(f"throughput hf padded rep {rep + 1}/{reps}: {times[-1][0]:.1f}s")
     width = batch["input_ids"].shape[1]
     token_ids["hf_padded"] = [out[i, width:width + o].tolist() for i, o in enumerate(outs)]
@@ -283,14 +274,14 @@ def bench_throughput(cfg: dict, hf, tok, llm) -> dict[str, Any]:
         return results[name].get(clock, {}).get("output_tokens_per_s") or 0.0
 
     hf_names = ("hf_continuous_batching", "hf_padded_generate")
-    results["hf_best"] = {c: max(hf_names, key=lambda k: tps(k, c)) for c in common.CLOCKS}
+    results["hf_best"] = {c: max(hf_names, key=lambda k: tps(k, c)) for c in CLOCKS}
     results["speedup_vs_hf_best"] = {
         c: tps("speculant", c) / tps(results["hf_best"][c], c) if tps(results["hf_best"][c], c) else None
-        for c in common.CLOCKS}
+        for c in CLOCKS}
     ref = "hf_continuous_batching" if "hf_continuous_batching" in token_ids else "hf_padded"
     results["greedy_identical_requests_vs_" + ref] = sum(
         a == b for a, b in zip(token_ids["speculant"], token_ids[ref]))
-    results["load_avg_end"] = load_avg()
+    results["load_avg_end"] = harness.load_avg()
     return results
 
 
@@ -338,9 +329,9 @@ def bench_hf_cb(hf, tok, prompts, outs, reps, llm, token_ids) -> dict[str, Any]:
             setup = time.perf_counter() - t_setup
             run(mgr, prompts[:2], [4, 4])  # warm-up
             for rep in range(reps):
-                t0 = common.stamp()
+                t0 = stamp()
                 got = run(mgr, prompts, outs)
-                times.append(common.since(t0))
+                times.append(since(t0))
                 log(f"throughput hf continuous batching rep {rep + 1}/{reps}: {times[-1][0]:.1f}s")
     except Exception as exc:  # noqa: BLE001 - report, don't lose the other results
         return {"unavailable": f"{type(exc).__name__}: {exc}"}
@@ -395,11 +386,11 @@ def bench_forward(cfg: dict, model_dir: Path, hf, backends: list[str]) -> dict[s
         for name, fns in calls.items():  # (steady state, as in consecutive decode steps)
             for t, fn in fns.items():
                 fn()
-                t0 = common.stamp()
+                t0 = stamp()
                 fn()
-                samples[name][t].append(common.since(t0))
+                samples[name][t].append(since(t0))
     out: dict[str, Any] = {"prefix_tokens": prefix_len, "reps": reps}
-    for clock in common.CLOCKS:
+    for clock in CLOCKS:
         ms: dict[str, Any] = {}
         for name, per_t in samples.items():
             ms[name] = {t: 1e3 * med(v, clock) for t, v in per_t.items()}
@@ -408,7 +399,7 @@ def bench_forward(cfg: dict, model_dir: Path, hf, backends: list[str]) -> dict[s
         out[clock] = ms
     del keep_alive, calls
     gc.collect()
-    out["load_avg_end"] = load_avg()
+    out["load_avg_end"] = harness.load_avg()
     return out
 
 
@@ -422,7 +413,7 @@ def fmt(x: Any, nd: int = 1) -> str:
 
 
 def report(res: dict[str, Any]) -> str:
-    env = res["env"]
+    env = res["environment"]
     lines = [f"### Speculant vs transformers on {env['cpu']} "
              f"({env['torch_threads']} torch thread(s) of {env['os_cpu_count']} cores, torch {env['torch']}, "
              f"transformers {env['transformers']})", ""]
@@ -436,7 +427,7 @@ def report(res: dict[str, Any]) -> str:
                  f"read bandwidth {res['bandwidth_gb_s']:.1f} GB/s ({res['bandwidth_source']}) -> bound "
                  f"{res['bound_ms_per_token']:.1f} ms/token ({1e3 / res['bound_ms_per_token']:.0f} tokens/s). "
                  f"Engine linear backend: {res['engine_linear_backend']}. "
-                 f"Load average {env['load_avg_start']} at start, {res.get('load_avg_end')} at end. "
+                 f"Load average {env['load_avg']} at start, {env['load_avg_end']} at end. "
                  f"Command: `{res.get('command', '')}`; commit {env['git_commit']}.")
     lines += ["", "Each figure is given on two clocks: wall time, and process CPU time (steadier when other jobs "
                   "share the cores and torch runs one thread; see benchmarks/README.md).", ""]
@@ -466,7 +457,7 @@ def report(res: dict[str, Any]) -> str:
                          f"{fmt(r['wall']['seconds']['median'])} s wall for {tp['output_tokens']} output tokens "
                          f"({tp['prompt_tokens']} prompt tokens)"])
     if rows:
-        lines.append(common.markdown_table(["benchmark", "wall", "CPU time", "detail"], rows))
+        lines.append(harness.markdown_table(["benchmark", "wall", "CPU time", "detail"], rows))
     if d or tp:
         same = [f"batch-1 greedy tokens identical to HF: {d['greedy_identical_prefix']}"] if d else []
         same += [f"{k.replace('_', ' ')}: {v}/{tp['num_requests']}" for k, v in (tp or {}).items()
@@ -479,16 +470,16 @@ def report(res: dict[str, Any]) -> str:
         lines += ["", f"Forward time, ms (median), T query tokens over a cached {f['prefix_tokens']}-token prefix, "
                       "logits at every query token:", ""]
         frows = [[name, clock] + [fmt(f[clock][name][t]) for t in ts] + [fmt(f[clock][name]["ratio_5_over_1"], 2)]
-                 for name in routes for clock in common.CLOCKS]
-        lines.append(common.markdown_table(["route", "clock"] + [f"T={t}" for t in ts] + ["5/1"], frows))
+                 for name in routes for clock in CLOCKS]
+        lines.append(harness.markdown_table(["route", "clock"] + [f"T={t}" for t in ts] + ["5/1"], frows))
     lines += ["", "Targets (issue 2):", ""]
 
     def verdict(p):
         return "PASS" if p else "FAIL" if p is False else "n/a"
 
-    trows = [[t["name"], t["required"]] + [f"{fmt(t['value'][c], 2)}x {verdict(t['pass'][c])}" for c in common.CLOCKS]
+    trows = [[t["name"], t["required"]] + [f"{fmt(t['value'][c], 2)}x {verdict(t['pass'][c])}" for c in CLOCKS]
              for t in res["targets"]]
-    lines.append(common.markdown_table(["target", "required", "wall", "CPU time"], trows))
+    lines.append(harness.markdown_table(["target", "required", "wall", "CPU time"], trows))
     return "\n".join(lines) + "\n"
 
 
@@ -504,7 +495,7 @@ def targets(res: dict[str, Any]) -> list[dict[str, Any]]:
                          TARGETS["decode_speedup"]))
     if f:
         route = f"speculant_{res['engine_linear_backend']}"
-        vals = {c: f[c].get(route, {}).get("ratio_5_over_1") for c in common.CLOCKS}
+        vals = {c: f[c].get(route, {}).get("ratio_5_over_1") for c in CLOCKS}
         out.append(entry(f"5-token / 1-token forward ({route})", vals, "<=", TARGETS["forward_5_over_1"]))
     if tp:
         best = "/".join(sorted(set(tp["hf_best"].values())))
@@ -514,10 +505,11 @@ def targets(res: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def main() -> None:
-    ap = common.base_arg_parser(__doc__.split("\n\n")[0])
+    ap = harness.arg_parser(__doc__, out=harness.RESULTS_DIR / "engine.json", quick="tiny model and sizes, < 1 min",
+                           cache_dir=bench_models.DEFAULT_CACHE_DIR)
     ap.add_argument("--only", default="decode,throughput,forward",
                     help="comma-separated sections: decode, throughput, forward")
-    ap.add_argument("--md", type=Path, default=None, help="Markdown summary path")
+    ap.add_argument("--md", type=Path, default=None, help="Markdown summary path (default: --out as .md)")
     ap.add_argument("--bandwidth-gbs", type=float, default=None,
                     help="use this read bandwidth (GB/s) for the bound instead of the measured one "
                          "(the measurement is unreliable while other jobs load the machine)")
@@ -527,25 +519,16 @@ def main() -> None:
     unknown = sections - {"decode", "throughput", "forward"}
     if unknown:
         ap.error(f"--only: unknown section(s) {sorted(unknown)}")
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    suffix = "_quick" if args.quick else ""
-    out_json = args.out or common.RESULTS_DIR / f"engine{suffix}.json"
-    out_md = args.md or out_json.with_suffix(".md")
-
-    env = common.environment()
-    if env["load_avg_start"][0] > 0.5 * (os.cpu_count() or 1):
-        log(f"warning: load average {env['load_avg_start'][0]} before starting; figures will be noisy "
-            "(OpenMP threads wait for busy cores: --threads 1 is steadier on a shared machine)")
-    model_dir = common.ensure_model(cfg["model"], args.cache_dir)
+    bench = harness.start("engine", args)
+    out_md = args.md or args.out.with_suffix(".md")
+    model_dir = bench_models.ensure_model(cfg["model"], args.cache_dir)
     log(f"model {model_dir}")
-    bw_start = common.measure_read_bandwidth(cfg["bandwidth_bytes"])
+    bw_start = read_bandwidth(cfg["bandwidth_bytes"])
     hf, tok = load_hf(model_dir)
-    facts = common.model_facts(hf)
+    facts = bench_models.model_facts(model_dir)
     res: dict[str, Any] = {
-        "command": " ".join(["python", "benchmarks/bench_engine.py", *sys.argv[1:]]),
-        "env": env, "config": {k: list(v) if isinstance(v, tuple) else v for k, v in cfg.items()},
-        "model": {"dir": str(model_dir), "spec": common.MODEL_SPECS[cfg["model"]].__dict__, **facts},
+        "config": {k: list(v) if isinstance(v, tuple) else v for k, v in cfg.items()},
+        "model": {"dir": str(model_dir), "spec": bench_models.MODEL_SPECS[cfg["model"]].__dict__, **facts},
     }
 
     has_onednn = linear_backend_available()
@@ -567,7 +550,7 @@ def main() -> None:
         if not has_onednn:
             res["forward"]["note"] = "speculant.model.linear_backend or oneDNN unavailable: onednn route skipped"
         res["engine_linear_backend"] = res["engine_linear_backend"] if has_onednn else "default"
-    bw_end = common.measure_read_bandwidth(cfg["bandwidth_bytes"])
+    bw_end = read_bandwidth(cfg["bandwidth_bytes"])
     res["bandwidth_measurements"] = {"start": bw_start, "end": bw_end}
     if args.bandwidth_gbs:
         res["bandwidth_gb_s"], res["bandwidth_source"] = args.bandwidth_gbs, "given by --bandwidth-gbs"
@@ -576,16 +559,22 @@ def main() -> None:
         res["bandwidth_source"] = "measured, best repeat"
     res["bound_ms_per_token"] = facts["weight_bytes_per_decode_step"] / res["bandwidth_gb_s"] / 1e6
     for name in ("speculant", "hf_generate") if "decode" in res else ():
-        for clock in common.CLOCKS:
+        for clock in CLOCKS:
             d = res["decode"][name][clock]
             d["fraction_of_bandwidth_bound"] = res["bound_ms_per_token"] / d["decode_ms_per_token_median"]
-    res["load_avg_end"] = load_avg()
     res["targets"] = targets(res)
-    md = report(res)
-    common.write_json(out_json, res)
+    md = report(bench.write(res))
     out_md.write_text(md)
     print(md)
-    log(f"wrote {out_json} and {out_md}")
+    log(f"wrote {out_md}")
+
+
+def read_bandwidth(num_bytes: int) -> dict[str, float]:
+    """Read bandwidth in GB/s with one thread and with every core (the bound is
+    about the hardware, not the thread count the run picked)."""
+    from speculant.bench.bandwidth import read_bandwidth as measure
+
+    return measure(num_bytes, 7)
 
 
 if __name__ == "__main__":

@@ -29,9 +29,10 @@ of the weight that the copies of all routes together exceed ``--pool-mb``
 (default 1024 MiB, above this machine's L3). ``--pool-mb 0`` measures hot
 (cache-resident) weights instead. Routes are interleaved call by call so that
 load from other processes hits them alike. Each figure is the median over
-``--repeat`` passes of the median of ``--reps`` calls (the JSON keeps every
+``--repeats`` passes of the median of ``--reps`` calls (the JSON keeps every
 pass's figure; load comes in bursts that can spoil one pass of a cell), and the
-bound uses the best of the passes' bandwidth measurements. On a shared machine,
+bound uses the best of the passes' bandwidth measurements
+(``speculant.bench.bandwidth.read_bandwidth``). On a shared machine,
 OpenMP threads waiting for a busy core inflate every figure; ``--threads 1`` is
 steadier there.
 
@@ -39,42 +40,34 @@ Usage::
 
     python benchmarks/bench_linear.py                 # default run, ~1-2 min
     python benchmarks/bench_linear.py --rows 1,5,64,256 --routes default,onednn_packed
+    python benchmarks/bench_linear.py --quick         # smoke test, seconds
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
-import os
-import platform
 import statistics
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 import torch.utils.mkldnn
 
+import harness
+
 DEFAULT_SHAPES = "768x32000,768x3072,3072x768,2048x2048,2048x5632,4096x4096"
 DEFAULT_ROUTES = ("default,onednn_packed,onednn_dense,mkldnn_utils,transposed,weight_left,"
                   "mkl_packed")
-RESULTS = Path(__file__).parent / "results" / "linear_backends.json"
 
 Call = Callable[[torch.Tensor], torch.Tensor]
 
 
-def measure_read_bandwidth(num_bytes: int = 1 << 30, reps: int = 7) -> float:
-    """Median read bandwidth in bytes/s: ``sum()`` over a tensor larger than L3."""
-    big = torch.ones(num_bytes // 4)
-    big.sum()
-    times = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        big.sum()
-        times.append(time.perf_counter() - start)
-    return num_bytes / statistics.median(times)
+def read_bandwidth(quick: bool) -> float:
+    """Read bandwidth in bytes/s: the best repeat of ``sum()`` over a tensor larger than L3."""
+    from speculant.bench.bandwidth import read_bandwidth as measure
+
+    return measure(1 << 26 if quick else 1 << 30, 2 if quick else 5)["best_gb_s"] * 1e9
 
 
 def build_route(route: str, weight: torch.Tensor, bias: torch.Tensor, rows: int) -> Call:
@@ -163,7 +156,7 @@ def time_shape(in_f: int, out_f: int, rows_list: list[int], routes: list[str], r
     return result
 
 
-def markdown_table(results: dict, rows_list: list[int], routes: list[str]) -> str:
+def route_table(results: dict, rows_list: list[int], routes: list[str]) -> str:
     """One line per (shape, route), columns = rows, plus the bandwidth bound."""
     head = "| layer (in×out) | route | " + " | ".join(f"{r} rows" for r in rows_list)
     lines = [head + " | bound |", "|" + "---|" * (len(rows_list) + 3)]
@@ -187,44 +180,34 @@ def merge_repeats(runs: list[dict], routes: list[str], rows_list: list[int]) -> 
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--shapes", default=DEFAULT_SHAPES, help="comma list of INxOUT")
-    parser.add_argument("--rows", default="1,2,5,8,16", help="comma list of row counts")
-    parser.add_argument("--routes", default=DEFAULT_ROUTES, help="comma list of routes")
-    parser.add_argument("--reps", type=int, default=11, help="timed calls per cell and repeat")
-    parser.add_argument("--repeat", type=int, default=3, help="passes over all shapes")
-    parser.add_argument("--pool-mb", type=int, default=1024,
-                        help="MiB of weight copies cycled through (0 = cache-hot)")
-    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
-    parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
-    parser.add_argument("--out", type=Path, default=RESULTS)
-    args = parser.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    ap = harness.arg_parser(__doc__, out=harness.RESULTS_DIR / "linear_backends.json", repeats=3, dtype="float32",
+                           quick="one 256x1024 layer, 1 and 5 rows, two routes, one pass")
+    ap.add_argument("--shapes", default=DEFAULT_SHAPES, help="comma list of INxOUT")
+    ap.add_argument("--rows", default="1,2,5,8,16", help="comma list of row counts")
+    ap.add_argument("--routes", default=DEFAULT_ROUTES, help="comma list of routes")
+    ap.add_argument("--reps", type=int, default=11, help="timed calls per cell and pass")
+    ap.add_argument("--pool-mb", type=int, default=1024,
+                    help="MiB of weight copies cycled through (0 = cache-hot)")
+    args = ap.parse_args()
+    if args.quick:
+        args.shapes, args.rows, args.routes, args.reps, args.repeats, args.pool_mb = \
+            "256x1024", "1,5", "default,onednn_packed", 3, 1, 16
     rows_list = [int(n) for n in args.rows.split(",")]
     dtype = getattr(torch, args.dtype)
     routes = args.routes.split(",")
     shapes = args.shapes.split(",")
-    started = time.perf_counter()
-    if os.getloadavg()[0] > 0.5:
-        print(f"warning: load average {os.getloadavg()[0]:.1f} before starting; other "
-              "processes will inflate the figures (try --threads 1, or rerun when idle)")
-    results: dict = {
-        "torch": torch.__version__, "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-        "machine": platform.processor() or platform.machine(), "threads": torch.get_num_threads(),
-        "load_avg_at_start": os.getloadavg(), "dtype": args.dtype, "pool_mb": args.pool_mb,
-        "reps": args.reps, "repeat": args.repeat, "rows": rows_list, "shapes": {},
-    }
+    bench = harness.start("linear_backends", args)
+    results: dict = {"dtype": args.dtype, "pool_mb": args.pool_mb, "reps": args.reps, "repeat": args.repeats,
+                     "rows": rows_list, "shapes": {}}
     bandwidths, runs = [], {shape: [] for shape in shapes}
     with torch.inference_mode():
-        for repeat in range(args.repeat):
-            bandwidths.append(measure_read_bandwidth())
+        for repeat in range(args.repeats):
+            bandwidths.append(read_bandwidth(args.quick))
             for shape in shapes:
                 in_f, out_f = (int(v) for v in shape.split("x"))
                 runs[shape].append(time_shape(in_f, out_f, rows_list, routes, args.reps,
                                               args.pool_mb << 20, dtype))
-            print(f"pass {repeat + 1}/{args.repeat} done ({time.perf_counter() - started:.0f}s)",
-                  flush=True)
+            bench.log(f"pass {repeat + 1}/{args.repeats} done")
     bandwidth = max(bandwidths)  # the least disturbed measurement
     results["read_bandwidth_gb_s_per_repeat"] = [round(b / 1e9, 2) for b in bandwidths]
     results["read_bandwidth_gb_s"] = round(bandwidth / 1e9, 2)
@@ -233,14 +216,11 @@ def main() -> None:
         results["shapes"][shape] = merge_repeats(runs[shape], routes, rows_list)
         results["shapes"][shape]["bound_ms"] = round(
             in_f * out_f * dtype.itemsize / bandwidth * 1e3, 3)
-    results["load_avg_at_end"] = os.getloadavg()
-    results["seconds"] = round(time.perf_counter() - started, 1)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=1))
-    print(f"\nread bandwidth {results['read_bandwidth_gb_s']} GB/s, {results['threads']} threads, "
-          f"load {results['load_avg_at_start']} -> {results['load_avg_at_end']}, ms per call:\n")
-    print(markdown_table(results, rows_list, routes))
-    print(f"\nwrote {args.out}")
+    written = bench.write(results)
+    env = written["environment"]
+    print(f"\nread bandwidth {results['read_bandwidth_gb_s']} GB/s, {env['torch_threads']} threads, "
+          f"load {env['load_avg']} -> {env['load_avg_end']}, ms per call:\n")
+    print(route_table(results, rows_list, routes))
 
 
 if __name__ == "__main__":

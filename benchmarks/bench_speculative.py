@@ -20,7 +20,7 @@ What it measures, all in one run (greedy; bs = 1 unless stated):
 
 Usage::
 
-    python benchmarks/bench_speculative.py --quick      # tiny models, < 1 min, results to /tmp
+    python benchmarks/bench_speculative.py --quick      # tiny models, < 1 min, results to /tmp/speculant-bench-quick
     python benchmarks/bench_speculative.py              # waits for load < 0.8, ~5-8 min
     python benchmarks/bench_speculative.py --profile    # one spec config, per-stage + op profile
 
@@ -32,28 +32,18 @@ from __future__ import annotations
 import gc
 import json
 import math
-import os
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
 import torch
 from transformers import AutoTokenizer
 
+import harness
 import oracle_proposer
-from common import (
-    RESULTS_DIR,
-    base_arg_parser,
-    environment,
-    markdown_table,
-    measure_read_bandwidth,
-    token_prompts,
-    write_json,
-)
-from spec_common import ensure_target_and_draft, median, percentile, wait_for_quiet
+from bench_models import DEFAULT_CACHE_DIR, ensure_target_and_draft, model_facts, token_prompts
+from harness import log, markdown_table, median, percentile
 from speculant.config.sampling_params import SamplingParams
 from speculant.engine.batch import ScheduledRequest, StepBatch
 from speculant.engine.llm_engine import LLMEngine
@@ -191,8 +181,8 @@ def decode_summary(runs: list[dict]) -> dict[str, Any]:
     }
 
 
-def run_speculation(target: Path, draft: Path, s: dict, fwd: dict, prompt: list[int], workdir: Path,
-                    log) -> dict[str, Any]:
+def run_speculation(target: Path, draft: Path, s: dict, fwd: dict, prompt: list[int],
+                    workdir: Path) -> dict[str, Any]:
     n_new = s["new_tokens"]
     k_max = max(KS)
     base = make_engine(target, s)
@@ -322,15 +312,14 @@ def scorer_batch(runner, bs: int, ctx: int, k: int, seed: int = 0) -> tuple[Step
     return batch, Proposals.from_lists(rows), ids
 
 
-def run_scorers(target: Path, s: dict, log) -> dict[str, Any]:
+def run_scorers(target: Path, s: dict) -> dict[str, Any]:
     from speculant.plugins.manager import get_registry
 
     k = 4
     eng = make_engine(target, s, num_blocks=max(64, max(SCORER_BS) * (s["scorer_ctx"] + k) // 16 + 40))
     runner = eng.runner
     reg = get_registry()
-    scorers = {name: reg.get("scorer", name)(reg.get("scorer", name).Options())
-               for name in ("mqa", "batch_expansion")}
+    scorers = {name: reg.get("scorer", name)() for name in ("mqa", "batch_expansion")}
     rows = []
     for bs in SCORER_BS:
         batch, props, ids = scorer_batch(runner, bs, s["scorer_ctx"], k)
@@ -414,7 +403,7 @@ def itl_episode(engine: LLMEngine, short_prompts: list[list[int]], long_prompt: 
             "window_steps": window_steps, "tokens_in_window": tokens_in_window}
 
 
-def run_chunked(target: Path, s: dict, log) -> dict[str, Any]:
+def run_chunked(target: Path, s: dict) -> dict[str, Any]:
     tok = AutoTokenizer.from_pretrained(str(target))
     short = token_prompts(tok, [s["prompt_len"]] * 8, seed=7)
     long_prompt = token_prompts(tok, [s["long_prompt"]], seed=11)[0]
@@ -491,31 +480,7 @@ def summarize_episodes(eps: list[dict], cfg: dict) -> dict[str, Any]:
     }
 
 
-# --- model facts --------------------------------------------------------------------
-def model_facts_from_dir(path: Path) -> dict[str, Any]:
-    """Parameter count and bytes a decode step reads (every weight but the
-    input embedding table, of which one row), from the safetensors header."""
-    from safetensors import safe_open
-
-    cfg = json.loads((path / "config.json").read_text())
-    total = per_step = 0
-    with safe_open(str(path / "model.safetensors"), "pt") as f:
-        names = list(f.keys())
-        for name in names:
-            t = f.get_slice(name)
-            shape = t.get_shape()
-            n = math.prod(shape)
-            total += n
-            if name.endswith("embed_tokens.weight") and not cfg.get("tie_word_embeddings"):
-                per_step += shape[-1] * 4
-            else:
-                per_step += n * 4
-    return {"num_params_m": round(total / 1e6, 1), "hidden": cfg["hidden_size"], "layers": cfg["num_hidden_layers"],
-            "vocab": cfg["vocab_size"], "tied_embeddings": bool(cfg.get("tie_word_embeddings")),
-            "weight_bytes_per_decode_step": per_step, "path": str(path)}
-
-
-def run_forward_times(target: Path, draft: Path, s: dict, log) -> dict[str, Any]:
+def run_forward_times(target: Path, draft: Path, s: dict) -> dict[str, Any]:
     ctx = s["prompt_len"] + s["new_tokens"] // 2
     sizes = sorted({1, *(k + 1 for k in KS), 2, 3})
     out: dict[str, Any] = {"context_len": ctx, "target": {}, "draft": {}}
@@ -548,12 +513,14 @@ def f2(x: float | None, nd: int = 2) -> str:
 
 
 def render_markdown(res: dict[str, Any]) -> str:
-    env, fwd, spec = res["env"], res["forward"], res["speculation"]
+    env = res.get("environment") or res["env"]  # files written before harness.py say "env"
+    fwd, spec = res["forward"], res["speculation"]
     lines = [f"# Speculative decoding and chunked prefill on CPU ({'QUICK smoke run' if res['quick'] else 'full run'})",
              "",
              f"{env['cpu']}, {env['os_cpu_count']} CPUs, torch {env['torch']} ({env['torch_threads']} threads), "
              f"transformers {env['transformers']}, commit `{env['git_commit']}`, {env['date_utc']}. "
-             f"Load average at start {env['load_avg_start']}, at end {res['load_avg_end']} "
+             f"Load average at start {env.get('load_avg', env.get('load_avg_start'))}, at end "
+             f"{env.get('load_avg_end', res.get('load_avg_end'))} "
              f"(waited {res['quiet_wait']['waited_s']} s for 1-min load < {res['quiet_wait'].get('threshold')}; "
              f"quiet={res['quiet_wait']['quiet']}). Read bandwidth {res['bandwidth_gb_s']:.1f} GB/s. "
              f"Total run {res['total_s']:.0f} s.", ""]
@@ -696,6 +663,7 @@ def run_profile(target: Path, s: dict, args) -> None:
     the engine's step functions, installed in this process only) and a
     torch.profiler op table."""
     import speculant.engine.llm_engine as engine_mod
+    import speculant.engine.step_runner as step_mod
 
     workdir = Path(s["workdir"])
     eng = make_engine(target, s)
@@ -724,8 +692,9 @@ def run_profile(target: Path, s: dict, args) -> None:
                     acc[label] = acc.get(label, 0.0) + time.perf_counter() - t0
         setattr(obj, name, timed)
 
-    for fname in ("propose", "score", "decide", "commit"):
-        wrap(engine_mod, fname, fname)
+    for fname, label in (("propose", "propose"), ("score", "score"), ("decide", "decide"), ("plan", "commit")):
+        wrap(step_mod, fname, label)  # the step's stages, as run_step calls them
+    wrap(engine_mod, "apply", "commit")  # ... and the engine applies each request's plan
     wrap(eng.scheduler, "schedule", "schedule")
     wrap(eng, "_output", "output(detokenize)")
     wrap(eng.spec.proposer, "commit", "proposer.commit")
@@ -805,7 +774,8 @@ def run_pyspy(argv: list[str], rate: int) -> None:
 
 # --- main ---------------------------------------------------------------------------
 def main() -> None:
-    ap = base_arg_parser(__doc__.splitlines()[0])
+    ap = harness.arg_parser(__doc__, out=harness.RESULTS_DIR / "speculative.json",
+                           quick="tiny models and sizes, ~10 s on a quiet machine", cache_dir=DEFAULT_CACHE_DIR)
     ap.add_argument("--no-wait", action="store_true", help="do not wait for a quiet machine")
     ap.add_argument("--load-threshold", type=float, default=0.8)
     ap.add_argument("--max-wait", type=float, default=1800.0, help="seconds to wait for a quiet machine")
@@ -816,11 +786,9 @@ def main() -> None:
     ap.add_argument("--torch-profile", action="store_true", help="(--profile) add a torch.profiler op table")
     ap.add_argument("--pyspy", action="store_true", help="(--profile) run under py-spy and fold into stages")
     ap.add_argument("--rate", type=int, default=250, help="(--pyspy) samples per second")
-    ap.add_argument("--md-out", type=Path, default=None)
+    ap.add_argument("--md-out", type=Path, default=None, help="Markdown path (default: --out as .md)")
     ap.add_argument("--render-only", type=Path, default=None, help="re-render the Markdown from a results JSON")
     args = ap.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
     if args.render_only:
         res = json.loads(args.render_only.read_text())
         md = render_markdown(res)
@@ -831,12 +799,7 @@ def main() -> None:
     workdir = Path(args.cache_dir) / "speculative-work"
     workdir.mkdir(parents=True, exist_ok=True)
     s["workdir"] = str(workdir)
-    t_start = time.perf_counter()
-
-    def log(msg: str) -> None:
-        print(f"[{time.perf_counter() - t_start:6.1f}s load {os.getloadavg()[0]:.2f}] {msg}", file=sys.stderr,
-              flush=True)
-
+    harness.pin_threads(args.threads)
     target, draft = ensure_target_and_draft(args.quick, args.cache_dir)
     if args.profile:
         if args.pyspy:
@@ -845,53 +808,45 @@ def main() -> None:
             run_profile(target, s, args)
         return
     if args.no_wait or args.quick:
-        quiet = {"quiet": None, "waited_s": 0.0, "load_1m": os.getloadavg()[0], "polls": []}
+        quiet = {"quiet": None, "waited_s": 0.0, "load_1m": (harness.load_avg() or [None])[0], "polls": [],
+                 "threshold": args.load_threshold}
     else:
-        quiet = wait_for_quiet(args.load_threshold, args.max_wait)
+        quiet = harness.wait_for_quiet(args.load_threshold, args.max_wait)
         if not quiet["quiet"]:
             log(f"machine never got quiet (load {quiet['load_1m']:.2f}); running anyway, timings are suspect")
-    quiet["threshold"] = args.load_threshold
-    t_start = time.perf_counter()
-    res: dict[str, Any] = {"quick": args.quick, "settings": s, "env": environment(), "quiet_wait": quiet,
-                           "load_avg_by_section": {}}
-    bw = measure_read_bandwidth(1 << 28 if args.quick else 1 << 30)
-    # common.measure_read_bandwidth returns {"best_gb_s", "median_gb_s"} (older versions: bytes/s)
-    res["bandwidth"] = bw if isinstance(bw, dict) else {"median_gb_s": bw / 1e9}
-    res["bandwidth_gb_s"] = res["bandwidth"].get("best_gb_s", res["bandwidth"].get("median_gb_s"))
-    res["models"] = {"target": model_facts_from_dir(target), "draft": model_facts_from_dir(draft)}
+    bench = harness.start("speculative", args)  # after the wait: the environment is the run's
+    res: dict[str, Any] = {"quick": args.quick, "settings": s, "quiet_wait": quiet, "load_avg_by_section": {}}
+    from speculant.bench.bandwidth import read_bandwidth
+
+    res["bandwidth"] = read_bandwidth(1 << 28 if args.quick else 1 << 30, 7)
+    res["bandwidth_gb_s"] = res["bandwidth"]["best_gb_s"]
+    res["models"] = {"target": model_facts(target), "draft": model_facts(draft)}
     for d in res["models"].values():
         d["bandwidth_bound_ms"] = 1e3 * d["weight_bytes_per_decode_step"] / (res["bandwidth_gb_s"] * 1e9)
 
     def section(name: str, fn, *a):
         log(f"{name} ...")
-        load0 = os.getloadavg()
+        load0 = harness.load_avg()
         t0 = time.perf_counter()
         out = fn(*a)
-        res["load_avg_by_section"][name] = {"start": [round(x, 2) for x in load0],
-                                            "end": [round(x, 2) for x in os.getloadavg()],
+        res["load_avg_by_section"][name] = {"start": load0, "end": harness.load_avg(),
                                             "seconds": round(time.perf_counter() - t0, 1)}
         return out
 
     prompt = token_prompts(AutoTokenizer.from_pretrained(str(target)), [s["prompt_len"]], seed=3)[0]
-    res["forward"] = section("forward_times", run_forward_times, target, draft, s, log)
-    res["speculation"] = section("speculation", run_speculation, target, draft, s, res["forward"], prompt, workdir, log)
-    res["scorers"] = section("scorers", run_scorers, target, s, log)
-    res["chunked"] = section("chunked_prefill", run_chunked, target, s, log)
-    res["load_avg_end"] = [round(x, 2) for x in os.getloadavg()]
-    res["total_s"] = time.perf_counter() - t_start
+    res["forward"] = section("forward_times", run_forward_times, target, draft, s)
+    res["speculation"] = section("speculation", run_speculation, target, draft, s, res["forward"], prompt, workdir)
+    res["scorers"] = section("scorers", run_scorers, target, s)
+    res["chunked"] = section("chunked_prefill", run_chunked, target, s)
+    res["total_s"] = time.perf_counter() - bench.started
     res["targets"] = evaluate_targets(res)
     for r in res["speculation"]["oracle"] + res["speculation"]["draft_model"]:
         r.pop("token_ids", None)
-    md = render_markdown(res)
-    if args.quick:
-        out_json = args.out or Path("/tmp/speculant-bench-quick/speculative.json")
-    else:
-        out_json = args.out or RESULTS_DIR / "speculative.json"
-    out_md = args.md_out or out_json.with_suffix(".md")
-    write_json(out_json, res)
+    md = render_markdown(bench.write(res))
+    out_md = args.md_out or args.out.with_suffix(".md")
     out_md.write_text(md + "\n")
     print(md)
-    log(f"wrote {out_json} and {out_md}")
+    log(f"wrote {out_md}")
 
 
 if __name__ == "__main__":

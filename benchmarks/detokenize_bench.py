@@ -14,7 +14,7 @@ request's stable text. Two ways of doing that detokenization work:
   window of a few tokens, search only the new text. O(1) per token.
 
 The outputs are real text: token ids of Python standard-library source under
-the benchmark tokenizer (``common.py``: byte-level BPE, ~20.9k tokens), cut at
+the benchmark tokenizer (``bench_models.py``: byte-level BPE, ~20.9k tokens), cut at
 a few fixed offsets. Both ways must give the same streamed texts (checked).
 Reported: median microseconds per output token over the cuts and repetitions,
 and decoded tokens per output token. No model is involved.
@@ -26,13 +26,10 @@ and decoded tokens per output token. No model is involved.
 from __future__ import annotations
 
 import statistics
-import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from common import RESULTS_DIR, base_arg_parser, build_tokenizer, corpus_texts, environment, markdown_table, write_json
+import harness
+from bench_models import DEFAULT_CACHE_DIR, cached_tokenizer, corpus_texts
 from speculant.config.sampling_params import SamplingParams
 from speculant.engine.detokenizer import REPLACEMENT, TextDecoder
 from speculant.engine.request import Request, RequestStatus
@@ -95,21 +92,16 @@ def measure(fn, ids, run, decode, repeat: int, *extra) -> tuple[list[float], flo
 
 
 def main() -> None:
-    ap = base_arg_parser(__doc__.splitlines()[0])
+    ap = harness.arg_parser(__doc__, out=harness.RESULTS_DIR / "detokenize.json", repeats=7,
+                           quick="outputs of 64 and 256 tokens, one repetition", cache_dir=DEFAULT_CACHE_DIR)
     ap.add_argument("--lengths", default="128,512,2048")
-    ap.add_argument("--repeat", type=int, default=7)
     args = ap.parse_args()
     lengths = [int(x) for x in args.lengths.split(",")]
-    repeat = args.repeat
+    repeat = args.repeats
     if args.quick:
         lengths, repeat = [64, 256], 1
-    tok_dir = args.cache_dir / "detokenize-tokenizer"
-    if (tok_dir / "tokenizer.json").is_file():
-        from transformers import PreTrainedTokenizerFast
-
-        tokenizer = PreTrainedTokenizerFast.from_pretrained(tok_dir)
-    else:
-        tokenizer = build_tokenizer(tok_dir)
+    bench = harness.start("detokenize", args)
+    tokenizer = cached_tokenizer(args.cache_dir)
     skip_ids = TextDecoder.for_tokenizer(tokenizer).skip_ids
     corpus = tokenizer("\n".join(corpus_texts()), add_special_tokens=False)["input_ids"]
     offsets = [len(corpus) * i // 4 for i in range(3)]
@@ -138,15 +130,11 @@ def main() -> None:
                          f'{row["speedup"]}x', row["full_decode"]["decoded_tokens_per_token"],
                          row["incremental"]["decoded_tokens_per_token"]])
             print(rows[-1], flush=True)
-    env = environment()
-    out = {"benchmark": "detokenize", "env": env, "cpu": env["cpu"], "date_utc": env["date_utc"],
-           "stop_strings": STOPS, "cuts": len(offsets), "repeat": repeat,
-           "tokenizer": f"byte-level BPE, {len(tokenizer)} tokens (benchmarks/common.py)", "results": results}
-    path = args.out or RESULTS_DIR / ("detokenize_quick.json" if args.quick else "detokenize.json")
-    write_json(path, out)
-    print(markdown_table(["output tokens", "tokens/step", "full decode µs/token", "incremental µs/token", "speedup",
-                          "decoded tok/token (full)", "decoded tok/token (incr.)"], rows))
-    print(f"-> {path}")
+    bench.write({"stop_strings": STOPS, "cuts": len(offsets), "repeat": repeat,
+                 "tokenizer": f"byte-level BPE, {len(tokenizer)} tokens (benchmarks/bench_models.py)",
+                 "results": results})
+    print(harness.markdown_table(["output tokens", "tokens/step", "full decode µs/token", "incremental µs/token",
+                                 "speedup", "decoded tok/token (full)", "decoded tok/token (incr.)"], rows))
 
 
 if __name__ == "__main__":

@@ -8,44 +8,33 @@ outputs (ngram + mqa, draft + batch expansion) equal the non-speculative
 engine's, and at every first difference the logit gap, on transformers'
 logits in that dtype, between the two tokens (a near-tie is a small gap).
 float32 is exact (the matrix test); this file measures what reduced precision
-gives. Results: benchmarks/results/dtype_agreement.json, labelled with the
-CPU model and date.
+gives. Results: benchmarks/results/dtype_agreement.json, with the environment
+(``harness.py``). One torch thread unless ``--threads``.
 
     python benchmarks/dtype_agreement.py [--archs llama,phi3]
 """
 
 from __future__ import annotations
 
-import argparse
-import datetime
 import json
-import platform
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
+import harness
 
-from arch_zoo import VERIFIED, build_arch_model, noisy_copy  # noqa: E402
-from speculant import LLM, SamplingParams  # noqa: E402
-from tiny_models import build_tokenizer, random_prompts  # noqa: E402
+sys.path.insert(0, str(harness.REPO_ROOT / "tests"))
+from arch_zoo import VERIFIED, build_arch_model, noisy_copy
+from speculant import LLM, SamplingParams
+from tiny_models import build_tokenizer, random_prompts
 
 MAX_TOKENS = 20
 SPEC = {
     "ngram-mqa": dict(proposer="ngram", scorer="mqa", num_speculative_tokens=3),
     "draft-batch-expansion": dict(proposer="draft_model", scorer="batch_expansion", num_speculative_tokens=3),
 }
-
-
-def cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor()
 
 
 def prompts() -> list[list[int]]:
@@ -110,16 +99,14 @@ def run_arch(arch: str, root: Path, tok: Path, dtype: str) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = harness.arg_parser(__doc__, out=harness.RESULTS_DIR / "dtype_agreement.json", threads=1)
     ap.add_argument("--archs", default=",".join(VERIFIED))
     ap.add_argument("--dtypes", default="bfloat16,float16")
-    ap.add_argument("--out", default=str(ROOT / "benchmarks/results/dtype_agreement.json"))
     args = ap.parse_args()
-    torch.set_num_threads(1)
-    results = {"cpu": cpu_model(), "date": datetime.date.today().isoformat(), "max_tokens": MAX_TOKENS,
-               "gap": "|logit(ours) - logit(theirs)| / max(1, max |logit|) on transformers' logits, same dtype",
-               "archs": {}}
-    t0 = time.time()
+    bench = harness.start("dtype_agreement", args, busy_warning=False)  # agreement, not speed: any load will do
+    results: dict = {"max_tokens": MAX_TOKENS,
+                     "gap": "|logit(ours) - logit(theirs)| / max(1, max |logit|) on transformers' logits, same dtype",
+                     "archs": {}}
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         build_tokenizer(root / "tok")
@@ -131,9 +118,7 @@ def main() -> None:
                 except Exception as exc:  # noqa: BLE001 - report, keep measuring the others
                     results["archs"][arch][dtype] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
                 print(arch, dtype, json.dumps(results["archs"][arch][dtype])[:300], flush=True)
-    results["seconds"] = round(time.time() - t0, 1)
-    Path(args.out).write_text(json.dumps(results, indent=1))
-    print("wrote", args.out)
+    bench.write(results)
 
 
 if __name__ == "__main__":

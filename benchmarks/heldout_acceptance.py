@@ -13,17 +13,11 @@ checked identical to no speculation.
 
 from __future__ import annotations
 
-import argparse
 import sys
-from pathlib import Path
 
-import torch
+import harness
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-from eagle_bench import smollm2_path
-
-from common import environment, markdown_table, write_json
+sys.path.insert(0, str(harness.REPO_ROOT / "scripts"))
 from eagle_training.chat_prompts import HELDOUT
 from speculant import LLM, SamplingParams
 
@@ -39,19 +33,16 @@ def proposers(eagle: str, draft: str | None) -> dict[str, dict | None]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = harness.arg_parser(__doc__, out=harness.RESULTS_DIR / "heldout_tokens_per_step_smollm2.json",
+                           dtype="float32")
     ap.add_argument("--target", default=None, help="GGUF file or HF directory (default: the SmolLM2 wheel's GGUF)")
     ap.add_argument("--eagle", default="models/smollm2-eagle")
     ap.add_argument("--draft", default=None, help="a SmolLM2 draft directory (adds the draft rows)")
-    ap.add_argument("--dtype", default="float32")
     ap.add_argument("--k", type=int, default=4)
     ap.add_argument("--max-tokens", type=int, default=128)
-    ap.add_argument("--threads", type=int, default=None)
-    ap.add_argument("--out", type=Path, default=Path("benchmarks/results/heldout_tokens_per_step_smollm2.json"))
     args = ap.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    target = args.target or smollm2_path()
+    target = args.target or harness.smollm2_path()
+    bench = harness.start("heldout_acceptance", args, busy_warning=False)  # acceptance: any load will do
     chats = [[{"role": "user", "content": p}] for p in HELDOUT]
     params = SamplingParams(temperature=0, max_tokens=args.max_tokens)
     results: dict[str, dict] = {}
@@ -66,16 +57,14 @@ def main() -> None:
                          "acceptance_rate": round(m.get("acceptance_rate") or 0.0, 4),
                          "tokens_per_verify_step": round(m.get("mean_accepted_length") or 1.0, 3)}
         print(name, results[name], flush=True)
-    env = environment()
-    write_json(args.out, {"benchmark": "heldout_acceptance", "environment": env, "target": target,
-                          "eagle": args.eagle, "draft": args.draft,
-                          "settings": {"dtype": args.dtype, "k": args.k, "max_tokens": args.max_tokens,
-                                       "prompts": len(HELDOUT), "greedy": True, "max_num_seqs": 8},
-                          "results": results})
-    print(f"{env['cpu']}, {env['date_utc'][:10]}, {args.dtype}, k={args.k}")
-    print(markdown_table(["proposer", "tokens per verify step", "acceptance", "identical"],
-                         [[n, f"{r['tokens_per_verify_step']:.2f}", f"{r['acceptance_rate']:.3f}",
-                           str(r["identical_to_no_spec"])] for n, r in results.items()]))
+    bench.write({"target": target, "eagle": args.eagle, "draft": args.draft,
+                 "settings": {"dtype": args.dtype, "k": args.k, "max_tokens": args.max_tokens,
+                              "prompts": len(HELDOUT), "greedy": True, "max_num_seqs": 8},
+                 "results": results})
+    print(f"{bench.env['cpu']}, {bench.env['date_utc'][:10]}, {args.dtype}, k={args.k}")
+    print(harness.markdown_table(["proposer", "tokens per verify step", "acceptance", "identical"],
+                                [[n, f"{r['tokens_per_verify_step']:.2f}", f"{r['acceptance_rate']:.3f}",
+                                  str(r["identical_to_no_spec"])] for n, r in results.items()]))
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Where does Speculant's generation time go? A sampling profile, by stage.
 
-Runs one workload on the benchmark model (``benchmarks/common.py``) under
+Runs one workload on the benchmark model (``benchmarks/bench_models.py``) under
 ``py-spy`` (wall-clock sampling, idle included, so time spent waiting for a busy
 core counts where it is spent) and folds the samples into engine stages:
 
@@ -34,8 +34,8 @@ Usage::
     python benchmarks/profile_engine.py --workload throughput --threads 1
     python benchmarks/profile_engine.py --workload decode --quick
     python benchmarks/profile_engine.py --workload spec-decode --target models/demo-target \
-        --draft models/demo-draft --threads 1 --out benchmarks/results/profile_demo_spec.json
-    python benchmarks/profile_engine.py --workload throughput --out benchmarks/results/profile_throughput.json
+        --draft models/demo-draft --threads 1 --out /tmp/profile_demo_spec.json
+    python benchmarks/profile_engine.py --workload throughput --out /tmp/profile_throughput.json
 
 Needs ``py-spy`` on PATH (``pip install py-spy``); ``--cprofile`` uses the
 standard library profiler instead (deterministic, but it inflates Python-heavy
@@ -44,8 +44,8 @@ stages).
 
 from __future__ import annotations
 
+import argparse
 import collections
-import os
 import shutil
 import subprocess
 import sys
@@ -53,8 +53,8 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import common
+import bench_models
+import harness
 
 # (stage, frame markers): a sample goes to the first stage one of whose markers
 # appears in any frame of its stack; order matters (innermost ideas first).
@@ -71,7 +71,7 @@ STAGES = [
     ("layout", ["(speculant/engine/layout.py", "(speculant/scorers/"]),
     ("sampling", ["decide (speculant/engine/step.py", "(speculant/engine/sampler.py",
                   "(speculant/engine/logits_processing.py", "(speculant/engine/acceptance.py"]),
-    ("commit", ["commit (speculant/engine/step.py", "(speculant/engine/stop_rules.py"]),
+    ("commit", ["(speculant/engine/commit.py", "(speculant/engine/stop_rules.py"]),
     ("outputs", ["_output (speculant/engine/llm_engine.py", "_detokenize (speculant/engine/llm_engine.py"]),
     ("schedule", ["(speculant/engine/scheduler.py"]),
     ("hf generate other", ["generate (transformers/generation/utils.py"]),
@@ -82,7 +82,7 @@ ROOT_MARKERS = {"speculant": "generate (speculant/llm.py", "hf": "generate (tran
 
 def normalise(frame: str) -> str:
     """'func (/abs/path/site-packages/pkg/mod.py:12)' -> 'func (pkg/mod.py:12)'."""
-    for anchor in ("site-packages/", "/work/main/", str(common.REPO_ROOT) + "/"):
+    for anchor in ("site-packages/", str(harness.REPO_ROOT) + "/"):
         if anchor in frame:
             head, _, tail = frame.partition("(")
             return head + "(" + tail[tail.find(anchor) + len(anchor):] if anchor in tail else frame
@@ -111,11 +111,10 @@ def fold(raw_path: Path, root: str) -> tuple[collections.Counter, int, collectio
 def run_workload(args) -> None:
     import torch
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    harness.pin_threads(args.threads)
     cfg = dict(model="quick", prompt=16, tokens=16, requests=8, prange=(8, 48), orange=(4, 16)) if args.quick \
         else dict(model="bench", prompt=64, tokens=128, requests=32, prange=(16, 256), orange=(16, 128))
-    model_dir = args.target or common.ensure_model(cfg["model"], args.cache_dir)
+    model_dir = args.target or bench_models.ensure_model(cfg["model"], args.cache_dir)
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(model_dir)
@@ -129,13 +128,13 @@ def run_workload(args) -> None:
             extra = {"assistant_model": AutoModelForCausalLM.from_pretrained(args.draft,
                                                                            dtype=getattr(torch, args.dtype)).eval(),
                      "num_assistant_tokens": args.k, "num_assistant_tokens_schedule": "constant"}
-        x = torch.tensor(common.token_prompts(tok, [cfg["prompt"]], seed=7))
+        x = torch.tensor(bench_models.token_prompts(tok, [cfg["prompt"]], seed=7))
         with torch.inference_mode():
             model.generate(x, do_sample=False, max_new_tokens=4, **extra)
             t0 = time.perf_counter()
-            for _ in range(args.repeat):
+            for _ in range(args.repeats):
                 model.generate(x, do_sample=False, max_new_tokens=cfg["tokens"], **extra)
-        print(f"hf {args.workload}: {(time.perf_counter() - t0) / args.repeat:.2f}s per run of {cfg['tokens']} tokens",
+        print(f"hf {args.workload}: {(time.perf_counter() - t0) / args.repeats:.2f}s per run of {cfg['tokens']} tokens",
               file=sys.stderr)
         return
     from speculant import LLM, SamplingParams
@@ -147,17 +146,17 @@ def run_workload(args) -> None:
                              "proposer_options": {"model": str(args.draft)}}
     llm = LLM(model=str(model_dir), **kw)
     if args.workload in ("decode", "spec-decode"):
-        prompts = common.token_prompts(tok, [cfg["prompt"]], seed=7)
+        prompts = bench_models.token_prompts(tok, [cfg["prompt"]], seed=7)
         params = [SamplingParams(temperature=0.0, max_tokens=cfg["tokens"], ignore_eos=True)]
     else:
-        pairs = common.mixed_workload(cfg["requests"], cfg["prange"], cfg["orange"])
-        prompts = common.token_prompts(tok, [p for p, _ in pairs], seed=11)
+        pairs = bench_models.mixed_workload(cfg["requests"], cfg["prange"], cfg["orange"])
+        prompts = bench_models.token_prompts(tok, [p for p, _ in pairs], seed=11)
         params = [SamplingParams(temperature=0.0, max_tokens=o, ignore_eos=True) for _, o in pairs]
     llm.generate(prompts[:1], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True), use_tqdm=False)
     t0 = time.perf_counter()
-    for _ in range(args.repeat):
+    for _ in range(args.repeats):
         llm.generate(prompts, params, use_tqdm=False)
-    dt = (time.perf_counter() - t0) / args.repeat
+    dt = (time.perf_counter() - t0) / args.repeats
     metrics = llm.get_metrics()
     steps = metrics.get("num_engine_steps", metrics.get("num_steps", 0))
     print(f"speculant {args.workload}: {dt:.2f}s, {sum(p.max_tokens for p in params)} output tokens, "
@@ -165,20 +164,20 @@ def run_workload(args) -> None:
 
 
 def main() -> None:
-    ap = common.base_arg_parser(__doc__.split("\n\n")[0])
+    ap = harness.arg_parser(__doc__, out=None, repeats=1, dtype="float32",
+                           quick="the quick model, a 16-token decode or 8 short requests",
+                           cache_dir=bench_models.DEFAULT_CACHE_DIR)
+    ap.add_argument("--out", type=Path, default=None, help="JSON file for the stage counts and hottest frames")
     ap.add_argument("--workload", choices=("decode", "spec-decode", "throughput", "hf-decode", "hf-assisted"),
                     default="decode")
     ap.add_argument("--target", default=None, help="local model dir instead of the benchmark model")
     ap.add_argument("--draft", default=None, help="draft model dir (spec-decode, hf-assisted)")
-    ap.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32",
-                    help="model dtype, both engines (default float32)")
     ap.add_argument("--k", type=int, default=4, help="speculative tokens per step (spec-decode, hf-assisted)")
-    ap.add_argument("--repeat", type=int, default=1, help="timed generate calls (more samples)")
     ap.add_argument("--linear-backend", choices=("auto", "default", "onednn"), default=None)
     ap.add_argument("--rate", type=int, default=250, help="py-spy samples per second")
     ap.add_argument("--cprofile", action="store_true", help="use cProfile instead of py-spy")
     ap.add_argument("--top", type=int, default=12, help="hottest leaf frames to list")
-    ap.add_argument("--_child", action="store_true", help=argparse_hidden())
+    ap.add_argument("--_child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.workload in ("spec-decode", "hf-assisted") and not args.draft:
         ap.error(f"--workload {args.workload} needs --draft DIR (the draft model directory)")
@@ -189,8 +188,8 @@ def main() -> None:
     child += ["--quick"] * args.quick + (["--threads", str(args.threads)] if args.threads else [])
     child += ["--linear-backend", args.linear_backend] if args.linear_backend else []
     child += (["--target", args.target] if args.target else []) + (["--draft", args.draft] if args.draft else [])
-    child += ["--k", str(args.k), "--repeat", str(args.repeat), "--dtype", args.dtype]
-    load = [round(x, 2) for x in os.getloadavg()]
+    child += ["--k", str(args.k), "--repeats", str(args.repeats), "--dtype", args.dtype]
+    bench = harness.start("profile_engine", args)  # the environment of the parent (the child pins the same threads)
     if args.cprofile:
         subprocess.run([sys.executable, "-m", "cProfile", "-s", "cumulative", *child[1:]], check=True)
         return
@@ -205,25 +204,15 @@ def main() -> None:
     if not total:
         sys.exit("no samples under the generate call; is py-spy allowed to trace (ptrace)?")
     if args.out:
-        common.write_json(args.out, {
-            "workload": args.workload, "dtype": args.dtype,
-            "target": args.target, "draft": args.draft, "k": args.k, "repeat": args.repeat,
-            "quick": args.quick, "threads": args.threads, "load_avg_start": load,
-            "rate_hz": args.rate, "samples": total, "stages": dict(stages.most_common()),
-            "top_frames": dict(leaves.most_common(args.top)), "env": common.environment()})
+        bench.write({"workload": args.workload, "rate_hz": args.rate, "samples": total,
+                     "stages": dict(stages.most_common()), "top_frames": dict(leaves.most_common(args.top))})
     print(f"\n{args.workload}: {total} samples at {args.rate}/s (~{total / args.rate:.1f}s), "
-          f"load average {load} at start\n")
+          f"load average {bench.env['load_avg']} at start\n")
     rows = [[name, n, f"{100 * n / total:.1f}%"] for name, n in stages.most_common()]
-    print(common.markdown_table(["stage", "samples", "share"], rows))
+    print(harness.markdown_table(["stage", "samples", "share"], rows))
     print("\nhottest leaf frames (Python level; native work shows as its caller):\n")
     rows = [[f"`{frame[:110]}`", f"{100 * n / total:.1f}%"] for frame, n in leaves.most_common(args.top)]
-    print(common.markdown_table(["frame", "share"], rows))
-
-
-def argparse_hidden() -> str:
-    import argparse
-
-    return argparse.SUPPRESS
+    print(harness.markdown_table(["frame", "share"], rows))
 
 
 if __name__ == "__main__":

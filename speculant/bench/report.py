@@ -95,6 +95,9 @@ def drop_raw(rows: list[dict[str, Any]]) -> None:
 
 
 def environment() -> dict[str, Any]:
+    """The facts every result file records (``speculant bench`` and every script in
+    benchmarks/): machine, CPU (and GPU under CUDA), date, commit, versions, threads
+    and the load average when it was taken."""
     import torch
     import transformers
 
@@ -104,6 +107,8 @@ def environment() -> dict[str, Any]:
         load = None
     return {
         "cpu": cpu_name(),
+        "machine": platform.machine(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "date_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "python": platform.python_version(),
         "platform": platform.platform(),

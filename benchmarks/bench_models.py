@@ -1,5 +1,5 @@
-"""Shared pieces of the benchmark scripts: the benchmark model, prompts, timing,
-bandwidth and result files.
+"""The random benchmark models and their prompts (options, timing, rounds and
+result files are ``harness.py``'s).
 
 The benchmark model is a random-weight Llama built locally (nothing is
 downloaded) and cached as a Hugging Face directory:
@@ -10,6 +10,10 @@ downloaded) and cached as a Hugging Face directory:
   of them that sit in linear layers (the embedding table is only indexed).
 * ``quick``: hidden 256, 4 layers, 4 heads, MLP 688, vocabulary 32000 -- for
   smoke tests (``--quick``).
+* ``spec-target`` / ``spec-draft`` (``bench_speculative.py``): the ``bench``
+  target with 4,096 positions, so a 2,000-token prompt plus decodes fits, and a
+  ~9.8M draft (hidden 256, 2 layers, tied embeddings) carrying the target's
+  tokenizer files byte for byte; ``spec-quick-*`` are their smoke-test sizes.
 
 The tokenizer is a byte-level BPE trained with ``tokenizers`` on Python
 standard-library source (as in ``tests/tiny_models.py``); it has ~20.9k
@@ -19,25 +23,19 @@ repeated token, which would flatter n-gram speculation and hide exactness
 bugs; at 0.05 the 48 tokens of a greedy continuation are all distinct.
 The text is meaningless either way; timings are what matter here.
 
-Nothing here imports ``speculant``: the HF baselines and the model builder
-must work whatever state the engine is in.
+Nothing here imports ``speculant`` at module level: the HF baselines and the
+model builder must work whatever state the engine is in.
 """
 
 from __future__ import annotations
 
-import argparse
-import datetime as _dt
 import hashlib
 import json
 import os
-import platform
 import random
 import shutil
-import statistics
-import subprocess
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -45,8 +43,6 @@ from typing import Any
 import torch
 
 DEFAULT_CACHE_DIR = Path(os.environ.get("SPECULANT_BENCH_CACHE", "/tmp/speculant-bench-cache"))
-RESULTS_DIR = Path(__file__).resolve().parent / "results"
-REPO_ROOT = Path(__file__).resolve().parent.parent
 
 EOS = "<|eos|>"
 BOS = "<|bos|>"
@@ -86,6 +82,16 @@ class ModelSpec:
 MODEL_SPECS = {
     "bench": ModelSpec("bench", hidden=768, layers=12, heads=12, kv_heads=12, intermediate=2048),
     "quick": ModelSpec("quick", hidden=256, layers=4, heads=4, kv_heads=4, intermediate=688),
+    # the speculative benchmark's pair: ~134M (untied 32000-vocab embeddings and head, the
+    # issue's "134M target") and ~9.8M (tied embeddings: the 32000 x 256 table is most of it)
+    "spec-target": ModelSpec("spec-target", hidden=768, layers=12, heads=12, kv_heads=12, intermediate=2048,
+                             max_positions=4096),
+    "spec-draft": ModelSpec("spec-draft", hidden=256, layers=2, heads=4, kv_heads=4, intermediate=688,
+                            max_positions=4096, tie_embeddings=True, seed=1),
+    "spec-quick-target": ModelSpec("spec-quick-target", hidden=256, layers=4, heads=4, kv_heads=4,
+                                   intermediate=688, max_positions=4096),
+    "spec-quick-draft": ModelSpec("spec-quick-draft", hidden=64, layers=1, heads=2, kv_heads=2,
+                                  intermediate=172, max_positions=4096, tie_embeddings=True, seed=1),
 }
 
 
@@ -166,17 +172,36 @@ def build_cached(spec: ModelSpec, cache_dir: Path, tokenizer_from: Path | None =
     return out
 
 
-def model_facts(model: torch.nn.Module) -> dict[str, Any]:
-    """Parameter counts and the bytes one decode step must read from memory
-    (``speculant.bench.bandwidth.decode_weight_bytes``)."""
-    from speculant.bench.bandwidth import decode_weight_bytes
+def ensure_target_and_draft(quick: bool, cache_dir: Path = DEFAULT_CACHE_DIR) -> tuple[Path, Path]:
+    """The speculative benchmark's target and draft (the draft shares the target's tokenizer files)."""
+    prefix = "spec-quick-" if quick else "spec-"
+    target = build_cached(MODEL_SPECS[prefix + "target"], cache_dir)
+    draft = build_cached(MODEL_SPECS[prefix + "draft"], cache_dir, tokenizer_from=target)
+    return target, draft
 
-    emb = model.get_input_embeddings().weight
-    head = model.get_output_embeddings().weight
-    total = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
-    return {"num_params": total, "num_params_m": round(total / 1e6, 1),
-            "weight_bytes_per_decode_step": decode_weight_bytes(model),
-            "tied_embeddings": emb is head or emb.data_ptr() == head.data_ptr()}
+
+def cached_tokenizer(cache_dir: Path = DEFAULT_CACHE_DIR):
+    """The benchmark tokenizer alone (no model), trained once into ``cache_dir``."""
+    out = Path(cache_dir) / "detokenize-tokenizer"
+    if (out / "tokenizer.json").is_file():
+        from transformers import PreTrainedTokenizerFast
+
+        return PreTrainedTokenizerFast.from_pretrained(out)
+    return build_tokenizer(out)
+
+
+def model_facts(path: Path) -> dict[str, Any]:
+    """Shape, parameter count and the bytes one float32 decode step reads
+    (``speculant.bench.bandwidth``: every weight but an untied input embedding,
+    of which one row), from the model directory's config on the meta device."""
+    from speculant.bench.bandwidth import model_decode_bytes
+
+    cfg = json.loads((Path(path) / "config.json").read_text())
+    facts = model_decode_bytes(str(path), torch.float32)
+    return {"num_params": facts["num_params"], "num_params_m": round(facts["num_params"] / 1e6, 1),
+            "hidden": cfg["hidden_size"], "layers": cfg["num_hidden_layers"], "vocab": cfg["vocab_size"],
+            "tied_embeddings": bool(cfg.get("tie_word_embeddings")),
+            "weight_bytes_per_decode_step": facts["weight_bytes_per_decode_step"], "path": str(path)}
 
 
 # --- prompts -------------------------------------------------------------------
@@ -208,106 +233,3 @@ def mixed_workload(num_requests: int, prompt_range: tuple[int, int], output_rang
         p = int(round(lo * (hi / lo) ** rng.random()))
         pairs.append((min(max(p, lo), hi), rng.randint(*output_range)))
     return pairs
-
-
-# --- timing --------------------------------------------------------------------
-CLOCKS = ("wall", "cpu")
-"""Every timing is taken on two clocks. ``wall``: elapsed time, what a user
-waits. ``cpu``: CPU time of the whole process (all its threads). With one
-torch thread on a machine shared with other jobs, ``cpu`` leaves out the time
-the process sat descheduled, so it is the steadier figure there; with several
-threads it also counts OpenMP threads spinning at barriers."""
-
-
-def stamp() -> tuple[float, float]:
-    return time.perf_counter(), time.process_time()
-
-
-def since(t0: tuple[float, float]) -> tuple[float, float]:
-    """(wall, cpu) seconds since ``t0 = stamp()``."""
-    w, c = stamp()
-    return w - t0[0], c - t0[1]
-
-
-def time_calls(fn: Callable[[], Any], repeat: int, warmup: int = 1) -> list[float]:
-    """Seconds per call for ``repeat`` calls after ``warmup`` untimed ones."""
-    for _ in range(warmup):
-        fn()
-    out = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        out.append(time.perf_counter() - t0)
-    return out
-
-
-def summary(samples: list[float]) -> dict[str, Any]:
-    return {"median": statistics.median(samples), "min": min(samples), "max": max(samples),
-            "n": len(samples), "samples": [round(s, 6) for s in samples]}
-
-
-def measure_read_bandwidth(num_bytes: int = 1 << 30, repeat: int = 7) -> dict[str, float]:
-    """Read bandwidth in GB/s with one thread and with every core (the bound is
-    about the hardware, not the thread count a benchmark picked):
-    ``speculant.bench.bandwidth.read_bandwidth``."""
-    from speculant.bench.bandwidth import read_bandwidth
-
-    return read_bandwidth(num_bytes, repeat)
-
-
-# --- environment and results ---------------------------------------------------
-def cpu_name() -> str:
-    from speculant.bench.report import cpu_name as name
-
-    return name()
-
-
-def git_commit() -> str:
-    try:
-        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True,
-                             text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO_ROOT,
-                               capture_output=True, text=True, check=True).stdout.strip()
-        return sha + ("-dirty" if dirty else "")
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
-def environment() -> dict[str, Any]:
-    import transformers
-
-    return {
-        "date_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "cpu": cpu_name(),
-        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-        "os_cpu_count": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
-        "mkldnn": torch.backends.mkldnn.is_available(),
-        "git_commit": git_commit(),
-        "load_avg_start": [round(x, 2) for x in os.getloadavg()],
-    }
-
-
-def write_json(path: Path, data: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, indent=1, default=str) + "\n")
-
-
-def base_arg_parser(description: str) -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(description=description)
-    ap.add_argument("--quick", action="store_true",
-                    help="smoke test: tiny model and sizes, under a minute; results not comparable")
-    ap.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE_DIR,
-                    help=f"where the benchmark model is built once (default {DEFAULT_CACHE_DIR})")
-    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
-    ap.add_argument("--out", type=Path, default=None, help="JSON result path")
-    return ap
-
-
-def markdown_table(header: list[str], rows: list[list[Any]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
-    return "\n".join(lines)
