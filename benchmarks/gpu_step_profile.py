@@ -6,24 +6,22 @@ forward inside it, and the kernels one forward launches (torch.profiler).
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 
 import torch
 
+import harness
 from speculant import LLM, SamplingParams
-from speculant.bench.report import environment
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = harness.arg_parser(__doc__, out=harness.RESULTS_DIR / "gpu_step_profile_smollm2.json", dtype="bfloat16")
     ap.add_argument("--target", required=True)
-    ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--backend", default="auto")
-    ap.add_argument("--out", default=None)
     args = ap.parse_args()
+    bench = harness.start("gpu_step_profile", args)
     llm = LLM(model=args.target, dtype=args.dtype, device="cuda", attention_backend=args.backend)
     eng, runner = llm.engine, llm.engine.runner
     forward_s: list[float] = []
@@ -59,7 +57,7 @@ def main() -> None:
     gpu_us = sum(e.self_device_time_total for e in events if e.device_type == torch.autograd.DeviceType.CUDA)
     med = sorted(steps)[len(steps) // 2]
     fwd = sorted(forward_s)[len(forward_s) // 2]
-    result = {"environment": environment(), "target": args.target, "dtype": args.dtype,
+    result = {"target": args.target, "dtype": args.dtype,
               "attention_backend": type(runner.backend).__name__,
               "step_ms_median": med * 1e3, "forward_ms_median": fwd * 1e3,
               "outside_forward_ms": (med - fwd) * 1e3, "kernel_launches_per_step": launches,
@@ -67,9 +65,7 @@ def main() -> None:
               "top_cpu_ops": [(e.key, round(e.cpu_time_total / 1e3, 2), e.count)
                               for e in sorted(events, key=lambda e: -e.cpu_time_total)[:12]]}
     print(json.dumps(result, indent=1))
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=1)
+    bench.write(result)
 
 
 if __name__ == "__main__":

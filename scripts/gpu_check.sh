@@ -9,7 +9,10 @@
 #   bash scripts/gpu_check.sh run                    # call 2 (the rest carried in
 #                                                    # gpu_carry/): install, test, bench
 #
-# Prepare the carried files here with scripts/gpu_prepare.sh. Results go to
+# Prepare the carried files here with scripts/gpu_prepare.sh. The checkout travels
+# too: leave models/ out of the first call's copy (`git rm -r --cached -q models/`
+# and `models/` in .git/info/exclude), put models/smollm2-eagle back for the second
+# (`git add -f models/smollm2-eagle`), and restore with `git reset` afterwards. Results go to
 # $OUT (the device tool brings that folder back): gpu_env.json, the test log and
 # JUnit XML, the Triton kernel check and the bench JSON files, which are then
 # committed to benchmarks/results/ (labelled with GPU, date and commit).
@@ -81,6 +84,9 @@ EOF
   # a random-weight 8B llama at alpha = 0.8, k = 4, batch 1
   step bench_llama8b 100 python -m speculant.cli bench --random-llama 8b --alpha 0.8 --k 4 --max-tokens 64 --repeats 1 \
       --dtype bfloat16 --device cuda --out "$OUT/gpu_bench_llama8b.json"
+  # the device tool brings back a few files: logs go back as one archive
+  (cd "$OUT" && tar czf gpu_logs.tgz ./*.log steps.txt gpu_tests.xml triton_check.json 2>/dev/null \
+      && rm -f ./*.log gpu_tests.xml triton_check.json ./*.png)
   echo "done; results in $OUT"
 }
 
