@@ -22,8 +22,22 @@ import harness
 from speculant.bench import load_prompts, run_bench
 
 
+def float32_no_spec(target: str, texts: list[str], args) -> list[dict]:
+    """Speculant float32 without speculation on the same chat prompts (the exact mode)."""
+    from transformers import AutoTokenizer
+
+    from speculant.bench import render_prompts
+    from speculant.bench.speculant_runs import Method, run_speculant
+    from speculant.model.gguf_source import resolve_model_source
+
+    target_dir = resolve_model_source(target, None, "float32", option="--target")
+    ids = render_prompts(AutoTokenizer.from_pretrained(target_dir), texts, True)
+    return run_speculant(str(target_dir), [Method("no_spec")], ids, max_tokens=args.max_tokens,
+                         repeats=args.repeats, concurrency=[1], dtype="float32", device="cpu")
+
+
 def main() -> None:
-    ap = harness.arg_parser(__doc__, out=harness.RESULTS_DIR / "llamacpp_compare.json", repeats=3, threads=2)
+    ap = harness.arg_parser(__doc__, out=harness.RESULTS_DIR / "llamacpp_compare.json", repeats=2, threads=2)
     ap.add_argument("--bf16-gguf", default=None, help="the bf16 GGUF llama.cpp's converter wrote (adds its row)")
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--k", type=int, default=8)
@@ -32,17 +46,15 @@ def main() -> None:
     target = harness.smollm2_path()
     files = [target] + ([args.bf16_gguf] if args.bf16_gguf else [])
     prompts = load_prompts("examples/prompts/edit_tasks.txt")
-    runs = {}
-    for dtype in ("bfloat16", "float32"):
-        bench.log(f"speculant {dtype} + llama.cpp ...")
-        runs[dtype] = run_bench(target, prompts=prompts, max_tokens=args.max_tokens, k=args.k, repeats=args.repeats,
-                                concurrency=[1], hf=False, dtype=dtype, chat=True, device="cpu",
-                                llamacpp=files if dtype == "bfloat16" else None, threads=args.threads,
-                                log=bench.log)
+    bench.log("speculant bfloat16 + llama.cpp ...")
+    res = run_bench(target, prompts=prompts, max_tokens=args.max_tokens, k=args.k, repeats=args.repeats,
+                    concurrency=[1], hf=False, dtype="bfloat16", chat=True, device="cpu", llamacpp=files,
+                    threads=args.threads, log=bench.log)
+    runs = {"bfloat16": res["rows"], "float32": float32_no_spec(target, prompts, args)}
     rows = []
-    for dtype, res in runs.items():
-        for r in res["rows"]:
-            if r.get("status") != "ok" or (dtype == "float32" and r["method"] != "no_spec"):
+    for dtype, res_rows in runs.items():
+        for r in res_rows:
+            if r.get("status") != "ok" or r["method"] in ("suffix_adaptive",):
                 continue
             rows.append({"engine": r["engine"], "method": r["method"], "dtype": dtype if r["engine"] == "speculant"
                          else "gguf file", "tokens_per_s": r["tokens_per_s"],
