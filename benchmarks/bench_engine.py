@@ -78,7 +78,8 @@ def load_hf(model_dir: Path):
 def load_speculant(model_dir: Path, **overrides):
     from speculant import LLM
 
-    return LLM(model=str(model_dir), **overrides)
+    # every round repeats the same prompts: prefix caching would time cache hits, not prefill
+    return LLM(model=str(model_dir), **{"enable_prefix_caching": False, **overrides})
 
 
 def linear_backend_available() -> bool:

@@ -37,7 +37,8 @@ COUNTERS = ("num_steps", "num_draft_tokens", "num_accepted_tokens", "propose_s",
 
 def build(args, chunked: bool, proposer: str | None) -> LLM:
     kw = dict(model=args.target, dtype=args.dtype, max_num_seqs=1, enable_chunked_prefill=chunked,
-              max_num_batched_tokens=args.chunk if chunked else 512)
+              max_num_batched_tokens=args.chunk if chunked else 512,
+              enable_prefix_caching=False)  # every round repeats the prompts: time prefill, not cache hits
     if proposer is not None:
         eagle = {"path": args.head, "confidence_threshold": args.confidence}
         # no global cache of past outputs: every round repeats the same prompts, which it would replay

@@ -141,6 +141,7 @@ def run_workload(args) -> None:
 
     kw: dict = {"linear_backend": args.linear_backend} if args.linear_backend else {}
     kw["dtype"] = args.dtype
+    kw["enable_prefix_caching"] = False  # repeated runs of one prompt: profile prefill, not cache hits
     if args.workload == "spec-decode":
         kw["speculative"] = {"proposer": "draft_model", "num_speculative_tokens": args.k,
                              "proposer_options": {"model": str(args.draft)}}

@@ -22,7 +22,7 @@ _FLAT_KEYS = {
     "load_format": ("model", "load_format"),
     "linear_dense_max_rows": ("model", "linear_dense_max_rows"),
     "block_size": ("cache", "block_size"), "num_blocks": ("cache", "num_blocks"),
-    "kv_cache_memory_gb": ("cache", "memory_gb"),
+    "kv_cache_memory_gb": ("cache", "memory_gb"), "enable_prefix_caching": ("cache", "enable_prefix_caching"),
     "max_num_batched_tokens": ("scheduler", "max_num_batched_tokens"),
     "max_num_seqs": ("scheduler", "max_num_seqs"),
     "enable_chunked_prefill": ("scheduler", "enable_chunked_prefill"),

@@ -69,7 +69,7 @@ class OracleProposer(Proposer):
     name = "oracle"
     capabilities = ProposerCapabilities(
         needs_target_hidden_states=False, supports_chunked_prefill=True, draft_probs="one_hot",
-        max_num_speculative_tokens=None)
+        max_num_speculative_tokens=None, supports_prefix_caching=True)
     Options: ClassVar[type[BaseModel]] = OracleOptions
     options: OracleOptions
 

@@ -74,8 +74,10 @@ def build_llm(target: str, method: Method, max_seqs: int, dtype: str = "float32"
               **extra: Any):
     from speculant.llm import LLM
 
+    # prefix caching off: repeats, and the concurrency rows, run the same prompts again (the
+    # 32-request rows repeat each prompt to fill the batch), so caching would time cache hits
     kw: dict[str, Any] = {"max_num_seqs": max(1, max_seqs), "seed": 0, "dtype": dtype, "device": device,
-                          **method.engine_kwargs, **extra}
+                          "enable_prefix_caching": False, **method.engine_kwargs, **extra}
     if method.speculative:
         kw["speculative"] = method.speculative
     return LLM(model=str(target), **kw)
@@ -175,6 +177,8 @@ def run_method(llm, prompts: list[list[int]], max_tokens: int, concurrency: int,
         "acceptance_rate": metrics.get("acceptance_rate") if spec else None,
         "mean_accepted_length": metrics.get("mean_accepted_length") if spec else None,
         "mean_planned_draft_length": metrics.get("mean_planned_draft_length") if spec else None,
+        "prefix_caching": metrics.get("prefix_caching"),
+        "prefix_cache_hit_rate": metrics.get("prefix_cache_hit_rate"),
         "token_ids": token_ids,
     }
 

@@ -88,6 +88,12 @@ class CacheConfig(StrictModel):
     """Exact pool size in blocks; overrides ``memory_gb``."""
     memory_gb: float = Field(default=1.0, gt=0)
     """KV pool budget in GiB when ``num_blocks`` is not set."""
+    enable_prefix_caching: bool = True
+    """Keep full KV blocks of finished and preempted requests, keyed by their
+    tokens, and skip the prefill of a prompt's cached leading blocks (least
+    recently used blocks are evicted when the pool needs room). Output is
+    unchanged; with a proposer that cannot restore its state for a cached
+    prefix (``supports_prefix_caching = False``) nothing is skipped."""
 
 
 class SchedulerConfig(StrictModel):

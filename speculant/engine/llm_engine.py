@@ -23,6 +23,7 @@ from speculant.engine.commit import apply
 from speculant.engine.detokenizer import Detokenizer, TextDecoder
 from speculant.engine.draft_length import DraftLengthPolicy, build_draft_length_policy
 from speculant.engine.inbox import Inbox
+from speculant.engine.prefix_caching import PrefixCache
 from speculant.engine.proposer_guard import ProposerGuard
 from speculant.engine.request import Request, RequestOutput, RequestStatus, SpecStats
 from speculant.engine.scheduler import Scheduler
@@ -50,7 +51,10 @@ class LLMEngine:
         self.tokenizer = self.runner.tokenizer
         self.decoder = TextDecoder.for_tokenizer(self.tokenizer, self._detokenize)
         self.max_model_len = self.runner.max_model_len
-        self.scheduler = Scheduler(config.scheduler, self.runner.block_manager, self.max_model_len)
+        prefix = PrefixCache(self.runner.block_manager, config.model.path, config.model.gguf_file,
+                             config.model.dtype) if config.cache.enable_prefix_caching else None
+        self.scheduler = Scheduler(config.scheduler, self.runner.block_manager, self.max_model_len, prefix)
+        self.scheduler.on_preempt = self._preempted
         self.spec: SpecComponents = build_spec_components(config, self.runner, registry)
         self.draft_length: DraftLengthPolicy = build_draft_length_policy(config.speculative)
         self._counter = itertools.count()
@@ -206,12 +210,28 @@ class LLMEngine:
         with self._inbox.stepping():
             return self._step()
 
+    def _preempted(self, req: Request) -> None:
+        """A request lost its blocks (the scheduler tells at once, so a proposer
+        restoring it in the same step starts clean)."""
+        if self.spec.proposer is not None:
+            self.guard.reset(self.spec.proposer, [req.request_id])
+
+    def _restore(self, req: Request, num_cached_tokens: int) -> int:
+        proposer = self.spec.proposer
+        return num_cached_tokens if proposer is None else self.guard.restore_prefix(proposer, req, num_cached_tokens)
+
+    @property
+    def prefix_caching(self) -> bool:
+        """Whether cached prefixes are skipped now: enabled, and the proposer (if
+        any) can restore its state for them (``supports_prefix_caching``)."""
+        proposer = self.spec.proposer
+        return self.scheduler.prefix is not None and (
+            proposer is None or proposer.capabilities.supports_prefix_caching)
+
     def _step(self) -> list[RequestOutput]:
         proposer = self.spec.proposer
         draft_lengths = self.draft_length.plan(self.scheduler.running) if proposer is not None else None
-        batch = self.scheduler.schedule(draft_lengths)
-        if proposer is not None:
-            self.guard.reset(proposer, [req.request_id for req in batch.preempted])
+        batch = self.scheduler.schedule(draft_lengths, self._restore if self.prefix_caching else None)
         if batch.is_empty:
             return []
         parts = StepParts(self.runner, proposer, self.spec.scorer, self.spec.acceptance, self.guard,
@@ -224,6 +244,8 @@ class LLMEngine:
                           None, [], fallback="isolated")
         for plan in run.plans:
             apply(plan)  # plain assignments: cannot fail halfway
+        for plan in run.plans:
+            self.scheduler.cache_committed(plan.entry.request)
         if proposer is not None:
             if run.scores is not None:
                 self.guard.commit(proposer, batch, run.num_accepted, run.scores)
@@ -275,6 +297,8 @@ class LLMEngine:
             self.num_failed_requests = self.num_fallback_steps = 0
             self.guard.errors = self.guard.slow_calls = 0
             self.draft_length.reset_metrics()
+            if self.scheduler.prefix is not None:
+                self.scheduler.prefix.reset_stats()
 
     def spec_totals(self) -> SpecStats:
         """Speculation counters summed over finished and unfinished requests
@@ -294,7 +318,8 @@ class LLMEngine:
             blocks = self.runner.block_manager
             return {"num_waiting": len(self.scheduler.waiting) + self._inbox.pending,
                     "num_running": len(self.scheduler.running),
-                    "num_kv_blocks_in_use": blocks.num_blocks - blocks.num_free_blocks,
+                    "num_kv_blocks_in_use": blocks.num_used_blocks,
+                    "num_kv_blocks_cached": blocks.num_cached_blocks,
                     "num_kv_blocks": blocks.num_blocks}
 
     def get_metrics(self) -> dict:
@@ -310,5 +335,7 @@ class LLMEngine:
             "failed_requests": self.num_failed_requests,
             "fallback_steps": self.num_fallback_steps,
             **self.draft_length.metrics(),
+            "prefix_caching": self.prefix_caching,
+            **(self.scheduler.prefix.metrics() if self.scheduler.prefix is not None else {}),
             **stats.as_dict(),
         }

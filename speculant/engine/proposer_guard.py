@@ -24,6 +24,7 @@ from speculant.engine.proposal_checks import check_proposals
 from speculant.interfaces import Proposals, Proposer
 
 if TYPE_CHECKING:
+    from speculant.engine.request import Request
     from speculant.interfaces import Scores
 
 logger = logging.getLogger(__name__)
@@ -74,6 +75,21 @@ class ProposerGuard:
         except Exception as exc:  # noqa: BLE001
             self._fault(proposer, f"commit raised {type(exc).__name__}: {exc}",
                         [e.request.request_id for e in batch.entries], exc)
+
+    def restore_prefix(self, proposer: Proposer, request: Request, num_cached_tokens: int) -> int:
+        """Leading tokens of ``request`` the target may skip; 0 (nothing skipped,
+        the proposer's state for it reset) if the proposer raises or answers
+        something other than an int in [0, num_cached_tokens]."""
+        try:
+            kept = proposer.restore_prefix(request, num_cached_tokens)
+        except Exception as exc:  # noqa: BLE001 - a plugin may raise anything
+            self._fault(proposer, f"restore_prefix raised {type(exc).__name__}: {exc}", [request.request_id], exc)
+            return 0
+        if isinstance(kept, bool) or not isinstance(kept, int) or not 0 <= kept <= num_cached_tokens:
+            self._fault(proposer, f"restore_prefix returned {kept!r}, not an int in [0, {num_cached_tokens}]",
+                        [request.request_id])
+            return 0
+        return kept
 
     def free(self, proposer: Proposer, request_id: str) -> None:
         try:

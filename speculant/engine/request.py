@@ -98,6 +98,9 @@ class Request:
     detokenizer: Detokenizer = field(default_factory=Detokenizer)  # incremental output text
     num_preemptions: int = 0
     spec_stats: SpecStats = field(default_factory=SpecStats)
+    block_hashes: list[bytes] = field(default_factory=list)
+    """Prefix-cache keys of the leading full blocks of ``token_ids``, computed as
+    needed (``engine/prefix_caching.py``); a draft model's pool uses the same keys."""
 
     def __post_init__(self) -> None:
         if not self.token_ids:

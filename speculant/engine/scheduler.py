@@ -7,24 +7,37 @@ most recently arrived running request is preempted by recompute: its blocks
 are freed and it re-enters the waiting queue to prefill prompt + output again,
 all but the last token (``Request.prefill_end``), which it then feeds as a
 decode: it resumes with the same step boundaries as if never preempted.
+
+With prefix caching (``prefix``), a request entering the running set skips
+the cached blocks its sequence starts with (``PrefixCache.lookup``), as far as
+the proposer can follow (``restore``): its first chunk starts after them and
+only the uncached tokens are charged to the budget.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from speculant.config.models import SchedulerConfig
 from speculant.engine.batch import ScheduledRequest, StepBatch
+from speculant.engine.prefix_caching import PrefixCache
 from speculant.engine.request import Request, RequestStatus
 from speculant.model.kv_cache import BlockManager
 
+Restore = Callable[[Request, int], int]
+"""``restore(request, num_cached_tokens)``: how many of those leading tokens the
+request may skip (a multiple of the block size, at most ``num_cached_tokens``)."""
+
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, blocks: BlockManager, max_model_len: int) -> None:
+    def __init__(self, config: SchedulerConfig, blocks: BlockManager, max_model_len: int,
+                 prefix: PrefixCache | None = None) -> None:
         self.config = config
         self.blocks = blocks
         self.max_model_len = max_model_len
+        self.prefix = prefix  # None: prefix caching off
+        self.on_preempt: Callable[[Request], None] | None = None  # told at once, before any re-admission
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []  # arrival order
 
@@ -43,14 +56,21 @@ class Scheduler:
             self.waiting.remove(request)
         self.blocks.free(request.request_id)
 
-    def schedule(self, draft_lengths: Mapping[str, int] | None = None) -> StepBatch:
+    def schedule(self, draft_lengths: Mapping[str, int] | None = None, restore: Restore | None = None) -> StepBatch:
         """One step's batch. ``draft_lengths``: request id -> most proposals
-        that decode may get (the draft-length policy's plan; absent: none)."""
+        that decode may get (the draft-length policy's plan; absent: none).
+        ``restore``: cached prefixes may be skipped this step, as far as it
+        allows (None: nothing is skipped)."""
         batch = StepBatch()
         budget = self.config.max_num_batched_tokens
         budget = self._schedule_decodes(batch, budget, draft_lengths or {})
-        self._schedule_prefills(batch, budget)
+        self._schedule_prefills(batch, budget, restore)
         return batch
+
+    def cache_committed(self, request: Request) -> None:
+        """Key ``request``'s full blocks of committed tokens (after its step is applied)."""
+        if self.prefix is not None:
+            self.prefix.commit(request)
 
     # --- decodes -----------------------------------------------------------
     def _spec_len(self, req: Request, k: int, budget: int) -> int:
@@ -104,9 +124,11 @@ class Scheduler:
         req.num_preemptions += 1
         self.waiting.appendleft(req)
         batch.preempted.append(req)
+        if self.on_preempt is not None:
+            self.on_preempt(req)
 
     # --- prefills ----------------------------------------------------------
-    def _schedule_prefills(self, batch: StepBatch, budget: int) -> None:
+    def _schedule_prefills(self, batch: StepBatch, budget: int, restore: Restore | None) -> None:
         cfg = self.config
         prefilling = [r for r in self.running if not r.is_decoding]
         for req in prefilling:
@@ -123,15 +145,39 @@ class Scheduler:
             budget -= n
         while self.waiting and budget >= 1 and len(self.running) < cfg.max_num_seqs:
             req = self.waiting[0]
-            n = self._chunk_len(req, budget, alone=batch.is_empty)
-            if n == 0 or not self.blocks.can_allocate(req.request_id, self._slots(req, n)):
+            prefix = self._lookup(req, restore)
+            n = self._admissible(req, budget, batch, prefix)
+            if n and prefix:  # the proposer is asked only for an admission that fits: restoring may cost it work
+                assert restore is not None  # _lookup finds nothing without it
+                kept = restore(req, len(prefix) * self.blocks.block_size) // self.blocks.block_size
+                if kept < len(prefix):
+                    prefix = prefix[:max(0, kept)]
+                    req.num_computed_tokens = len(prefix) * self.blocks.block_size
+                    n = self._admissible(req, budget, batch, prefix)
+            if n == 0:
+                req.num_computed_tokens = 0
                 return
             self.waiting.popleft()
-            self.blocks.allocate(req.request_id, self._slots(req, n))
+            self.blocks.allocate(req.request_id, self._slots(req, n), prefix)
+            if self.prefix is not None:
+                self.prefix.record(req, len(prefix))
             req.status = RequestStatus.RUNNING
             self.running.append(req)
             batch.prefills.append(ScheduledRequest(req, n))
             budget -= n
+
+    def _lookup(self, req: Request, restore: Restore | None) -> list[int]:
+        """The cached blocks ``req`` (waiting, holding none) starts with; sets
+        its ``num_computed_tokens`` past them."""
+        blocks = [] if self.prefix is None or restore is None or self.blocks.has(req.request_id) \
+            else self.prefix.lookup(req)
+        req.num_computed_tokens = len(blocks) * self.blocks.block_size
+        return blocks
+
+    def _admissible(self, req: Request, budget: int, batch: StepBatch, prefix: list[int]) -> int:
+        """The first chunk's length if ``req`` can be admitted now after ``prefix``, else 0."""
+        n = self._chunk_len(req, budget, alone=batch.is_empty)
+        return n if n and self.blocks.can_allocate(req.request_id, self._slots(req, n), prefix) else 0
 
     @staticmethod
     def _slots(req: Request, n: int) -> int:

@@ -39,6 +39,12 @@ class ProposerCapabilities:
     """The proposer also reads the hidden state at every prompt position
     (``Scores.prompt_hidden``, each prefill chunk as it is computed). Such a
     proposer must support chunked prefill or the checker refuses chunking."""
+    supports_prefix_caching: bool = False
+    """The proposer serves a request whose prefill starts after a cached prefix
+    (its first chunk's ``start`` > 0): it holds no state that only the skipped
+    chunks would have built, or it restores that state in ``restore_prefix``.
+    False (the default, safe for a proposer written before prefix caching): the
+    engine skips no cached prefix while this proposer runs."""
 
 
 @dataclass(frozen=True)

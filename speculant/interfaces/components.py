@@ -122,6 +122,21 @@ class Proposer(ABC):
         that sees it must rebuild what it needs from ``request.token_ids`` (or
         propose nothing for it until it can). Stateless proposers hold none."""
 
+    def restore_prefix(self, request: Any, num_cached_tokens: int) -> int:
+        """Prefix caching (only with ``capabilities.supports_prefix_caching``):
+        the target holds ``request``'s first ``num_cached_tokens`` tokens cached
+        (whole blocks; ``request.block_hashes`` has their keys) and is about to
+        admit it with its first prefill chunk starting there. Restore whatever
+        state this proposer keeps for those positions and return how many
+        leading tokens the target may skip: at most ``num_cached_tokens``, and
+        the target rounds it down to whole blocks and computes the rest. Return
+        ``num_cached_tokens`` when what is missing can be rebuilt from token ids
+        alone (the default: a proposer that reads only ``request.token_ids``).
+        May be called again for the same request (it replaces the state), and
+        the request may then wait instead of running (``free`` follows at its
+        end either way)."""
+        return num_cached_tokens
+
     @classmethod
     def validate_against(cls, options: Any, config: EngineConfigView) -> list[str]:
         """Extra reasons this proposer cannot serve ``config`` (e.g. a draft

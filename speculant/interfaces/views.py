@@ -19,6 +19,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     import torch
 
     from speculant.interfaces.data import QuerySpan
@@ -49,8 +51,26 @@ class ForwardResult(Protocol):
 class BlockTables(Protocol):
     """A runner's KV block allocator, as its callers use it."""
 
-    def allocate(self, seq_id: str, num_tokens: int) -> list[int]:
-        """Grow ``seq_id``'s block table to hold ``num_tokens`` and return it."""
+    @property
+    def block_size(self) -> int:
+        """Tokens per block."""
+        ...
+
+    def can_allocate(self, seq_id: str, num_tokens: int, prefix: Sequence[int] = ()) -> bool:
+        """Whether ``allocate`` with these arguments would succeed."""
+        ...
+
+    def allocate(self, seq_id: str, num_tokens: int, prefix: Sequence[int] = ()) -> list[int]:
+        """Grow ``seq_id``'s block table to hold ``num_tokens`` and return it; a
+        new sequence may start with ``prefix``, cached blocks it shares."""
+        ...
+
+    def match_prefix(self, keys: Sequence[bytes]) -> list[int]:
+        """The cached blocks holding ``keys[0], keys[1], ...``, up to the first missing one."""
+        ...
+
+    def cache_blocks(self, seq_id: str, keys: Sequence[bytes], num_full: int) -> None:
+        """Key ``seq_id``'s first ``num_full`` blocks (full of committed tokens' K/V) with ``keys``."""
         ...
 
     def free(self, seq_id: str) -> None:

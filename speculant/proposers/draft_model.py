@@ -6,6 +6,12 @@ speculating decode's not-yet-drafted tokens; then k - 1 single-token forwards,
 batched over all speculating decodes, extend the proposals. After acceptance
 the draft's valid length moves back to what the target kept; rejected slots
 are overwritten later.
+
+Prefix caching: the draft's pool keys its full blocks of committed tokens with
+the target's keys (``request.block_hashes``) at commit, and a request the draft
+holds nothing for (new, preempted, or reset after a fault) starts by sharing the
+cached blocks its sequence begins with; it computes only the rest, wherever the
+target's own prefix hit ended.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from speculant.config.models import EngineConfig, ModelConfig
 from speculant.engine.batch import StepBatch
+from speculant.engine.request import Request
 from speculant.interfaces import Proposals, Proposer, ProposerCapabilities, ProposerContext, QuerySpan, Scores
 from speculant.model.files import read_text_config
 from speculant.model.gguf_source import resolve_model_source
@@ -42,7 +49,8 @@ class DraftModelOptions(BaseModel):
 class DraftModelProposer(Proposer):
     name = "draft_model"
     capabilities = ProposerCapabilities(
-        needs_target_hidden_states=False, supports_chunked_prefill=True, draft_probs="full")
+        needs_target_hidden_states=False, supports_chunked_prefill=True, draft_probs="full",
+        supports_prefix_caching=True)  # shares its own cached blocks under the target's keys, computes the rest
     Options = DraftModelOptions
     options: DraftModelOptions
 
@@ -101,20 +109,38 @@ class DraftModelProposer(Proposer):
         table = self.runner.block_manager.allocate(request_id, start + len(token_ids))
         return QuerySpan(table, start, token_ids, logits_at)
 
+    def _done(self, req: Request, upto: int) -> int:
+        """Tokens of ``req`` whose K/V the draft holds; for a request it holds
+        nothing for, the cached blocks (at most ``upto`` tokens) it starts with."""
+        done = self._computed.get(req.request_id)
+        if done is not None:
+            return done
+        blocks = self.runner.block_manager
+        blocks.free(req.request_id)  # nothing of it is valid
+        size = blocks.block_size
+        prefix = blocks.match_prefix(req.block_hashes[:max(0, upto) // size])
+        done = len(prefix) * size
+        if prefix and blocks.can_allocate(req.request_id, done, prefix):
+            blocks.allocate(req.request_id, done, prefix)
+        else:
+            done = 0
+        self._computed[req.request_id] = done
+        return done
+
     # --- Proposer ------------------------------------------------------------
     def propose(self, batch: StepBatch) -> Proposals:
         spans: list[QuerySpan] = []
         for p in batch.prefills:
             req = p.request
-            done = self._computed.get(req.request_id, 0)
             end = p.start + p.num_new_tokens
+            done = self._done(req, end)
             if done < end:
                 spans.append(self._span(req.request_id, req.token_ids[done:end], done, []))
                 self._computed[req.request_id] = end
         active = [i for i, d in enumerate(batch.decodes) if d.num_spec_tokens > 0]
         for i in active:
             req = batch.decodes[i].request
-            done = self._computed.get(req.request_id, 0)
+            done = self._done(req, req.num_tokens - 1)
             tokens = req.token_ids[done:]  # ends with the last sampled token
             spans.append(self._span(req.request_id, tokens, done, [len(tokens) - 1]))
             self._computed[req.request_id] = req.num_tokens
@@ -157,6 +183,12 @@ class DraftModelProposer(Proposer):
             base, k = pending
             # the draft fed last, p1..p_{k-1}; of those, last..p_a are still valid
             self._computed[d.request.request_id] = base + min(a, k - 1)
+        blocks = self.runner.block_manager
+        for e in batch.entries:  # key full blocks of committed tokens (none holds a rejected proposal)
+            req = e.request
+            if req.block_hashes and req.request_id in self._computed:
+                n = min(self._computed[req.request_id], req.num_tokens) // blocks.block_size
+                blocks.cache_blocks(req.request_id, req.block_hashes, n)
 
     def free(self, request_id: str) -> None:
         self._computed.pop(request_id, None)

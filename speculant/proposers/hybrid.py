@@ -70,7 +70,8 @@ def combined(model: ProposerCapabilities, suffix: ProposerCapabilities) -> Propo
     limits = [k for k in (model.max_num_speculative_tokens, suffix.max_num_speculative_tokens) if k is not None]
     return dataclasses.replace(
         model, supports_chunked_prefill=model.supports_chunked_prefill and suffix.supports_chunked_prefill,
-        max_num_speculative_tokens=min(limits) if limits else None)
+        max_num_speculative_tokens=min(limits) if limits else None,
+        supports_prefix_caching=model.supports_prefix_caching and suffix.supports_prefix_caching)
 
 
 def renamed(message: str, key: str) -> str:
@@ -162,6 +163,11 @@ class SuffixHybrid(Proposer):
         model_batch = seen[1] if seen is not None and seen[0] is batch else batch  # what the model proposed for
         self.model.commit(model_batch, num_accepted, scores)
         self.suffix.commit(batch, num_accepted, scores)
+
+    def restore_prefix(self, request: Any, num_cached_tokens: int) -> int:
+        """The model part decides (the suffix part reads token ids only)."""
+        return min(self.model.restore_prefix(request, num_cached_tokens),
+                   self.suffix.restore_prefix(request, num_cached_tokens))
 
     def free(self, request_id: str) -> None:
         try:

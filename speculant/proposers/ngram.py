@@ -49,6 +49,7 @@ class NgramProposer(Proposer):
         supports_chunked_prefill=True,
         draft_probs="one_hot",
         max_num_speculative_tokens=None,
+        supports_prefix_caching=True,  # stateless: reads request.token_ids, the whole prompt
     )
     Options: ClassVar[type[BaseModel]] = NgramOptions
     options: NgramOptions

@@ -98,6 +98,7 @@ class SuffixProposer(Proposer):
         supports_chunked_prefill=True,
         draft_probs="one_hot",
         max_num_speculative_tokens=None,
+        supports_prefix_caching=True,  # indexes request.token_ids, the whole prompt, at the first decode
     )
     Options: ClassVar[type[BaseModel]] = SuffixOptions
     options: SuffixOptions

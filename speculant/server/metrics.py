@@ -5,7 +5,8 @@ tokens, step time (a histogram observed by the engine thread), requests
 handed to the engine. Read from the engine at scrape time: queue length, running requests, KV blocks in use, and
 the speculation counters vLLM users know (drafts, draft tokens, accepted
 tokens, accepted tokens per draft position, mean acceptance length), plus
-the proposer faults and failed requests the engine contained. The process
+the proposer faults and failed requests the engine contained, and the prefix
+cache (tokens and blocks looked up and hit, blocks cached, evictions). The process
 collector adds ``process_resident_memory_bytes`` and friends.
 
 Each server has its own registry, so several apps in one process (tests) do
@@ -85,6 +86,8 @@ class _EngineCollector(Collector):
                                 value=occ["num_kv_blocks_in_use"])
         yield GaugeMetricFamily("speculant_kv_blocks", "Target KV cache blocks in the pool",
                                 value=occ["num_kv_blocks"])
+        yield GaugeMetricFamily("speculant_kv_blocks_cached", "Target KV blocks no request holds, kept by the "
+                                "prefix cache (evicted when the pool needs them)", value=occ["num_kv_blocks_cached"])
         stats = engine.spec_totals()
         yield CounterMetricFamily("speculant_spec_drafts", "Verify steps with proposals (one per request "
                                   "and step)", value=stats.num_steps)
@@ -103,3 +106,19 @@ class _EngineCollector(Collector):
                                   "speculation, not requests)", value=metrics["proposer_errors"])
         yield CounterMetricFamily("speculant_failed_requests", "Requests the engine failed (finish_reason "
                                   "error)", value=metrics["failed_requests"])
+        yield from _prefix_cache(metrics)
+
+
+def _prefix_cache(metrics: dict) -> Iterator[Metric]:
+    """Prefix-cache series (absent when cache.enable_prefix_caching is off)."""
+    if "prefix_cache_queried_tokens" not in metrics:
+        return
+    for name, key, what in (
+            ("queried_tokens", "prefix_cache_queried_tokens", "Prompt tokens of admitted requests, cached or not"),
+            ("hit_tokens", "prefix_cache_hit_tokens", "Prompt tokens found in the prefix cache (prefill skipped)"),
+            ("queried_blocks", "prefix_cache_queried_blocks", "Full prompt blocks looked up in the prefix cache"),
+            ("hit_blocks", "prefix_cache_hit_blocks", "Full prompt blocks found in the prefix cache"),
+            ("evictions", "prefix_cache_evictions", "Cached KV blocks evicted to make room")):
+        yield CounterMetricFamily(f"speculant_prefix_cache_{name}", what, value=metrics[key])
+    yield GaugeMetricFamily("speculant_prefix_cache_hit_rate", "Prompt tokens found cached / prompt tokens of "
+                            "admitted requests (since start)", value=metrics["prefix_cache_hit_rate"])

@@ -66,7 +66,9 @@ def assert_idle(llm: LLM) -> None:
         if part is not None and hasattr(part, "runner"):
             pools.append(("draft", part.runner.block_manager))
     for what, bm in pools:
-        assert bm.num_free_blocks == bm.num_blocks, f"{what} pool: {bm.num_blocks - bm.num_free_blocks} blocks leaked"
+        bm.check()  # empty + cached + in use = total; reference counts equal the (now absent) block tables
+        assert bm.num_free_blocks == bm.num_blocks and bm.num_used_blocks == 0, \
+            f"{what} pool: {bm.num_blocks - bm.num_free_blocks} blocks leaked"
     for part in parts:
         for attr in ("_computed", "_pending", "_hidden", "_state"):
             left = getattr(part, attr, None)

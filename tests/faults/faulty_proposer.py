@@ -35,6 +35,12 @@ FAULTS = (
     "sleep",  # a slow call (SLEEP_S), output fine
 )
 SLEEP_S = 0.05
+# kinds restore_prefix may misbehave in (drawn from a generator of their own, so
+# the faults of propose stay what they were)
+RESTORE_FAULTS = (
+    "restore_raise",  # raises after the real proposer restored its state
+    "restore_bad",  # returns more tokens than were cached
+)
 
 
 class FaultyProposer(Proposer):
@@ -52,6 +58,9 @@ class FaultyProposer(Proposer):
         self.sleep_s = sleep_s
         self.injected: dict[str, int] = {}
         self._commit_fault = False
+        self.restore_faults = [f for f in RESTORE_FAULTS if f in faults] if faults is not FAULTS else \
+            list(RESTORE_FAULTS)
+        self.restore_rng = random.Random(seed + 1)
 
     def _pick(self) -> str | None:
         if self.faults and self.rng.random() < self.rate:
@@ -79,6 +88,16 @@ class FaultyProposer(Proposer):
 
     def free(self, request_id: str) -> None:
         self.real.free(request_id)
+
+    def restore_prefix(self, request, num_cached_tokens: int) -> int:
+        kept = self.real.restore_prefix(request, num_cached_tokens)
+        if self.restore_faults and self.restore_rng.random() < self.rate:
+            kind = self.restore_rng.choice(self.restore_faults)
+            self.injected[kind] = self.injected.get(kind, 0) + 1
+            if kind == "restore_raise":
+                raise RuntimeError("injected fault in restore_prefix")
+            return num_cached_tokens + 1
+        return kept
 
 
 def padded(out: Proposals) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:

@@ -16,8 +16,8 @@ import random
 
 import pytest
 
-from conftest import GREEDY, PROPOSERS, assert_idle, check_serves, make_llm
-from faulty_proposer import FAULTS, SLEEP_S, FaultyProposer
+from conftest import GREEDY, PROPOSERS, assert_idle, check_serves, make_llm, real_proposer
+from faulty_proposer import FAULTS, RESTORE_FAULTS, SLEEP_S, FaultyProposer
 from greedy_compare import check_all_greedy
 from speculant import SamplingParams
 from tiny_models import random_prompts
@@ -84,6 +84,67 @@ def test_random_faults_under_load_preemption_and_aborts(proposer, llama_dir, spe
     before = llm.get_metrics()["num_draft_tokens"]
     check_serves(llm, hf_reference, llama_dir)
     assert llm.get_metrics()["num_draft_tokens"] > before
+
+
+SHARED_BASE = random_prompts([24], seed=8)[0]
+SHARED_TAILS = random_prompts([5, 3, 7, 2, 6, 4, 1, 5, 3, 6], seed=9)
+# prompts sharing 0..24 tokens of one base: cut at block boundaries (4) and inside blocks
+SHARED_PROMPTS = [SHARED_BASE[:cut] + tail for cut, tail in zip([20, 20, 16, 13, 24, 8, 18, 12, 21, 4], SHARED_TAILS)]
+
+
+@pytest.mark.parametrize("proposer", PROPOSERS)
+def test_faults_with_shared_prefixes_preemption_and_aborts(proposer, llama_dir, spec_noisy_draft_dir,
+                                                           random_heads_dirs, hf_reference):
+    """Prefix caching under faults: prompts share prefixes, so requests are
+    admitted after cached blocks (of finished, running and preempted requests)
+    and the proposer restores its state for them; restore_prefix itself raises
+    or answers nonsense at random. Greedy outputs stay those of HF, every pool
+    keeps its accounting after every step and is idle at the end."""
+    llm = make_llm(llama_dir, proposer, spec_noisy_draft_dir, random_heads_dirs, num_blocks=16,
+                   max_num_batched_tokens=12)
+    faulty = FaultyProposer(llm.engine.spec.proposer, rate=0.3, seed=PROPOSERS.index(proposer))
+    llm.engine.spec.proposer = faulty
+    llm.engine.guard.slow_seconds = SLEEP_S / 2
+    eng, step = llm.engine, llm.engine.step
+    prop = real_proposer(llm)
+    pools = [eng.runner.block_manager] + [part.runner.block_manager for part in getattr(prop, "parts", [prop])
+                                          if hasattr(part, "runner")]
+
+    def checked_step():
+        outs = step()
+        for pool in pools:
+            pool.check()
+        return outs
+
+    eng.step = checked_step
+    results, aborted = drive(llm, SHARED_PROMPTS, abort_at=(5, 11), seed=2)
+    m = llm.get_metrics()
+    assert m["prefix_caching"] and m["prefix_cache_hit_tokens"] > 0, m
+    assert sum(o.metrics["num_preemptions"] for o in results.values()) > 0, "the pool was meant to preempt"
+    greedy = [(int(rid[1:]), out) for rid, out in results.items() if int(rid[1:]) not in SAMPLED]
+    ref = hf_reference(llama_dir)
+    check_all_greedy([o.outputs[0].token_ids for _, o in greedy],
+                     [ref.greedy(SHARED_PROMPTS[i], GREEDY.max_tokens) for i, _ in greedy], f"{proposer} shared")
+    assert_idle(llm)
+    faulty.rate = 0.0
+    check_serves(llm, hf_reference, llama_dir)
+
+
+def test_restore_faults_are_named_counted_and_cost_only_the_cache_hit(llama_dir, spec_noisy_draft_dir,
+                                                                       random_heads_dirs, hf_reference, caplog):
+    llm = make_llm(llama_dir, "draft_model", spec_noisy_draft_dir, random_heads_dirs)
+    llm.engine.spec.proposer = FaultyProposer(llm.engine.spec.proposer, faults=list(RESTORE_FAULTS), rate=1.0)
+    with caplog.at_level(logging.WARNING, logger="speculant.engine.proposer_guard"):
+        # one at a time: every later prompt finds cached blocks, and each restore fails
+        outs = [llm.generate([p], GREEDY, use_tqdm=False)[0] for p in SHARED_PROMPTS[:4]]
+    m = llm.get_metrics()
+    assert m["proposer_errors"] >= 3 and m["prefix_cache_hit_tokens"] == 0, m
+    messages = " ".join(r.getMessage() for r in caplog.records)
+    assert "restore_prefix raised RuntimeError" in messages or "restore_prefix returned" in messages
+    ref = hf_reference(llama_dir)
+    check_all_greedy([o.outputs[0].token_ids for o in outs],
+                     [ref.greedy(p, GREEDY.max_tokens) for p in SHARED_PROMPTS[:4]], "restore faults")
+    assert_idle(llm)
 
 
 EXPECTED = {

@@ -122,6 +122,9 @@ def test_models_health_and_metrics(server):
     for name in ("speculant_kv_blocks_in_use", "speculant_requests_waiting", "speculant_step_seconds_count",
                  "speculant_spec_drafts_total", "speculant_spec_draft_tokens_total",
                  "speculant_spec_accepted_tokens_total", "speculant_spec_mean_acceptance_length",
+                 "speculant_kv_blocks_cached", "speculant_prefix_cache_hit_tokens_total",
+                 "speculant_prefix_cache_queried_tokens_total", "speculant_prefix_cache_hit_blocks_total",
+                 "speculant_prefix_cache_evictions_total", "speculant_prefix_cache_hit_rate",
                  "process_resident_memory_bytes"):
         assert name in m, name
     assert m['speculant_spec_accepted_tokens_per_position_total{position="0"}'] >= 0

@@ -9,13 +9,16 @@ drives ``LLMEngine.add_request / step / abort_request`` by hand and asserts:
 - every request ends exactly once: finished by ``step()`` or aborted (an abort
   of a request that had already finished returns False), nothing is left
   unfinished, and no output arrives for a request after it finished;
-- the KV pools are idle again: the target's and, for ``draft_model``, the
-  draft's own pool have all their blocks free and hold no block table;
+- the KV pools keep their accounting after every step (empty + cached + in
+  use = total, reference counts equal the block tables: ``BlockManager.check``)
+  and are idle again at the end: the target's and, for ``draft_model``, the
+  draft's own pool have no block in use and hold no block table (blocks kept
+  by the prefix cache count as free);
 - each step has the right shape (``check_step_shape``: budget, k, max_num_seqs,
   no starved decode) and each finished request has the log-probs it asked for;
 - each request's streamed token ids only ever grow;
 - each surviving request equals the same request run alone in a roomy engine
-  (big budget, big pool, block size 16) with the same speculation config
+  (big budget, big pool, block size 16, prefix caching off) with the same speculation config
   (proposer, scorer, k, acceptance, draft confidence threshold); greedy requests also equal the roomy
   engine without speculation. An aborted request's last streamed tokens are
   a prefix of its solo output.
@@ -83,6 +86,16 @@ def proposer_parts(proposer) -> list:
     return list(getattr(proposer, "parts", [proposer]))
 
 
+def pools(eng) -> list:
+    """The target's KV pool, then a draft model's own (if any)."""
+    found = [eng.runner.block_manager]
+    for part in proposer_parts(eng.spec.proposer):
+        draft_runner = getattr(part, "runner", None)
+        if draft_runner is not None:
+            found.append(draft_runner.block_manager)
+    return found
+
+
 @dataclass
 class Setup:
     """An engine configuration; ``proposer=None`` means no speculation (k is then 0)."""
@@ -101,6 +114,7 @@ class Setup:
     disable_by_batch_size: int | None = None
     draft_length: str = "fixed"  # the policy: "fixed" | "adaptive"
     suffix_cache: bool = True  # suffix: keep the global cache of finished outputs
+    prefix_caching: bool = True  # cache.enable_prefix_caching (the solo references run without)
 
     @property
     def spec_key(self) -> tuple | None:
@@ -136,6 +150,7 @@ class Trace:
     preempted: set[str] = field(default_factory=set)
     preempted_at: dict[str, list[int]] = field(default_factory=dict)  # output lengths when preempted
     num_steps: int = 0
+    prefix_hit_tokens: int = 0  # prompt tokens whose prefill the prefix cache saved
 
 
 def spec_dict(spec_key: tuple | None, draft_dir: Path, disable_by_batch_size: int | None = None,
@@ -225,7 +240,8 @@ class ScheduleChecker:
         mml = max_model_len or 256
         llm = LLM(model=str(self.target_dir), block_size=ROOMY_BLOCK_SIZE, max_model_len=max_model_len,
                   num_blocks=2 * math.ceil(mml / ROOMY_BLOCK_SIZE) + 2, max_num_batched_tokens=512,
-                  max_num_seqs=8, speculative=spec_dict(spec_key, self.draft_dir, eagle_dir=self.eagle_dir))
+                  max_num_seqs=8, speculative=spec_dict(spec_key, self.draft_dir, eagle_dir=self.eagle_dir),
+                  enable_prefix_caching=False)
         self._roomy[key] = llm
         while len(self._roomy) > ROOMY_ENGINES_KEPT:
             self._roomy.popitem(last=False)
@@ -257,6 +273,7 @@ class ScheduleChecker:
         return LLM(model=str(self.target_dir), block_size=setup.block_size, num_blocks=setup.num_blocks,
                    max_model_len=setup.max_model_len, max_num_batched_tokens=setup.max_num_batched_tokens,
                    max_num_seqs=setup.max_num_seqs, enable_chunked_prefill=setup.enable_chunked_prefill,
+                   enable_prefix_caching=setup.prefix_caching,
                    speculative=spec_dict(setup.spec_key, self.draft_dir, setup.disable_by_batch_size,
                                          self.eagle_dir))
 
@@ -309,9 +326,12 @@ class ScheduleChecker:
                 if out.finished:
                     trace.finals[rid] = Final.of(out)
                     check_logprobs(out, reqs[ids.index(rid)].params)
+            for pool in pools(eng):
+                pool.check()
             step += 1
             assert step <= limit, f"engine still busy after {limit} steps (livelock?)"
         trace.num_steps = step
+        trace.prefix_hit_tokens = eng.get_metrics().get("prefix_cache_hit_tokens", 0)
         eng.scheduler.schedule = schedule
         return trace
 
@@ -322,17 +342,14 @@ class ScheduleChecker:
         assert not eng.scheduler.running and not eng.scheduler.waiting
         for rid in ids:
             assert (rid in trace.finals) != (rid in trace.aborted), f"{rid} must end exactly once"
-        pools = {"target": eng.runner.block_manager}
         for part in proposer_parts(eng.spec.proposer):
-            draft_runner = getattr(part, "runner", None)
-            if draft_runner is not None:
-                pools["draft"] = draft_runner.block_manager
             state = getattr(part, "_state", None)  # eagle's head caches, suffix's request indexes
             assert not state, f"proposer {type(part).__name__} still holds state of {sorted(state or ())}"
-        for name, pool in pools.items():
+        for name, pool in zip(("target", "draft"), pools(eng)):
             held = [rid for rid in ids if pool.has(rid)]
             assert not held, f"{name} pool still holds block tables of {held}"
-            assert pool.num_free_blocks == pool.num_blocks, (
+            pool.check()
+            assert pool.num_free_blocks == pool.num_blocks and pool.num_used_blocks == 0, (
                 f"{name} pool: {pool.num_free_blocks} of {pool.num_blocks} blocks free after all requests ended")
 
     # --- comparisons -------------------------------------------------------------

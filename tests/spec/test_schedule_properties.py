@@ -17,10 +17,13 @@ Each example draws:
   ``fixed`` (sometimes ``adaptive``), sometimes
   ``disable_by_batch_size`` and, for the draft, a confidence threshold;
 - 1..6 requests: prompts of 1..80 tokens (random, or periodic so that n-gram
-  lookup finds matches), ``max_tokens`` 1..24, greedy or seeded sampling
-  (temperature, top-k, top-p, min-p), stop token ids and stop strings taken
-  from what the model often emits, EOS on or off (the target's EOS is patched
-  to a token the model often emits, so it really stops requests), sometimes
+  lookup finds matches; in the shared-prefix variant, a common prefix cut
+  anywhere, at block boundaries or inside blocks, plus a tail of its own, so
+  prefix caching hits on blocks of finished, running and preempted requests),
+  ``max_tokens`` 1..24, greedy or seeded sampling (temperature, top-k, top-p,
+  min-p), stop token ids and stop strings taken from what the model often
+  emits, EOS on or off (the target's EOS is patched to a token the model often
+  emits, so it really stops requests), sometimes
   log-probs, an arrival step and sometimes an abort step.
 
 The target and the draft are the tiny llama test models (hidden 64). Solo
@@ -133,11 +136,22 @@ def sampling_params(draw, pools: Pools) -> SamplingParams:
 
 
 @st.composite
-def requests(draw, pools: Pools) -> list[Req]:
+def shared_prefix_prompts(draw, common: list[int]) -> list[int]:
+    """``common`` cut at a block multiple (of 1..16), anywhere, or whole, plus a tail of 0..12 own tokens."""
+    cut = draw(st.one_of(st.sampled_from([len(common), 16, 32, 48, 8, 4]), st.integers(1, len(common))))
+    tail = draw(prompts(max_len=12)) if draw(st.booleans()) else []
+    return (common[:cut] + tail)[:MAX_PROMPT] or common[:1]
+
+
+@st.composite
+def requests(draw, pools: Pools, shared_prefix: bool = False) -> list[Req]:
     n = draw(st.integers(1, MAX_REQUESTS))
+    common = torch.randint(2, 384, (draw(st.integers(24, MAX_PROMPT)),),
+                           generator=torch.Generator().manual_seed(draw(st.integers(0, 2**16)))).tolist() \
+        if shared_prefix else []
     out = []
     for _ in range(n):
-        prompt = draw(prompts())
+        prompt = draw(shared_prefix_prompts(common)) if shared_prefix else draw(prompts())
         params = draw(sampling_params(pools))
         arrive_at = draw(st.sampled_from([0, 0, 0, 1, 2, 5, 9]))
         abort_after = draw(st.one_of(st.none(), st.none(), st.none(), st.integers(0, 25)))
@@ -178,10 +192,11 @@ def setups(draw, reqs: list[Req], proposers: tuple = (None, "ngram", "suffix", "
                  max_num_batched_tokens=budget, max_num_seqs=max_num_seqs, enable_chunked_prefill=chunked, **spec)
 
 
-def run_example(data, schedule_models, **setup_kw) -> tuple[str | None, bool, bool]:
-    """Draw and check one schedule; (proposer, whether a request was preempted, whether one was aborted)."""
+def run_example(data, schedule_models, shared_prefix: bool = False, **setup_kw) -> tuple[str | None, bool, bool]:
+    """Draw and check one schedule (prompts sharing prefixes with ``shared_prefix``); (proposer,
+    whether a request was preempted, whether one was aborted)."""
     checker, pools = schedule_models
-    reqs = data.draw(requests(pools), label="requests")
+    reqs = data.draw(requests(pools, shared_prefix), label="requests")
     setup = data.draw(setups(reqs, **setup_kw), label="setup")
     trace = checker.check(setup, reqs)
     note(f"steps={trace.num_steps} aborted={sorted(trace.aborted)} preempted={sorted(trace.preempted)} "
@@ -189,6 +204,7 @@ def run_example(data, schedule_models, **setup_kw) -> tuple[str | None, bool, bo
     event(f"proposer={setup.proposer}")
     event("preempted" if trace.preempted else "no preemption")
     event("aborted" if trace.aborted else "no abort")
+    event("prefix cache hit" if trace.prefix_hit_tokens else "no prefix cache hit")
     for reason in sorted(set(checker.events)):
         event(reason)
     return setup.proposer, bool(trace.preempted), bool(trace.aborted)
@@ -247,6 +263,16 @@ def test_hybrid_schedules_match_solo_runs(schedule_models):
     """The suffix hybrids (suffix drafts where the match is strong, the EAGLE head
     or the draft model elsewhere) under random schedules."""
     check_schedules(schedule_models, "hybrid", HYBRID_EXAMPLES, (ANY,), proposers=HYBRIDS)
+
+
+@settings(max_examples=16, **COMMON)
+@given(data=st.data())
+def test_shared_prefix_schedules_match_solo_runs(data, schedule_models):
+    """Prompts sharing prefixes (prefix caching on, as by default): cached
+    blocks of finished, running, preempted and aborted requests are reused,
+    and every request still equals its solo run without caching."""
+    run_example(data, schedule_models, shared_prefix=True,
+                proposers=(None, "ngram", "suffix", "draft_model", "eagle", "eagle_suffix", "draft_suffix"))
 
 
 @pytest.fixture

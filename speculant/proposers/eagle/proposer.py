@@ -20,6 +20,10 @@ target's real hidden states.
 A request whose state was dropped while it runs (a proposer fault) restarts
 its cache at the next position it gets hidden states for; a preempted
 request restarts from position 0 with its recompute.
+
+Prefix caching (``prefix_store.py``): the head's K/V of full blocks of true
+entries are kept under the target's block keys; ``restore_prefix`` rebuilds a
+request's cache from them, and the target skips no more than that.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ from speculant.model.files import read_text_config
 from speculant.model.linear_backend import onednn_unavailable_reason, pack_linear_layers
 from speculant.proposers.drafting import DraftDraw, DraftSteps, draw_proposals
 from speculant.proposers.eagle.model import MODEL_TYPE, EagleHead, SeqKV
+from speculant.proposers.eagle.prefix_store import HeadKVStore, store_blocks, stored_prefix
 
 OPTION = "speculative.proposer_options.path"
 # A request that does not speculate holds at most this many entries (token + [H] hidden
@@ -98,6 +103,7 @@ class SeqState:
     kv: SeqKV
     base: int
     true_len: int = 0
+    stored: int = 0  # blocks before this one are in the prefix store (or cannot be)
     pending_tokens: list[int] = field(default_factory=list)
     pending_hidden: list[torch.Tensor] = field(default_factory=list)  # [m, H] each
 
@@ -109,7 +115,8 @@ class SeqState:
 class EagleProposer(Proposer):
     name = "eagle"
     capabilities = ProposerCapabilities(needs_target_hidden_states=True, needs_prompt_hidden_states=True,
-                                        supports_chunked_prefill=True, draft_probs="full")
+                                        supports_chunked_prefill=True, draft_probs="full",
+                                        supports_prefix_caching=True)  # restore_prefix: its own block store
     Options = EagleOptions
     options: EagleOptions
     model_type = MODEL_TYPE
@@ -157,6 +164,7 @@ class EagleProposer(Proposer):
             self._draft_out = out.requires_grad_(False)
         self._pack(options.linear_backend)
         self._state: dict[str, SeqState] = {}
+        self.prefix_store = HeadKVStore(target.num_blocks)  # at most one head block per target block
 
     def _pack(self, backend: str) -> None:
         reason = onednn_unavailable_reason(self.head.fc.weight) if backend == "onednn" else None
@@ -195,8 +203,35 @@ class EagleProposer(Proposer):
         ids = torch.tensor(tokens, dtype=torch.long, device=device)
         emb = self.context.target.input_embedding(ids)
         feats = self.head.extend(emb, torch.cat(hidden).to(emb.dtype), torch.cat(positions).to(device), segments)
+        requests = {e.request.request_id: e.request for e in batch.entries}
+        new_hidden, row = torch.cat(hidden), 0
+        for (rid, st), (_, m), pos in zip(states, segments, positions):  # all from the target's hidden states
+            req = requests[rid]
+            st.stored = store_blocks(self.prefix_store, req.block_hashes, req.token_ids, st.kv.k[:st.true_len],
+                                     st.kv.v[:st.true_len], st.base, st.stored, self.context.target.block_size,
+                                     int(pos[0]), new_hidden[row: row + m])
+            row += m
         ends = torch.tensor([m for _, m in segments]).cumsum(0) - 1
         return {rid: feats[int(end)] for (rid, _), end in zip(states, ends) if rid in want_output}
+
+    def restore_prefix(self, request: Request, num_cached_tokens: int) -> int:
+        """Rebuild ``request``'s head cache from the stored blocks its sequence
+        starts with; the target may skip as many tokens as that covers."""
+        self._state.pop(request.request_id, None)
+        size = self.context.target.block_size
+        got = stored_prefix(self.prefix_store, request.block_hashes, request.token_ids, num_cached_tokens // size,
+                            size)
+        if got is None:
+            return 0
+        target = self.context.target
+        kv = SeqKV(self.head.kv_heads, self.head.head_dim, target.dtype, target.device)
+        kv.append(got.k, got.v)
+        st = SeqState(kv=kv, base=0, true_len=got.k.shape[0], stored=got.num_tokens // size)
+        if got.pending is not None:  # the last position's entry, recomputed at the next catch-up
+            st.pending_tokens.append(got.pending[0])
+            st.pending_hidden.append(got.pending[1].unsqueeze(0))
+        self._state[request.request_id] = st
+        return got.num_tokens
 
     def _draw(self, features: torch.Tensor,  # [n, H] predicted features
               requests: list[Request], step: int, with_confidence: bool) -> DraftDraw:

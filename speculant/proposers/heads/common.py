@@ -31,7 +31,7 @@ from speculant.proposers.drafting import DraftSteps, draw_proposals
 
 HEADS_CAPABILITIES = ProposerCapabilities(
     needs_target_hidden_states=True, needs_prompt_hidden_states=False, supports_chunked_prefill=True,
-    draft_probs="full")
+    draft_probs="full", supports_prefix_caching=True)  # the terminal chunk, always computed, is all they read
 OPTION = "speculative.proposer_options.path"
 
 

@@ -72,6 +72,7 @@ class RetrievalProposer(Proposer):
         supports_chunked_prefill=True,  # reads only token ids, never the target's internals
         draft_probs="one_hot",  # proposals are a deterministic function of the context
         max_num_speculative_tokens=None,
+        supports_prefix_caching=True,  # keeps no per-request state: a cached prefix changes nothing for it
     )
     Options: ClassVar[type[BaseModel]] = RetrievalOptions
 
