@@ -24,16 +24,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import torch
 
-from speculant.interfaces import QuerySpan
+from speculant.interfaces import AttentionBackend, QuerySpan
 from speculant.model.attention.context import ForwardContext, forward_context
 from speculant.model.graph_buffers import StaticSpans, host_refill
-
-if TYPE_CHECKING:
-    from speculant.model.runner import ModelRunner
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +60,19 @@ def query_cap(max_query_len: int, bucket: int) -> int:
     if max_query_len > SHORT_QUERY:
         return bucket
     return min(bucket, 1 << (max_query_len - 1).bit_length())
+
+
+class GraphedRunner(Protocol):
+    """What the graphs read of their ``ModelRunner`` (a Protocol: the runner imports this module)."""
+
+    device: torch.device
+    backend: AttentionBackend
+    block_size: int
+    max_model_len: int
+    trash_block: int  # a KV block outside the BlockManager: padding tokens write there
+    key_caches: list[torch.Tensor]  # per layer [num_blocks + 1, block_size, H_kv, D]
+    value_caches: list[torch.Tensor]
+    hidden_source: torch.nn.Module  # the module whose output is the final hidden states
 
 
 class Graph(Protocol):
@@ -135,7 +145,7 @@ class GraphedForward:
     """Per-runner graph dispatch: refill the static buffers, replay (capturing on
     first use) the graph of the forward's key, return the hidden states."""
 
-    def __init__(self, runner: ModelRunner, limits: GraphLimits, factory: GraphFactory, pool: object) -> None:
+    def __init__(self, runner: GraphedRunner, limits: GraphLimits, factory: GraphFactory, pool: object) -> None:
         self.runner = runner
         self.buckets = buckets(limits.max_tokens)
         self.num_span_slots = limits.max_spans + 1  # + the padding span
