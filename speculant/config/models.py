@@ -70,6 +70,12 @@ class ModelConfig(StrictModel):
     ``path``'s config.json alone with random weights (seeded by ``seed``),
     allocated on the device: for benchmarks at sizes no checkpoint here has
     (vLLM's ``load_format = "dummy"``). Its output is meaningless text."""
+    cuda_graphs: Literal["auto", "off"] = "auto"
+    """``auto``: on CUDA with a graph-capturable attention backend (``triton``),
+    forwards of up to 512 tokens replay CUDA graphs captured per padded token
+    count, whatever their mix of prefill chunks, decodes and verify runs
+    (``speculant/model/cuda_graphs.py``); elsewhere they run eagerly, the reason
+    logged once. ``off``: always eager."""
 
     @field_validator("gguf_file")
     @classmethod

@@ -31,6 +31,7 @@ from speculant.engine.spec_components import SpecComponents, build_spec_componen
 from speculant.engine.step import StepTimes
 from speculant.engine.step_runner import StepParts, StepRun, failure, run_step
 from speculant.interfaces import AttentionBackend
+from speculant.model.cuda_graphs import GraphLimits
 from speculant.model.runner import ModelRunner
 
 if TYPE_CHECKING:
@@ -47,7 +48,8 @@ class LLMEngine:
         self.config = validate_config(config, registry, source=source)
         registry = registry if registry is not None else default_plugins().registry
         backend: AttentionBackend = resolve_backend(config, registry)
-        self.runner = ModelRunner(config.model, config.cache, backend)
+        limits = GraphLimits(config.scheduler.max_num_batched_tokens, config.scheduler.max_num_seqs)
+        self.runner = ModelRunner(config.model, config.cache, backend, graph_limits=limits)
         self.tokenizer = self.runner.tokenizer
         self.decoder = TextDecoder.for_tokenizer(self.tokenizer, self._detokenize)
         self.max_model_len = self.runner.max_model_len

@@ -66,7 +66,8 @@ def target_view(runner: ModelRunner) -> TargetView:
     def new_runner(model: ModelConfig, option: str = "speculative.proposer_options.model") -> ModelRunner:
         # never more blocks than the target: a draft's cache covers at most the target's positions
         cache = CacheConfig(block_size=runner.block_size, num_blocks=runner.num_blocks)
-        return ModelRunner(model, cache, runner.backend, path_option=option, tokenizer_option=option)
+        return ModelRunner(model, cache, runner.backend, path_option=option, tokenizer_option=option,
+                           graph_limits=runner.graph_limits)
 
     return TargetView(
         tokenizer=runner.tokenizer, vocab_size=runner.vocab_size, device=runner.device, dtype=runner.model.dtype,

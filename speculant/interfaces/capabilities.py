@@ -81,3 +81,9 @@ class AttentionBackendCapabilities:
     """Why the backend cannot run in this installation (a package it needs is
     missing, with how to get it), None when it can: ``auto`` passes it over and
     the checker refuses it with this text."""
+    graph_capturable: bool = False
+    """A forward through this backend may be captured in a CUDA graph and
+    replayed with its metadata tensors refilled: the metadata holds only device
+    tensors and host ints fixed per captured shape (``max_query_len``), and the
+    backend handles empty spans and a padding span that sees no key
+    (``seq_len`` 0). ``model.cuda_graphs = 'auto'`` graphs only such backends."""

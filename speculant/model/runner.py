@@ -16,9 +16,11 @@ import torch
 from speculant.config.models import CacheConfig, ModelConfig, resolve_device
 from speculant.interfaces import AttentionBackend, QuerySpan
 from speculant.interfaces.span_tensors import SpanTensors
+from speculant.model import cuda_graphs
 from speculant.model.attention.context import ForwardContext, forward_context
 from speculant.model.attention.hf_seam import SEAM_NAME
 from speculant.model.attention.seam_probe import probe_attention, seam_refusals
+from speculant.model.cuda_graphs import GraphedForward, GraphLimits
 from speculant.model.fused_norms import fuse_rms_norms
 from speculant.model.gguf_source import resolve_model_source
 from speculant.model.kv_cache import BlockManager
@@ -69,7 +71,8 @@ class ForwardOutput:
 
 class ModelRunner:
     def __init__(self, model_cfg: ModelConfig, cache_cfg: CacheConfig, backend: AttentionBackend,
-                 *, path_option: str = "model.path", tokenizer_option: str = "model.tokenizer") -> None:
+                 *, path_option: str = "model.path", tokenizer_option: str = "model.tokenizer",
+                 graph_limits: GraphLimits | None = None) -> None:
         self.device = require_device(resolve_device(model_cfg.device))
         self.backend = backend
         self.block_size = cache_cfg.block_size
@@ -85,12 +88,17 @@ class ModelRunner:
         self.linear_report = self._pack_linears(model_cfg.linear_backend, model_cfg.linear_dense_max_rows)
         self._captured_hidden: torch.Tensor | None = None
         self._capture = False
-        self._hidden_source().register_forward_hook(self._hidden_hook)
+        self.graphs: GraphedForward | None = None  # set after the self-test, where model.cuda_graphs allows
+        self.hidden_source = self._hidden_source()
+        self.hidden_source.register_forward_hook(self._hidden_hook)
         self.kv_shapes = self._probe_kv_shapes(path_option)  # per layer (H_kv, D)
         self.num_blocks = self._num_blocks(cache_cfg)
+        self.trash_block = self.num_blocks  # one more block, outside the pool: graph padding writes there
         self.key_caches, self.value_caches = self._allocate_caches()
         self.block_manager = BlockManager(self.num_blocks, self.block_size)
         self.self_test_deviation = self._self_test(path_option)
+        self.graph_limits = graph_limits or GraphLimits()
+        self.graphs_off_reason = self._setup_graphs(model_cfg.cuda_graphs, path_option)
 
     # --- setup -----------------------------------------------------------
     def _pack_linears(self, backend: str, dense_max_rows: int | None):
@@ -177,23 +185,53 @@ class ModelRunner:
     def _allocate_caches(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         keys, values = [], []
         for h, d in self.kv_shapes:
-            shape = (self.num_blocks, self.block_size, h, d)
+            shape = (self.num_blocks + 1, self.block_size, h, d)  # + the trash block
             keys.append(torch.zeros(shape, dtype=self.model.dtype, device=self.device))
             values.append(torch.zeros(shape, dtype=self.model.dtype, device=self.device))
         return keys, values
+
+    def _setup_graphs(self, setting: str, option: str) -> str | None:
+        """Graph this runner's forwards where ``model.cuda_graphs`` and the
+        backend allow; else the reason, logged once."""
+        chosen = cuda_graphs.resolve(setting, self.device, self.backend)
+        reason = chosen if isinstance(chosen, str) else self._plain_head_problem()
+        if reason is None and not isinstance(chosen, str):
+            factory, pool = chosen
+            self.graphs = GraphedForward(self, self.graph_limits, factory, pool)
+            logger.info("%s: CUDA graphs on (token buckets up to %d, %d span slots)", option,
+                        self.graphs.buckets[-1], self.graphs.num_span_slots)
+        elif setting != "off":
+            logger.info("%s: forwards run eagerly, without CUDA graphs: %s", option, reason)
+        return reason
+
+    def _plain_head_problem(self) -> str | None:
+        """Graphs run the base model and apply the output embedding eagerly: refuse
+        a model whose logits are more than that projection of the hidden states."""
+        n = min(3, self.block_size)
+        span = QuerySpan(block_table=[self.trash_block], start=0, token_ids=list(range(n)), logits_at=list(range(n)))
+        with torch.inference_mode():
+            out = self._eager_forward([span], want_hidden=True)
+            assert out.hidden_states is not None
+            head = self.model.get_output_embeddings()(out.hidden_states).float()
+        if not torch.equal(head, out.logits):
+            return ("the model's logits are not its output embedding applied to the final hidden states "
+                    "(a logit scale or soft-cap?), which the graphed forward assumes")
+        return None
 
     # --- forward ---------------------------------------------------------
     @torch.inference_mode()
     def forward(self, spans: list[QuerySpan], want_hidden: bool = False) -> ForwardOutput:
         assert spans, "forward needs at least one span"
         assert max(s.end for s in spans) <= self.max_model_len, "scheduler let a position reach max_model_len"
+        if self.graphs is not None:
+            rows = self.graphs.run(spans)  # [Tb, H] or None
+            if rows is not None:
+                return self._head_output(spans, rows, want_hidden)
+        return self._eager_forward(spans, want_hidden)
+
+    def _eager_forward(self, spans: list[QuerySpan], want_hidden: bool) -> ForwardOutput:
         st = SpanTensors.build(spans, self.block_size, self.device)
-        keep: list[int] = []
-        offset = 0
-        for span in spans:
-            keep.extend(offset + i for i in span.logits_at)
-            offset += span.num_tokens
-        keep_t = torch.tensor(keep, dtype=torch.long, device=self.device)
+        keep_t = self._keep(spans)
         ctx = ForwardContext(self.backend, self.backend.build_metadata(st), self.key_caches, self.value_caches)
         self._capture = want_hidden
         try:
@@ -210,3 +248,21 @@ class ModelRunner:
             self._capture = False
             self._captured_hidden = None
         return ForwardOutput(logits=out.logits[0].float(), hidden_states=hidden, token_hidden=every)
+
+    def _keep(self, spans: list[QuerySpan]) -> torch.Tensor:  # -> [R] long: the rows whose logits are needed
+        keep: list[int] = []
+        offset = 0
+        for span in spans:
+            keep.extend(offset + i for i in span.logits_at)
+            offset += span.num_tokens
+        return torch.tensor(keep, dtype=torch.long, device=self.device)
+
+    def _head_output(self, spans: list[QuerySpan], rows: torch.Tensor,  # [Tb, H] a graph's static output
+                     want_hidden: bool) -> ForwardOutput:
+        """Logits (and hidden states) of a graphed forward: copies, as the next replay overwrites ``rows``."""
+        every = rows[: sum(s.num_tokens for s in spans)]
+        kept = every[self._keep(spans)]  # [R, H], a copy
+        logits = self.model.get_output_embeddings()(kept).float()
+        if not want_hidden:
+            return ForwardOutput(logits=logits, hidden_states=None)
+        return ForwardOutput(logits=logits, hidden_states=kept, token_hidden=every.clone())

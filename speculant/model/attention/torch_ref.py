@@ -54,6 +54,11 @@ class TorchAttentionBackend(AttentionBackend):
         for b in which:
             start, seq_len = starts[b], seq_lens[b]
             q = cu[b + 1] - cu[b]
+            if q == 0:  # an empty span (graph padding): no rows
+                continue
+            if seq_len == 0:  # graph padding tokens: they see no key, their rows are zeros
+                views.append(SpanView(slice(cu[b], cu[b + 1]), spans.block_tables[b, :0], None, 0, None))
+                continue
             mask = None
             if q > 1:
                 key_pos = torch.arange(seq_len, device=spans.positions.device)
@@ -90,6 +95,9 @@ class TorchAttentionBackend(AttentionBackend):
         num_kv_heads = key_cache.shape[2]
         group = num_heads // num_kv_heads
         for span in views:
+            if span.seq_len == 0:
+                out[span.rows] = 0
+                continue
             k, v = (self._span_keys(cache, span).to(query.dtype) for cache in (key_cache, value_cache))
             q = query[span.rows].view(-1, num_kv_heads, group, head_dim)  # [q, H_kv, G, D]
             n = q.shape[0]

@@ -49,7 +49,7 @@ class TritonAttentionBackend(AttentionBackend):
     name = "triton"
     capabilities = AttentionBackendCapabilities(
         multi_token_queries=True, devices=("cuda",), priority=20, dtypes=("float32", "bfloat16", "float16"),
-        unavailable=_MISSING)
+        unavailable=_MISSING, graph_capturable=True)
 
     def __init__(self) -> None:
         from speculant.model.attention import triton_launch  # imports triton: only once the backend is chosen
