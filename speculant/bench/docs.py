@@ -190,7 +190,38 @@ def headline(results: Path) -> list[str]:
                 out.append(f"| `{name}` on SmolLM2 (eagle_bench, 2 prompts) | {r['speedup_vs_no_spec']:.2f}× "
                            f"({r['tokens_per_verify_step']:.2f} tokens per verify step) | {measured_on(data)} | "
                            f"[eagle](docs/benchmarks.md#results-eagle) |")
-    return out + gpu_headline(results)
+    return out + gpu_headline(results) + graphs_headline(results)
+
+
+def graphs(results: Path) -> list[str]:
+    """CUDA graphs against eager forwards on the GPU (``python -m speculant.bench.graph_check``)."""
+    data = _load(results, "gpu_graph_check.json")
+    if data is None:
+        return []
+    out = [f"A {data['size']}-parameter-shaped llama with dummy weights, batch 1, greedy; measured on "
+           f"{measured_on(data)}.", "",
+           "| dtype | speculation | eager ms / step | graphed ms / step | speedup | graphs | output |",
+           "|---|---|---|---|---|---|---|"]
+    for r in data["rows"]:
+        if "graphed_ms_per_decode_step" not in r:
+            out.append(f"| {r['dtype']} | {r['speculation']} | – | – | – | – | {r.get('error', 'failed')} |")
+            continue
+        same = "identical" if r["identical"] else ("near tie only" if r["ok"] else "**differs**")
+        out.append(f"| {r['dtype']} | {r['speculation']} | {r['eager_ms_per_decode_step']:.2f} | "
+                   f"{r['graphed_ms_per_decode_step']:.2f} | "
+                   f"{r['eager_ms_per_decode_step'] / r['graphed_ms_per_decode_step']:.1f}× | "
+                   f"{len(r['graph_keys'])} | {same} |")
+    return out
+
+
+def graphs_headline(results: Path) -> list[str]:
+    data = _load(results, "gpu_graph_check.json")
+    rows = [r for r in (data or {}).get("rows", []) if r.get("speculation") == "none" and "graph_keys" in r]
+    return [f"| CUDA graphs, {r['dtype']} batch-1 decode step (135M-shaped llama) | "
+            f"{r['eager_ms_per_decode_step']:.1f} → {r['graphed_ms_per_decode_step']:.1f} ms "
+            f"({r['eager_ms_per_decode_step'] / r['graphed_ms_per_decode_step']:.1f}×), "
+            f"{'output identical' if r['identical'] else 'near ties only'} | {measured_on(data or {})} | "
+            f"[graphs](docs/benchmarks.md#results-graphs) |" for r in rows]
 
 
 BLOCKS: dict[str, Table] = {
@@ -199,6 +230,7 @@ BLOCKS: dict[str, Table] = {
     "eagle": eagle_rounds,
     "heldout": heldout_acceptance,
     "gpu": gpu_rows,
+    "graphs": graphs,
 }
 """Block name -> the function that renders it. docs/benchmarks.md holds a
 ``tables`` block that gathers every block but the headline, each under its

@@ -30,6 +30,7 @@ import torch
 
 from speculant import LLM, SamplingParams
 from speculant.bench import random_target
+from speculant.bench.report import environment
 from speculant.model import cuda_graphs
 
 MAX_TOKENS = 32
@@ -147,7 +148,8 @@ def main(argv: list[str] | None = None) -> int:
             "model.cuda_graphs = 'off'" if setting == "off" else (cuda_graphs.StubGraph, None))
     started = time.perf_counter()
     result: dict[str, Any] = {"size": args.size, "device": args.device, "torch": torch.__version__,
-                              "gpu": torch.cuda.get_device_name(0) if args.device == "cuda" else None, "rows": []}
+                              "gpu": torch.cuda.get_device_name(0) if args.device == "cuda" else None,
+                              "environment": environment(), "rows": []}
     with tempfile.TemporaryDirectory(prefix="speculant-graph-check-") as tmp:
         target = build(args.size, Path(tmp) / f"llama-{args.size}")
         vocab = json.loads((target / "config.json").read_text())["vocab_size"]
