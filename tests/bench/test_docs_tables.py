@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import shutil
 
-from speculant.bench import docs
+from speculant.bench import docs, docs_tables
 
 
 def test_the_generated_tables_in_the_docs_are_current():
@@ -36,7 +36,7 @@ def test_a_changed_result_makes_the_docs_stale(tmp_path):
 
 
 def test_measured_on_names_missing_fields():
-    assert docs.measured_on({}) == "machine not recorded, date not recorded UTC, commit not recorded"
+    assert docs_tables.measured_on({}) == "machine not recorded, date not recorded UTC, commit not recorded"
     env = {"environment": {"cpu": "AMD EPYC", "date_utc": "2026-12-04T10:22:20+00:00",
                            "git_commit": "b96e956abc-dirty"}}
-    assert docs.measured_on(env) == "AMD EPYC, 2026-12-04 10:22 UTC, b96e956+dirty"
+    assert docs_tables.measured_on(env) == "AMD EPYC, 2026-12-04 10:22 UTC, b96e956+dirty"

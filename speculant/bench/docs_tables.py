@@ -1,0 +1,243 @@
+"""The tables ``speculant.bench.docs`` renders: one function per block, each
+reading its ``benchmarks/results`` file and returning Markdown lines (none when
+the file is absent). Every table names the machine, date and commit measured on."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+
+def _load(results: Path, name: str) -> dict[str, Any] | None:
+    path = results / name
+    return json.loads(path.read_text(encoding="utf-8")) if path.exists() else None
+
+
+def measured_on(data: dict[str, Any]) -> str:
+    """``machine, date time UTC, commit`` from a result file's environment."""
+    env = data.get("env") or data.get("environment") or {}
+    machine = env.get("gpu") or env.get("cpu") or "machine not recorded"
+    date = str(env["date_utc"])[:16].replace("T", " ") if env.get("date_utc") else "date not recorded"
+    commit = str(env.get("git_commit") or "")
+    commit = commit[:7] + ("+dirty" if commit.endswith("-dirty") else "") if commit else "commit not recorded"
+    return f"{machine}, {date} UTC, {commit}"
+
+
+def _x(value: float | None) -> str:
+    return "–" if value is None else f"{value:.2f}×"
+
+
+def _num(value: float | None, digits: int = 1) -> str:
+    return "–" if value is None else f"{value:.{digits}f}"
+
+
+def smollm2_batch1(results: Path) -> list[str]:
+    """`speculant bench` on SmolLM2-135M-Instruct, one request at a time."""
+    data = _load(results, "bench_smollm2_proposers.json")
+    if data is None:
+        return []
+    rows = [r for r in data["rows"] if r.get("concurrency") == 1 and r.get("status") == "ok"]
+    base = next(r["tokens_per_s"] for r in rows if r["engine"] == "speculant" and r["method"] == "no_spec")
+    s = data["settings"]
+    out = [f"SmolLM2-135M-Instruct, {s['dtype']}, {s['num_prompts']} chat prompts × {s['max_tokens']} tokens, "
+           f"k = {s['k']}, greedy, batch 1, median of {s['repeats']} rounds; measured on {measured_on(data)}.", "",
+           "| engine | method | tok/s | vs Speculant without speculation | tokens per verify step | "
+           "output = no speculation |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        same = {True: "yes", False: "**no**", None: "–"}[r.get("matches_no_spec")]
+        out.append(f"| {r['engine']} | {r['method']} | {_num(r['tokens_per_s'])} | {_x(r['tokens_per_s'] / base)} | "
+                   f"{_num(r.get('mean_accepted_length'), 2)} | {same} |")
+    return out
+
+
+def eagle_rounds(results: Path) -> list[str]:
+    """``benchmarks/eagle_bench.py``: the EAGLE head, chunked and not."""
+    data = _load(results, "eagle_smollm2.json")
+    if data is None:
+        return []
+    s = data["settings"]
+    out = [f"EAGLE head on SmolLM2-135M-Instruct, {s['dtype']}, {s['prompts']} prompts × {s['max_tokens']} tokens, "
+           f"k = {s['k']}, {s['repeats']} rounds; measured on {measured_on(data)}.", "",
+           "| configuration | tok/s | speedup | tokens per verify step | chunked ÷ unchunked (median of rounds) |",
+           "|---|---|---|---|---|"]
+    for name, r in data["results"].items():
+        out.append(f"| {name} | {_num(r['tokens_per_s'])} | {_x(r.get('speedup_vs_no_spec'))} | "
+                   f"{_num(r.get('tokens_per_verify_step'), 2)} | {_num(r.get('vs_unchunked_median_of_rounds'), 3)} |")
+    return out
+
+
+def heldout_acceptance(results: Path) -> list[str]:
+    """``benchmarks/heldout_acceptance.py``: tokens per verify step on held-out chat prompts."""
+    data = _load(results, "heldout_tokens_per_step_smollm2.json")
+    if data is None:
+        return []
+    out = [f"Tokens per verify step on the 20 held-out chat prompts (greedy); measured on {measured_on(data)}.", "",
+           "| proposer | tokens per verify step | acceptance rate | output = no speculation |", "|---|---|---|---|"]
+    for name, r in sorted(data["results"].items(), key=lambda kv: -kv[1]["tokens_per_verify_step"]):
+        out.append(f"| {name} | {r['tokens_per_verify_step']:.2f} | {r['acceptance_rate']:.2f} | "
+                   f"{'yes' if r['identical_to_no_spec'] else '**no**'} |")
+    return out
+
+
+def _gpu_files(results: Path) -> list[tuple[str, dict[str, Any]]]:
+    return [(p.name, json.loads(p.read_text(encoding="utf-8"))) for p in sorted(results.glob("gpu_bench_*.json"))]
+
+
+def _with_baseline(data: dict[str, Any]) -> list[dict[str, Any]]:
+    """``data``'s rows that ran, each with ``vs_baseline``: its tokens/s over Speculant's
+    no-speculation row at the same concurrency (what ``--random-llama`` files already hold)."""
+    rows = [r for r in data["rows"] if r.get("status") == "ok"]
+    base = {r["concurrency"]: r["tokens_per_s"] for r in rows
+            if r["engine"] == "speculant" and r["method"] == "no_spec"}
+    for r in rows:
+        if r.get("vs_baseline") is None and base.get(r["concurrency"]):
+            r["vs_baseline"] = r["tokens_per_s"] / base[r["concurrency"]]
+    return rows
+
+
+def _title(data: dict[str, Any]) -> str:
+    if "title" in data:
+        return str(data["title"])
+    s = data["settings"]
+    return (f"{Path(str(s['target'])).name}, {s['dtype']}, {s['num_prompts']} chat prompts × {s['max_tokens']} "
+            f"tokens, k = {s['k']}, greedy, {s.get('device', 'cpu')}")
+
+
+def gpu_rows(results: Path) -> list[str]:
+    """``scripts/gpu_check.sh``'s bench rows on the GPU (``gpu_bench_*.json``), one table per file."""
+    out: list[str] = []
+    for name, data in _gpu_files(results):
+        out += [f"`{name}`: {_title(data)}; measured on {measured_on(data)}.", "",
+                "| engine | method | batch | tok/s | vs Speculant without speculation | tokens per verify step | "
+                "output = no speculation | peak GPU GB |", "|---|---|---|---|---|---|---|---|"]
+        for r in _with_baseline(data):
+            same = {True: "yes", False: "no", None: "–"}[r.get("matches_no_spec")]
+            out.append(f"| {r['engine']} | {r['method']} | {r.get('concurrency', 1)} | {_num(r.get('tokens_per_s'))} "
+                       f"| {_x(r.get('vs_baseline'))} | {_num(r.get('mean_accepted_length'), 2)} | {same} | "
+                       f"{_num(r.get('peak_gpu_memory_gb'), 2)} |")
+        out.append("")
+    return out[:-1] if out else out
+
+
+def gpu_headline(results: Path) -> list[str]:
+    """One README line per GPU file: Speculant against its reference in that file."""
+    out = []
+    for _name, data in _gpu_files(results):
+        rows = _with_baseline(data)
+        on = measured_on(data)
+        spec = {(r["engine"], r["method"]): r for r in rows}
+        base = spec.get(("speculant", "no_spec"))
+        oracle = [r for r in rows if r["method"].startswith("oracle")]
+        if oracle and base:
+            r = oracle[0]
+            out.append(f"| {_title(data).split(',')[0]}, `{r['method']}`, batch 1 | {r['vs_baseline']:.2f}× no "
+                       f"speculation ({base['tokens_per_s']:.1f} → {r['tokens_per_s']:.1f} tok/s, "
+                       f"{r['mean_accepted_length']:.2f} tokens per verify step) | {on} | "
+                       f"[gpu](docs/benchmarks.md#results-gpu) |")
+            continue
+        hf = spec.get(("transformers", "generate"))
+        if base and hf:
+            c = base["concurrency"]
+            what = "batch 1" if c == 1 else f"{c} concurrent requests (transformers: one static padded batch)"
+            out.append(f"| {_title(data).split(',')[0]} {data['settings']['dtype']} on the GPU, {what}, no "
+                       f"speculation vs transformers `generate()` | {base['tokens_per_s']:.0f} vs "
+                       f"{hf['tokens_per_s']:.0f} tok/s ({base['tokens_per_s'] / hf['tokens_per_s']:.2f}×) | {on} | "
+                       f"[gpu](docs/benchmarks.md#results-gpu) |")
+    return out
+
+
+def headline(results: Path) -> list[str]:
+    """The README's short table: one line per claim, each with its source."""
+    out = ["| result | figure | measured on | details |", "|---|---|---|---|"]
+    data = _load(results, "bench_smollm2_proposers.json")
+    if data is not None:
+        rows = {(r["engine"], r["method"]): r for r in data["rows"]
+                if r.get("concurrency") == 1 and r.get("status") == "ok"}
+        base = rows[("speculant", "no_spec")]["tokens_per_s"]
+        hf = rows.get(("transformers", "generate"))
+        if hf:
+            out.append(f"| SmolLM2-135M fp32, batch 1, no speculation vs transformers `generate()` | "
+                       f"{base:.1f} vs {hf['tokens_per_s']:.1f} tok/s ({base / hf['tokens_per_s']:.2f}×) | "
+                       f"{measured_on(data)} | [bench](docs/benchmarks.md#results-smollm2-batch-1) |")
+        spec = [r for (e, m), r in rows.items() if e == "speculant" and m != "no_spec"]
+        best = max(spec, key=lambda r: r["tokens_per_s"])
+        out.append(f"| best speculative row, same run (`{best['method']}`) | {best['tokens_per_s'] / base:.2f}× "
+                   f"({best['mean_accepted_length']:.2f} tokens per verify step), output identical | "
+                   f"{measured_on(data)} | [bench](docs/benchmarks.md#results-smollm2-batch-1) |")
+    data = _load(results, "eagle_smollm2.json")
+    if data is not None:
+        for name in ("eagle", "eagle_suffix"):
+            r = data["results"].get(name)
+            if r:
+                out.append(f"| `{name}` on SmolLM2 (eagle_bench, 2 prompts) | {r['speedup_vs_no_spec']:.2f}× "
+                           f"({r['tokens_per_verify_step']:.2f} tokens per verify step) | {measured_on(data)} | "
+                           f"[eagle](docs/benchmarks.md#results-eagle) |")
+    return out + llamacpp_headline(results) + gpu_headline(results) + graphs_headline(results)
+
+
+def llamacpp(results: Path) -> list[str]:
+    """Speculant against llama.cpp on the CPU (``benchmarks/llamacpp_compare.py``)."""
+    data = _load(results, "llamacpp_compare.json")
+    if data is None:
+        return []
+    w = data["workload"]
+    out = [f"The chat prompts of examples/prompts/edit_tasks.txt, batch 1, greedy, EOS ignored, {w['max_tokens']} "
+           f"new tokens, prefill included, {data['options'].get('threads')} threads, k = {w['k']}; measured on "
+           f"{measured_on(data)}.", "",
+           "| engine | method | dtype | tok/s | vs the faster llama.cpp row | tokens per verify step |",
+           "|---|---|---|---|---|---|"]
+    for r in data["rows"]:
+        out.append(f"| {r['engine']} | {r['method']} | {r['dtype']} | {r['tokens_per_s']:.1f} | "
+                   f"{_x(r.get('vs_best_llamacpp'))} | {_num(r.get('mean_accepted_length'), 2)} |")
+    return out
+
+
+def llamacpp_headline(results: Path) -> list[str]:
+    data = _load(results, "llamacpp_compare.json")
+    if data is None:
+        return []
+    rows = data["rows"]
+    cpp = max((r for r in rows if r["engine"] == "llama.cpp"), key=lambda r: r["tokens_per_s"], default=None)
+    plain = next((r for r in rows if r["engine"] == "speculant" and r["method"] == "no_spec"
+                  and r["dtype"] == "bfloat16"), None)
+    spec = max((r for r in rows if r["engine"] == "speculant" and r["method"] != "no_spec"),
+               key=lambda r: r["tokens_per_s"], default=None)
+    if not (cpp and plain and spec):
+        return []
+    return [f"| SmolLM2-135M on the CPU, batch 1: Speculant bf16 (no speculation / best speculative row, "
+            f"`{spec['method']}`) vs llama.cpp | {plain['tokens_per_s']:.0f} / {spec['tokens_per_s']:.0f} vs "
+            f"{cpp['tokens_per_s']:.0f} tok/s ({plain['tokens_per_s'] / cpp['tokens_per_s']:.2f}× / "
+            f"{spec['tokens_per_s'] / cpp['tokens_per_s']:.2f}×) | {measured_on(data)} | "
+            f"[llama.cpp](docs/benchmarks.md#results-llamacpp) |"]
+
+
+def graphs(results: Path) -> list[str]:
+    """CUDA graphs against eager forwards on the GPU (``python -m speculant.bench.graph_check``)."""
+    data = _load(results, "gpu_graph_check.json")
+    if data is None:
+        return []
+    out = [f"A {data['size']}-parameter-shaped llama with dummy weights, batch 1, greedy; measured on "
+           f"{measured_on(data)}.", "",
+           "| dtype | speculation | eager ms / step | graphed ms / step | speedup | graphs | output |",
+           "|---|---|---|---|---|---|---|"]
+    for r in data["rows"]:
+        if "graphed_ms_per_decode_step" not in r:
+            out.append(f"| {r['dtype']} | {r['speculation']} | – | – | – | – | {r.get('error', 'failed')} |")
+            continue
+        same = "identical" if r["identical"] else ("near tie only" if r["ok"] else "**differs**")
+        out.append(f"| {r['dtype']} | {r['speculation']} | {r['eager_ms_per_decode_step']:.2f} | "
+                   f"{r['graphed_ms_per_decode_step']:.2f} | "
+                   f"{r['eager_ms_per_decode_step'] / r['graphed_ms_per_decode_step']:.1f}× | "
+                   f"{len(r['graph_keys'])} | {same} |")
+    return out
+
+
+def graphs_headline(results: Path) -> list[str]:
+    data = _load(results, "gpu_graph_check.json")
+    rows = [r for r in (data or {}).get("rows", []) if r.get("speculation") == "none" and "graph_keys" in r]
+    return [f"| CUDA graphs, {r['dtype']} batch-1 decode step (135M-shaped llama) | "
+            f"{r['eager_ms_per_decode_step']:.1f} → {r['graphed_ms_per_decode_step']:.1f} ms "
+            f"({r['eager_ms_per_decode_step'] / r['graphed_ms_per_decode_step']:.1f}×), "
+            f"{'output identical' if r['identical'] else 'near ties only'} | {measured_on(data or {})} | "
+            f"[graphs](docs/benchmarks.md#results-graphs) |" for r in rows]
