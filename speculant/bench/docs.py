@@ -24,6 +24,7 @@ from speculant.bench.docs_tables import (
     headline,
     heldout_acceptance,
     llamacpp,
+    prefix_cache,
     smollm2_batch1,
 )
 
@@ -42,6 +43,7 @@ BLOCKS: dict[str, Table] = {
     "gpu": gpu_rows,
     "graphs": graphs,
     "llamacpp": llamacpp,
+    "prefix": prefix_cache,
 }
 """Block name -> the function that renders it. docs/benchmarks.md holds a
 ``tables`` block that gathers every block but the headline, each under its

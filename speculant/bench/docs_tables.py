@@ -173,7 +173,8 @@ def headline(results: Path) -> list[str]:
                 out.append(f"| `{name}` on SmolLM2 (eagle_bench, 2 prompts) | {r['speedup_vs_no_spec']:.2f}× "
                            f"({r['tokens_per_verify_step']:.2f} tokens per verify step) | {measured_on(data)} | "
                            f"[eagle](docs/benchmarks.md#results-eagle) |")
-    return out + llamacpp_headline(results) + gpu_headline(results) + graphs_headline(results)
+    return (out + prefix_headline(results) + llamacpp_headline(results) + gpu_headline(results)
+            + graphs_headline(results))
 
 
 def llamacpp(results: Path) -> list[str]:
@@ -241,3 +242,46 @@ def graphs_headline(results: Path) -> list[str]:
             f"({r['eager_ms_per_decode_step'] / r['graphed_ms_per_decode_step']:.1f}×), "
             f"{'output identical' if r['identical'] else 'near ties only'} | {measured_on(data or {})} | "
             f"[graphs](docs/benchmarks.md#results-graphs) |" for r in rows]
+
+
+def prefix_cache(results: Path) -> list[str]:
+    """Prefix caching on SmolLM2-135M-Instruct (``benchmarks/prefix_cache_bench.py``)."""
+    data = _load(results, "prefix_cache_smollm2.json")
+    if data is None:
+        return []
+    o = data["options"]
+    out = [f"{o['turns']}-turn chat (each turn resends the history) and {o['agents']} agent requests sharing a "
+           f"~{o['system_tokens']}-token system prompt, {o['dtype']}, greedy, k = {o['k']}; caching off vs on in "
+           f"one run; measured on {measured_on(data)}.", "",
+           "| workload | speculation | without caching | with caching | gain | cache hit rate | output identical |",
+           "|---|---|---|---|---|---|---|"]
+    for r in data["rows"]:
+        off, on = r["uncached"], r["cached"]
+        if r["workload"] == "chat":
+            cells = (f"TTFT turns 2+ {off['ttft_turns_2_on_median_s']:.2f} s",
+                     f"{on['ttft_turns_2_on_median_s']:.2f} s", f"{r['ttft_speedup_turns_2_on']:.1f}× lower")
+        else:
+            cells = (f"{off['output_tokens_per_s']:.1f} tok/s", f"{on['output_tokens_per_s']:.1f} tok/s",
+                     f"{r['throughput_speedup']:.1f}× throughput")
+        rate = on.get("prefix_cache_hit_rate")
+        out.append(f"| {r['workload']} | {r['method']} | {cells[0]} | {cells[1]} | {cells[2]} | "
+                   f"{_num(rate, 2)} | {'yes' if r['outputs_identical'] else '**no**'} |")
+    return out
+
+
+def prefix_headline(results: Path) -> list[str]:
+    """Per workload, every method's gain (the smallest first: the figure to quote)."""
+    data = _load(results, "prefix_cache_smollm2.json")
+    out = []
+    for workload in ("chat", "agents"):
+        rows = [r for r in (data or {}).get("rows", []) if r["workload"] == workload]
+        if not rows:
+            continue
+        key = "ttft_speedup_turns_2_on" if workload == "chat" else "throughput_speedup"
+        what = "time to first token of turns 2-10" if workload == "chat" else "throughput"
+        gains = ", ".join(f"{r['method']} {r[key]:.1f}×" for r in rows)
+        same = all(r["outputs_identical"] for r in rows)
+        out.append(f"| prefix caching, SmolLM2 {workload} workload: {what} | at least "
+                   f"{min(r[key] for r in rows):.1f}× ({gains}), output {'identical' if same else 'differs'} | "
+                   f"{measured_on(data or {})} | [prefix](docs/benchmarks.md#results-prefix) |")
+    return out
