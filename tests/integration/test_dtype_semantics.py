@@ -110,3 +110,25 @@ def test_kernel_and_reference_path_agree_up_to_near_ties(arch, dtype, zoo, hf_mo
     # bfloat16), but every first difference must be one
     assert_equal_up_to_near_ties(outs["cpu_kernel"], outs["torch"], prompts, hf_models(target, dtype),
                                  f"{arch}/{dtype}/cpu_kernel vs torch", max_tie_share=1.0)
+
+
+@pytest.mark.parametrize("arch", ["llama", "phi3"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("spec", [None, "ngram-mqa"])
+def test_prefix_caching_agrees_with_no_caching_up_to_near_ties(arch, dtype, spec, zoo, hf_models):
+    """Prompts sharing prefixes at and inside block boundaries, one at a time (later ones
+    start from cached blocks): caching on and off give the same tokens except at near-ties
+    (a cached block holds K/V computed in another chunk, which rounds differently)."""
+    from test_arch_prefix_caching import shared_prefix_prompts
+
+    target, prompts = zoo(arch), shared_prefix_prompts()
+    kw = {"speculative": SPECS[spec]} if spec else {}
+    outs = {}
+    for caching in (True, False):
+        llm = LLM(str(target), dtype=dtype, block_size=4, max_num_batched_tokens=16, max_num_seqs=4,
+                  enable_prefix_caching=caching, **kw)
+        outs[caching] = [llm.generate([p], GREEDY, use_tqdm=False)[0].outputs[0].token_ids for p in prompts]
+        if caching:
+            assert llm.get_metrics()["prefix_cache_hit_tokens"] >= 40
+    assert_equal_up_to_near_ties(outs[True], outs[False], prompts, hf_models(target, dtype),
+                                 f"{arch}/{dtype}/{spec}/prefix caching", max_tie_share=1.0)
