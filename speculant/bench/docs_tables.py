@@ -163,7 +163,8 @@ def headline(results: Path) -> list[str]:
         spec = [r for (e, m), r in rows.items() if e == "speculant" and m != "no_spec"]
         best = max(spec, key=lambda r: r["tokens_per_s"])
         out.append(f"| best speculative row, same run (`{best['method']}`) | {best['tokens_per_s'] / base:.2f}× "
-                   f"({best['mean_accepted_length']:.2f} tokens per verify step), output identical | "
+                   f"({best['mean_accepted_length']:.2f} tokens per verify step), output "
+                   f"{ {True: 'identical', False: 'differs', None: 'not compared'}[best.get('matches_no_spec')]} | "
                    f"{measured_on(data)} | [bench](docs/benchmarks.md#results-smollm2-batch-1) |")
     data = _load(results, "eagle_smollm2.json")
     if data is not None:

@@ -64,7 +64,8 @@ static int cpu_has_bf16_dot(void)
 {
 #if HAVE_BF16_DOT_BUILD
     __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512f");
+    return __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512f")
+        && __builtin_cpu_supports("avx512bw");
 #else
     return 0;
 #endif
@@ -89,14 +90,22 @@ int speculant_kernel_set_isa(int wanted)
 }
 
 #if HAVE_BF16_DOT_BUILD
-/* sum_d a[d] * b[d] over bfloat16 rows, D a multiple of 32, float32 accumulation. */
-__attribute__((target("avx512f,avx512bf16")))
+/* sum_d a[d] * b[d] over bfloat16 rows of any length D, float32 accumulation: 32
+ * elements per VDPBF16PS, the tail through a masked load (zeros add nothing). */
+__attribute__((target("avx512f,avx512bw,avx512bf16")))
 static float dot_bf16(const uint16_t *a, const uint16_t *b, int64_t D)
 {
     __m512 acc = _mm512_setzero_ps();
-    for (int64_t d = 0; d < D; d += 32) {
+    int64_t d = 0;
+    for (; d + 32 <= D; d += 32) {
         const __m512i x = _mm512_loadu_si512((const void *)(a + d));
         const __m512i y = _mm512_loadu_si512((const void *)(b + d));
+        acc = _mm512_dpbf16_ps(acc, (__m512bh)x, (__m512bh)y);
+    }
+    if (d < D) {
+        const __mmask32 m = (__mmask32)((1ull << (D - d)) - 1);
+        const __m512i x = _mm512_maskz_loadu_epi16(m, (const void *)(a + d));
+        const __m512i y = _mm512_maskz_loadu_epi16(m, (const void *)(b + d));
         acc = _mm512_dpbf16_ps(acc, (__m512bh)x, (__m512bh)y);
     }
     return _mm512_reduce_add_ps(acc);
@@ -180,7 +189,7 @@ static int attend(const void *q, const void *k_cache, const void *v_cache, void 
                 memcpy(qf + r * D, src, sizeof(float) * (size_t)D);
         }
 #if HAVE_BF16_DOT_BUILD
-    if (dtype == DT_BF16 && D % 32 == 0 && speculant_kernel_isa() == 1) {
+    if (dtype == DT_BF16 && speculant_kernel_isa() == 1) {
         const uint16_t *q16 = (const uint16_t *)q, *k16 = (const uint16_t *)k_cache;
         for (int64_t j = 0; j < n; j++) {
             const uint16_t *k = k16 + ((table[j / block_size] * block_size + j % block_size) * H_kv + kv_head) * D;
