@@ -17,6 +17,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from speculant.bench.docs_random import random_llama
 from speculant.bench.docs_tables import (
     eagle_rounds,
     gpu_rows,
@@ -44,6 +45,7 @@ BLOCKS: dict[str, Table] = {
     "graphs": graphs,
     "llamacpp": llamacpp,
     "prefix": prefix_cache,
+    "random-llama": random_llama,
 }
 """Block name -> the function that renders it. docs/benchmarks.md holds a
 ``tables`` block that gathers every block but the headline, each under its

@@ -80,12 +80,21 @@ def hf_methods(k: int, draft: str | None, confidence: float = 0.4) -> list[tuple
     return rows
 
 
-def _load(path: str, dtype: str, device: str = "cpu"):
+def _load(path: str, dtype: str, device: str = "cpu", random_seed: int | None = None):
+    """transformers' model from ``path``; with ``random_seed``, built from its
+    config.json with that seed on ``device``, as Speculant's ``load_format =
+    "dummy"`` does (so both engines hold the same random weights)."""
     import torch
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype))
-    model.to(device).eval()  # type: ignore[arg-type] # transformers types .to with an unbound self
+    model: Any  # transformers types .to with an unbound self, so a typed model would need an ignore
+    if random_seed is not None:
+        torch.manual_seed(random_seed)
+        with torch.device(device):
+            model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path), dtype=getattr(torch, dtype))
+    else:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype))
+    model.to(device).eval()
     return model
 
 
@@ -168,9 +177,11 @@ def _unsupported_batched(method: str) -> str:
 
 def run_hf(target: str, draft: str | None, prompts: list[list[int]], *, max_tokens: int, k: int, repeats: int,
            concurrency: list[int], batched: bool, pad_id: int | None, max_batch_tokens: int = 512,
-           confidence: float = 0.4, dtype: str = "float32", device: str = "cpu", log=print) -> list[dict[str, Any]]:
+           confidence: float = 0.4, dtype: str = "float32", device: str = "cpu", log=print,
+           methods: tuple[str, ...] | None = None, random_seed: int | None = None) -> list[dict[str, Any]]:
     """transformers rows; ``max_batch_tokens`` is the continuous-batching step budget,
-    ``confidence`` assisted generation's confidence threshold, ``dtype`` / ``device`` both models'."""
+    ``confidence`` assisted generation's confidence threshold, ``dtype`` / ``device`` both models';
+    ``methods`` keeps only those rows; ``random_seed`` builds the target with seeded random weights."""
     from transformers.utils import logging as hf_logging
 
     verbosity = hf_logging.get_verbosity()
@@ -179,19 +190,22 @@ def run_hf(target: str, draft: str | None, prompts: list[list[int]], *, max_toke
         return _run_rows(target, draft, prompts, max_tokens=max_tokens, k=k, repeats=repeats,
                          concurrency=concurrency, batched=batched, pad_id=pad_id,
                          max_batch_tokens=max_batch_tokens, confidence=confidence, dtype=dtype, device=device,
-                         log=log)
+                         log=log, methods=methods, random_seed=random_seed)
     finally:
         hf_logging.set_verbosity(verbosity)
 
 
 def _run_rows(target: str, draft: str | None, prompts: list[list[int]], *, max_tokens: int, k: int, repeats: int,
               concurrency: list[int], batched: bool, pad_id: int | None, max_batch_tokens: int,
-              confidence: float, dtype: str, device: str, log) -> list[dict[str, Any]]:
+              confidence: float, dtype: str, device: str, log, methods: tuple[str, ...] | None,
+              random_seed: int | None) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     base = {"engine": "transformers", "acceptance_rate": None, "mean_accepted_length": None}
-    model = _load(target, dtype, device)
+    model = _load(target, dtype, device, random_seed)
     assistant = _load(draft, dtype, device) if draft is not None else None
     for method, extra, skip in hf_methods(k, draft, confidence):
+        if methods is not None and method not in methods:
+            continue
         for c in concurrency:
             if c <= 1 and method in BATCHED_ONLY:
                 continue

@@ -8,6 +8,15 @@ record each prompt's greedy continuation, then with the oracle proposer
 ``alpha``). A random model's text is meaningless, but its forward costs what
 the real model's does, and the oracle gives a controlled acceptance, so the
 speedup is what a proposer of that quality would give on that hardware.
+
+With ``hf=True`` transformers runs the same model side by side: built from the
+same config with the same seed (the same random weights), plain greedy
+``generate()`` at concurrency 1 and a static padded batch above it. Each row's
+``vs_transformers`` is its rate over that row's at the same concurrency, and
+``matches_transformers`` the share of requests whose greedy tokens equal
+transformers' (random weights give near-flat logits, so near-ties can part
+them in reduced precision; the rate comparison holds either way, as both
+produce the same number of tokens).
 """
 
 from __future__ import annotations
@@ -18,6 +27,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from speculant.bench.hf_runs import run_hf
 from speculant.bench.oracle import register, save_continuations
 from speculant.bench.report import environment
 from speculant.bench.speculant_runs import Method, run_speculant
@@ -61,7 +71,7 @@ def random_prompts(vocab_size: int, n: int, length: int, seed: int = 0) -> list[
 
 def run_random_bench(size: str, *, alphas: list[float], k: int, max_tokens: int, repeats: int,
                      concurrency: list[int], dtype: str, device: str, num_prompts: int = 4,
-                     prompt_len: int = 128, log=print) -> dict[str, Any]:
+                     prompt_len: int = 128, hf: bool = False, seed: int = 0, log=print) -> dict[str, Any]:
     """Rows ``no_spec`` and ``oracle_a<alpha>`` (k proposals per step) on a random target."""
     register()
     env = environment()
@@ -69,7 +79,7 @@ def run_random_bench(size: str, *, alphas: list[float], k: int, max_tokens: int,
         target = build_random_target(size, Path(tmp) / f"llama-{size}")
         vocab = SIZES[size]["vocab_size"]
         prompts = random_prompts(vocab, num_prompts, prompt_len)
-        kw = {"load_format": "dummy", "max_model_len": prompt_len + max_tokens + k + 8}
+        kw = {"load_format": "dummy", "seed": seed, "max_model_len": prompt_len + max_tokens + k + 8}
         rows = run_speculant(str(target), [Method("no_spec")], prompts, max_tokens=max_tokens, repeats=repeats,
                              concurrency=concurrency, dtype=dtype, device=device, log=log, **kw)
         truth = next(r for r in rows if r["status"] == "ok" and r["concurrency"] == 1)["token_ids"]
@@ -80,6 +90,11 @@ def run_random_bench(size: str, *, alphas: list[float], k: int, max_tokens: int,
                    for a in alphas]
         rows += run_speculant(str(target), methods, prompts, max_tokens=max_tokens, repeats=repeats,
                               concurrency=concurrency, dtype=dtype, device=device, log=log, **kw)
+        if hf:
+            rows += run_hf(str(target), None, prompts, max_tokens=max_tokens, k=k, repeats=repeats,
+                           concurrency=concurrency, batched=True, pad_id=0, dtype=dtype, device=device, log=log,
+                           methods=("generate",), random_seed=seed)
+    _compare_with_hf(rows)
     base = {r["concurrency"]: r["tokens_per_s"] for r in rows if r["method"] == "no_spec" and r["status"] == "ok"}
     for r in rows:
         b = base.get(r["concurrency"])
@@ -92,9 +107,26 @@ def run_random_bench(size: str, *, alphas: list[float], k: int, max_tokens: int,
                                  f"proposer (each token right with probability alpha)",
             "settings": {"random_llama": size, "num_params": params, "alphas": alphas, "k": k,
                          "max_tokens": max_tokens, "repeats": repeats, "concurrency": concurrency, "dtype": dtype,
-                         "device": device, "num_prompts": num_prompts, "prompt_len": prompt_len},
+                         "device": device, "num_prompts": num_prompts, "prompt_len": prompt_len, "hf": hf,
+                         "seed": seed},
             "notes": ["expected tokens per verify step for alpha a and k proposals: (1 - a^(k+1)) / (1 - a)"],
             "rows": rows}
+
+
+def _compare_with_hf(rows: list[dict[str, Any]]) -> None:
+    """Set ``vs_transformers`` and ``matches_transformers`` on every Speculant row
+    that has a transformers ``generate`` row at its concurrency (else None)."""
+    hf = {r["concurrency"]: r for r in rows if r.get("engine") == "transformers" and r["status"] == "ok"}
+    for r in rows:
+        ref = hf.get(r["concurrency"])
+        if r.get("engine") == "transformers" or ref is None or r["status"] != "ok":
+            r.setdefault("vs_transformers", None)
+            r.setdefault("matches_transformers", None)
+            continue
+        r["vs_transformers"] = r["tokens_per_s"] / ref["tokens_per_s"]
+        ours, theirs = r.get("token_ids") or [], ref.get("token_ids") or []
+        same = sum(a == b for a, b in zip(ours, theirs, strict=False))
+        r["matches_transformers"] = same / len(theirs) if theirs and len(ours) == len(theirs) else None
 
 
 def _num_params(shape: dict[str, Any]) -> int:

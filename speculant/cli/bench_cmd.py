@@ -41,7 +41,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                                                   "(converted once into a cached directory)")
     p.add_argument("--random-llama", default=None, choices=("1b", "8b", "tiny"),
                    help="instead of --target: a random-weight llama of this size built on the device from a "
-                        "config (nothing downloaded), with the oracle proposer at --alpha (no transformers rows)")
+                        "config (nothing downloaded), with the oracle proposer at --alpha; transformers runs the same "
+                        "random weights (same config and seed) unless --no-hf")
     p.add_argument("--alpha", default="0.8", metavar="A[,A...]",
                    help="--random-llama: the oracle proposer's per-token acceptance probabilities (default 0.8)")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
@@ -191,7 +192,7 @@ def _run_random(args: argparse.Namespace, device: str) -> int:
     log = lambda msg: print(msg, file=sys.stderr)  # noqa: E731 - progress to stderr
     result = run_random_bench(args.random_llama, alphas=alphas, k=args.k, max_tokens=args.max_tokens or 128,
                               repeats=args.repeats or (1 if args.quick else 3), concurrency=args.concurrency or [1],
-                              dtype=args.dtype, device=device, log=log)
+                              dtype=args.dtype, device=device, hf=not args.no_hf, log=log)
     write(args.out, result)
     print(result["title"])
     for r in result["rows"]:

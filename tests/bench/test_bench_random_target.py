@@ -27,11 +27,40 @@ def result(tmp_path_factory, one_thread):
 
 
 def test_rows_and_labels(result):
-    assert [r["method"] for r in result["rows"]] == ["no_spec", "oracle_a0.9", "oracle_a0.6"]
+    assert [(r["engine"], r["method"]) for r in result["rows"]] == [
+        ("speculant", "no_spec"), ("speculant", "oracle_a0.9"), ("speculant", "oracle_a0.6"),
+        ("transformers", "generate")]
     assert all(r["status"] == "ok" for r in result["rows"])
     assert result["settings"]["device"] == "cpu" and result["env"]["cpu"]
     assert result["rows"][0]["vs_baseline"] == pytest.approx(1.0)
     assert all(r["peak_gpu_memory_gb"] is None for r in result["rows"])  # measured on CUDA only
+
+
+def test_each_row_is_compared_with_transformers(result):
+    hf = result["rows"][-1]
+    for r in result["rows"][:-1]:
+        assert r["vs_transformers"] == pytest.approx(r["tokens_per_s"] / hf["tokens_per_s"])
+        assert r["matches_transformers"] is not None
+    assert hf["num_tokens"] == result["rows"][0]["num_tokens"] == 4 * 48
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_transformers_builds_the_same_random_weights(tmp_path, dtype):
+    """The transformers rows build the model from the same config and seed as
+    Speculant's ``load_format = "dummy"``: every tensor is equal, and another
+    seed gives other weights (the tiny model's greedy text repeats the prompt's
+    last token whatever the weights, so the tokens cannot show this)."""
+    from transformers import AutoConfig
+
+    from speculant.bench.hf_runs import _load
+    from speculant.model.loading import _random_model
+
+    d = build_random_target("tiny", tmp_path / "t")
+    ours = _random_model(AutoConfig.from_pretrained(d), dtype, torch.device("cpu"), "sdpa", 7).state_dict()
+    for seed, same in ((7, True), (8, False)):
+        theirs = _load(str(d), dtype, "cpu", random_seed=seed).state_dict()
+        assert ours.keys() == theirs.keys()
+        assert all(torch.equal(ours[k], theirs[k]) for k in ours) == same
 
 
 @pytest.mark.parametrize("method,alpha", [("oracle_a0.9", 0.9), ("oracle_a0.6", 0.6)])
@@ -67,3 +96,16 @@ def test_cuda_asked_for_without_cuda_is_refused(capsys, llama_dir):
 def test_a_bad_alpha_is_refused(capsys):
     assert main(["bench", "--random-llama", "tiny", "--alpha", "1.5", "--device", "cpu"]) == 2
     assert "--alpha 1.5" in capsys.readouterr().err
+
+
+def test_the_bench_gives_transformers_the_engine_seed(monkeypatch, tmp_path):
+    """``run_random_bench`` builds transformers' model with the seed Speculant's rows used."""
+    from speculant.bench import hf_runs
+    from speculant.bench.random_target import run_random_bench
+
+    seen = []
+    real = hf_runs._load
+    monkeypatch.setattr(hf_runs, "_load", lambda *a, **kw: seen.append((a, kw)) or real(*a, **kw))
+    res = run_random_bench("tiny", alphas=[0.5], k=2, max_tokens=4, repeats=1, concurrency=[1], dtype="float32",
+                           device="cpu", num_prompts=1, prompt_len=8, hf=True, seed=11, log=lambda _m: None)
+    assert res["settings"]["seed"] == 11 and [a[3] if len(a) > 3 else kw["random_seed"] for a, kw in seen] == [11]
