@@ -191,7 +191,13 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+COMPACT_ABOVE = 20_000  # characters of indented JSON
+
+
 def write_json(path: Path, data: dict[str, Any]) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, indent=1, default=str) + "\n")
+    text = json.dumps(data, indent=1, default=str)
+    if len(text) > COMPACT_ABOVE:  # the tracked tree travels to GPU runs: big results stay compact
+        text = json.dumps(data, separators=(",", ":"), default=str)
+    path.write_text(text + "\n")
