@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import types
 
 import pytest
 import torch
@@ -251,6 +252,42 @@ def test_cpu_kernel_falls_back_with_a_warning_when_disabled(monkeypatch):
         assert torch.allclose(out, reference(q, k, v, 0.5), atol=1e-6)
     finally:
         cpu_kernel_build.load_kernel.cache_clear()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
+@pytest.mark.parametrize("strided", [False, True], ids=["contiguous", "fused-slice"])
+def test_cpu_kernel_kv_write_is_the_index_assignment_bit_for_bit(dtype, strided, monkeypatch):
+    backend = CpuKernelAttentionBackend()
+    if backend._lib is None:
+        pytest.skip(f"no C kernel here: {cpu_kernel_build.kernel_status()}")
+    calls = []
+    lib_write = backend._lib.speculant_write_kv
+    monkeypatch.setattr(backend, "_lib", types.SimpleNamespace(
+        speculant_write_kv=lambda *args: calls.append(1) or lib_write(*args)))
+    gen = torch.Generator().manual_seed(3)
+    t, kv_heads = 7, 2
+    fused = torch.randn(t, 3 * kv_heads * HEAD_DIM, generator=gen).to(dtype)
+    key = fused[:, :kv_heads * HEAD_DIM].view(t, kv_heads, HEAD_DIM) if strided else \
+        fused[:, :kv_heads * HEAD_DIM].contiguous().view(t, kv_heads, HEAD_DIM)
+    value = fused[:, kv_heads * HEAD_DIM: 2 * kv_heads * HEAD_DIM].view(t, kv_heads, HEAD_DIM)
+    slots = torch.randperm(6 * BLOCK_SIZE, generator=gen)[:t]
+    caches = [torch.randn(6, BLOCK_SIZE, kv_heads, HEAD_DIM, generator=gen).to(dtype) for _ in range(2)]
+    expected = [c.clone() for c in caches]
+    TorchAttentionBackend().write_kv(key, value, *expected, slots)
+    backend.write_kv(key, value, *caches, slots)
+    assert calls == [1], "the C copy should have run for these layouts"
+    assert all(torch.equal(a.view(torch.uint8), b.view(torch.uint8)) for a, b in zip(caches, expected))
+
+
+def test_cpu_kernel_kv_write_rejects_a_slot_outside_the_cache_and_writes_nothing():
+    backend = CpuKernelAttentionBackend()
+    if backend._lib is None:
+        pytest.skip(f"no C kernel here: {cpu_kernel_build.kernel_status()}")
+    caches = [torch.zeros(2, BLOCK_SIZE, 1, HEAD_DIM) for _ in range(2)]
+    key = torch.ones(2, 1, HEAD_DIM)
+    with pytest.raises(IndexError, match=r"slot_mapping lies outside the cache's 8 slots"):
+        backend.write_kv(key, key, *caches, torch.tensor([3, 2 * BLOCK_SIZE]))
+    assert not any(c.any() for c in caches)
 
 
 def _cpu_has_avx512_bf16() -> bool:

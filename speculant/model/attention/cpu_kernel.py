@@ -79,6 +79,24 @@ class CpuKernelAttentionBackend(TorchAttentionBackend):
             self.attend_spans(query, key_cache, value_cache, metadata.other, scaling, out)
         return out
 
+    def write_kv(self, key: torch.Tensor,  # [T, H_kv, D]
+                 value: torch.Tensor,  # [T, H_kv, D]
+                 key_cache: torch.Tensor,  # [num_blocks, block_size, H_kv, D]
+                 value_cache: torch.Tensor,  # [num_blocks, block_size, H_kv, D]
+                 slot_mapping: torch.Tensor) -> None:  # [T] long
+        """The C copy (``csrc/kv_write.c``) where layouts allow: rows in the cache's dtype with
+        their [H_kv, D] contiguous, contiguous caches on the CPU; else the index assignment."""
+        if self._lib is None or not _copyable(key, value, key_cache, value_cache, slot_mapping):
+            return super().write_kv(key, value, key_cache, value_cache, slot_mapping)
+        row = key_cache.shape[2] * key_cache.shape[3]
+        status = self._lib.speculant_write_kv(
+            key.data_ptr(), key.stride(0), value.data_ptr(), value.stride(0), key_cache.data_ptr(),
+            value_cache.data_ptr(), slot_mapping.data_ptr(), slot_mapping.numel(), row, key.element_size(),
+            key_cache.numel() // row)
+        if status != 0:
+            raise IndexError(f"attention backend 'cpu_kernel': a slot in slot_mapping lies outside the cache's "
+                             f"{key_cache.numel() // row} slots; the block tables and the cache disagree")
+
     def _run_kernel(self, query: torch.Tensor,  # [T, H, D] float32 / bfloat16 / float16, contiguous
                     key_cache: torch.Tensor, value_cache: torch.Tensor,  # [num_blocks, block_size, H_kv, D]
                     spans: SpanTensors, ids: torch.Tensor,  # [n] long
@@ -95,3 +113,16 @@ class CpuKernelAttentionBackend(TorchAttentionBackend):
             raise RuntimeError(f"attention backend 'cpu_kernel': this kernel build does not compute {query.dtype}")
         if status != 0:
             raise MemoryError("attention backend 'cpu_kernel': the kernel could not allocate its scratch buffer")
+
+
+def _copyable(key: torch.Tensor, value: torch.Tensor,  # [T, H_kv, D]
+              key_cache: torch.Tensor, value_cache: torch.Tensor,  # [num_blocks, block_size, H_kv, D]
+              slot_mapping: torch.Tensor) -> bool:  # [T]
+    inner = (key_cache.shape[3], 1)
+    return (key.dtype == value.dtype == key_cache.dtype == value_cache.dtype
+            and key.device.type == value.device.type == key_cache.device.type == "cpu"
+            and key_cache.is_contiguous() and value_cache.is_contiguous()
+            and key.shape[0] == value.shape[0] == slot_mapping.numel() and key.shape[1:] == key_cache.shape[2:]
+            and value.shape[1:] == value_cache.shape[2:]
+            and key.stride()[1:] == inner and value.stride()[1:] == inner
+            and slot_mapping.dtype == torch.long and slot_mapping.is_contiguous())

@@ -1,4 +1,4 @@
-"""Build and load the C paged-attention kernel (``csrc/paged_attention.c``).
+"""Build and load the C kernels (``csrc/paged_attention.c``, ``csrc/kv_write.c``: one library).
 
 The kernel is compiled on first use with the system C compiler (``$CC``, else
 ``cc``) for this machine (``-march=native``) and cached by a hash of the
@@ -37,7 +37,7 @@ from pathlib import Path
 
 import torch  # also loads torch's libgomp before the kernel needs it
 
-SOURCE = Path(__file__).with_name("csrc") / "paged_attention.c"
+SOURCES = [Path(__file__).with_name("csrc") / name for name in ("paged_attention.c", "kv_write.c")]
 FLAGS = ["-O3", "-fPIC", "-shared", "-fopenmp", "-fno-math-errno", "-std=c11"]
 NATIVE = "-march=native"
 DIGEST_SUFFIX = ".sha256"
@@ -74,7 +74,7 @@ def _compiler_version(cc: str) -> str:
 
 def library_name(cc: str) -> str:
     """File name of the build for this source, flags, compiler and CPU."""
-    key = hashlib.sha256(b"\0".join([SOURCE.read_bytes(), " ".join(FLAGS + [NATIVE]).encode(),
+    key = hashlib.sha256(b"\0".join([*(src.read_bytes() for src in SOURCES), " ".join(FLAGS + [NATIVE]).encode(),
                                      _compiler_version(cc).encode(), _cpu_signature().encode(),
                                      platform.machine().encode()])).hexdigest()[:16]
     return f"paged_attention-{key}.so"
@@ -156,7 +156,7 @@ def _compile(cc: str, out: Path) -> None:
     os.close(fd)
     try:
         for flags in ([*FLAGS, NATIVE], FLAGS):        # some compilers refuse -march=native
-            result = subprocess.run([cc, *flags, str(SOURCE), "-o", tmp, "-lm"], capture_output=True,
+            result = subprocess.run([cc, *flags, *map(str, SOURCES), "-o", tmp, "-lm"], capture_output=True,
                                     text=True, timeout=300)
             if result.returncode == 0:
                 os.chmod(tmp, 0o755)                   # whatever the umask: never group/other-writable
@@ -180,6 +180,8 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     fn.argtypes = [ctypes.c_int, p, p, p, p, p, p, p, i64, p, i64, i64, i64, i64, i64, ctypes.c_float,
                    ctypes.c_int]
     fn.restype = ctypes.c_int
+    lib.speculant_write_kv.argtypes = [p, i64, p, i64, p, p, p, i64, i64, i64, i64]
+    lib.speculant_write_kv.restype = ctypes.c_int
     lib.speculant_kernel_dtypes.argtypes = []
     lib.speculant_kernel_dtypes.restype = ctypes.c_int
     lib.speculant_kernel_isa.argtypes = []

@@ -77,8 +77,7 @@ class TorchAttentionBackend(AttentionBackend):
         self.attend_spans(query, key_cache, value_cache, metadata.spans, scaling, out)
         return out
 
-    @staticmethod
-    def write_kv(key: torch.Tensor,  # [T, H_kv, D]
+    def write_kv(self, key: torch.Tensor,  # [T, H_kv, D]
                  value: torch.Tensor,  # [T, H_kv, D]
                  key_cache: torch.Tensor,  # [num_blocks, block_size, H_kv, D]
                  value_cache: torch.Tensor,  # [num_blocks, block_size, H_kv, D]
