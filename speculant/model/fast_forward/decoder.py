@@ -23,6 +23,8 @@ output for each position.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -67,7 +69,7 @@ class RotaryTable:
 class FastDecoder:
     """The base model's forward for one flattened batch (see the module docstring)."""
 
-    def __init__(self, model: nn.Module, plan: Plan, max_model_len: int) -> None:
+    def __init__(self, model: Any, plan: Plan, max_model_len: int) -> None:
         base = base_of(model)
         self.plan = plan
         self.embed = base.embed_tokens.weight  # [V, H]
@@ -89,7 +91,7 @@ class FastDecoder:
         attend, scaling = backend.forward, plan.scaling
         cos, sin = self.rotary.lookup(positions)
         hidden = F.embedding(token_ids, self.embed)  # [T, H], the residual stream, updated in place
-        for layer, lw, key_cache, value_cache in zip(range(plan.num_layers), self.layers, key_caches, value_caches):
+        for lw, key_cache, value_cache in zip(self.layers, key_caches, value_caches):
             qkv = lw.qkv(lw.input_norm(hidden))  # [T, (H_q + 2 H_kv) D]
             qk = qkv[:, :qk_width].view(num_tokens, qk_heads, head_dim)
             rotated = qk.roll(half, -1).mul_(sin)

@@ -12,6 +12,7 @@ model exactly (the reference path, transformers' own modules, runs those).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from torch import nn
 
@@ -59,13 +60,13 @@ class Plan:
     scaling: float  # the attention's softmax scale (head_dim ** -0.5 in this family)
 
 
-def base_of(model: nn.Module) -> nn.Module:
+def base_of(model: nn.Module) -> Any:
     """The decoder stack (``model.model``) of a ``*ForCausalLM``."""
     base = getattr(model, "model", None)
     return base if isinstance(base, nn.Module) else model
 
 
-def plan_model(model: nn.Module, max_model_len: int) -> Plan | list[str]:
+def plan_model(model: Any, max_model_len: int) -> Plan | list[str]:
     """A ``Plan`` when the fast decoder reproduces ``model``; else every reason it does not."""
     cfg = model.config
     spec = ARCH_SPECS.get(getattr(cfg, "model_type", ""))
@@ -105,7 +106,7 @@ def _config_reasons(spec: ArchSpec, cfg, max_model_len: int) -> list[str]:
     return reasons
 
 
-def _module_reasons(spec: ArchSpec, base: nn.Module) -> list[str]:
+def _module_reasons(spec: ArchSpec, base: Any) -> list[str]:
     """The module tree is what the spec says: nothing extra a config flag could not show."""
     layers = getattr(base, "layers", None)
     needed = ("embed_tokens", "norm", "rotary_emb")
@@ -118,7 +119,7 @@ def _module_reasons(spec: ArchSpec, base: nn.Module) -> list[str]:
     return []
 
 
-def _layer_problem(spec: ArchSpec, layer: nn.Module) -> str | None:
+def _layer_problem(spec: ArchSpec, layer: Any) -> str | None:
     if type(layer).__name__ != spec.decoder_layer_class:
         return f"decoder layer class {type(layer).__name__} is not {spec.decoder_layer_class}"
     extra = {n for n, _ in layer.named_children()} ^ LAYER_CHILDREN

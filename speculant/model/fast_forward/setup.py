@@ -17,6 +17,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -65,7 +66,7 @@ ForwardFn = Callable[[list[QuerySpan], FastDecoder | None], torch.Tensor]
 """The runner's forward over spans with a given decoder (None: the reference path) -> logits [R, V]."""
 
 
-def select_fast_forward(setting: str, model: torch.nn.Module, max_model_len: int, runner,
+def select_fast_forward(setting: str, model: Any, max_model_len: int, runner,
                         forward: ForwardFn, option: str) -> FastForwardStatus:
     """Resolve ``model.fast_forward`` for ``runner`` (a ModelRunner with its caches allocated)."""
     if setting == "off":
@@ -98,7 +99,7 @@ def select_fast_forward(setting: str, model: torch.nn.Module, max_model_len: int
     return FastForwardStatus(setting, decoder, None, build_s, probe_s, deviation)
 
 
-def build_decoder(model: torch.nn.Module, max_model_len: int) -> tuple[FastDecoder | None, str | None]:
+def build_decoder(model: Any, max_model_len: int) -> tuple[FastDecoder | None, str | None]:
     plan = plan_model(model, max_model_len)
     if isinstance(plan, list):
         return None, "; ".join(plan)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -54,10 +55,11 @@ def linear_call(module: nn.Module) -> Linear:
 def merged_call(modules: list[nn.Module]) -> Linear:
     """One call computing the concatenated outputs of sibling projections that read one input."""
     if all(isinstance(m, MergedSlice) for m in modules):
-        shared = {id(m._shared) for m in modules}  # type: ignore[union-attr]
-        if len(shared) != 1 or [m.index for m in modules] != list(range(len(modules))):  # type: ignore[union-attr]
+        slices: list[Any] = modules
+        shared = {id(m._shared) for m in slices}
+        if len(shared) != 1 or [m.index for m in slices] != list(range(len(slices))):
             raise WeightsError("sibling projections are sliced from different merged GEMMs")
-        return modules[0]._shared.merged.forward  # type: ignore[union-attr]
+        return slices[0]._shared.merged.forward
     if all(type(m) is nn.Linear for m in modules):
         return _concatenate([m for m in modules if isinstance(m, nn.Linear)])
     kinds = sorted({type(m).__name__ for m in modules})
@@ -71,7 +73,7 @@ def _concatenate(linears: list[nn.Linear]) -> Linear:
         raise WeightsError("sibling projections disagree on having a bias")
     with torch.no_grad():
         weight = torch.cat([m.weight for m in linears])  # [sum(out), in]
-        bias = None if linears[0].bias is None else torch.cat([m.bias for m in linears])  # type: ignore[misc]
+        bias = None if linears[0].bias is None else torch.cat([m.bias for m in linears])
         offset = 0
         for m in linears:
             rows = m.out_features
@@ -87,7 +89,7 @@ def norm_call(module: nn.Module) -> Linear:
     return module.forward
 
 
-def layer_weights(layer: nn.Module) -> LayerWeights:
+def layer_weights(layer: Any) -> LayerWeights:
     attn, mlp = layer.self_attn, layer.mlp
     return LayerWeights(
         input_norm=norm_call(layer.input_layernorm),
