@@ -30,6 +30,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--chat", action="store_true",
                    help="send each prompt as a user message through the model's chat template")
     p.add_argument("--json", action="store_true", help="print results as JSON")
+    p.add_argument("--verbose", action="store_true",
+                   help="also print how each model runs: the forward path (model.fast_forward), "
+                        "with its build and probe times, or why transformers' modules run it")
     p.add_argument("--threads", type=int, default=None,
                    help="torch CPU threads (default: torch's choice, one per core)")
     p.set_defaults(func=run)
@@ -42,6 +45,17 @@ def _build(args, overrides: list[str]):
     if args.config:
         return LLM.from_config(args.config, overrides)
     return LLM.from_dict(apply_overrides({"model": {"path": args.model}}, overrides), "--model/--set")
+
+
+def forward_paths(llm) -> list[str]:
+    """One line per runner (the target, then any draft model): which forward path it takes."""
+    lines = [f"model.fast_forward: {llm.engine.runner.fast_forward.describe()}"]
+    proposer = llm.engine.spec.proposer
+    for part in getattr(proposer, "parts", [proposer]) if proposer is not None else []:
+        status = getattr(getattr(part, "runner", None), "fast_forward", None)
+        if status is not None:
+            lines.append(f"draft model.fast_forward: {status.describe()}")
+    return lines
 
 
 def _warm_up(llm, args) -> None:
@@ -101,6 +115,8 @@ def run(args: argparse.Namespace) -> int:
         summary["speedup"] = round((num_tokens / seconds) / (base_tokens / base_seconds), 2)
         summary["same_text_as_baseline"] = all(
             a.outputs[0].token_ids == b.outputs[0].token_ids for a, b in zip(outputs, base_out))
+    if args.verbose:
+        summary["forward_paths"] = forward_paths(llm)
     if args.json:
         print(json.dumps({"outputs": [{"prompt": p if args.chat else o.prompt, "text": o.outputs[0].text,
                                        "finish_reason": o.outputs[0].finish_reason}
@@ -110,5 +126,8 @@ def run(args: argparse.Namespace) -> int:
     for p, o in zip(args.prompts, outputs):
         print(f"{p}\n{o.outputs[0].text}" if args.chat else f"{o.prompt}{o.outputs[0].text}")
         print("-" * 60)
+    paths = summary.pop("forward_paths", [])
     print(" | ".join(f"{k}: {v}" for k, v in summary.items()))
+    for line in paths:
+        print(line)
     return 0

@@ -76,6 +76,14 @@ class ModelConfig(StrictModel):
     count, whatever their mix of prefill chunks, decodes and verify runs
     (``speculant/model/cuda_graphs.py``); elsewhere they run eagerly, the reason
     logged once. ``off``: always eager."""
+    fast_forward: Literal["auto", "on", "off"] = "auto"
+    """Run the decoder as speculant's own layer loop instead of transformers'
+    modules (``speculant/model/fast_forward/``: merged q/k/v and gate/up GEMMs,
+    one rotary table, in-place residuals; the same attention backend and KV
+    cache). ``auto``: where the architecture is supported (llama, mistral, qwen2
+    families) and a load-time probe against transformers' modules passes, else
+    transformers' modules with the reason logged. ``on``: the same, but a model
+    the fast path cannot run is an error. ``off``: transformers' modules."""
 
     @field_validator("gguf_file")
     @classmethod

@@ -21,6 +21,8 @@ from speculant.model.attention.context import ForwardContext, forward_context
 from speculant.model.attention.hf_seam import SEAM_NAME
 from speculant.model.attention.seam_probe import probe_attention, seam_refusals
 from speculant.model.cuda_graphs import GraphedForward, GraphLimits
+from speculant.model.fast_forward.decoder import FastDecoder
+from speculant.model.fast_forward.setup import FastForwardStatus, select_fast_forward
 from speculant.model.fused_norms import fuse_rms_norms
 from speculant.model.gguf_source import resolve_model_source
 from speculant.model.kv_cache import BlockManager
@@ -96,7 +98,11 @@ class ModelRunner:
         self.trash_block = self.num_blocks  # one more block, outside the pool: graph padding writes there
         self.key_caches, self.value_caches = self._allocate_caches()
         self.block_manager = BlockManager(self.num_blocks, self.block_size)
+        self.fast_forward = FastForwardStatus(model_cfg.fast_forward, None, "selected after the self-test")
         self.self_test_deviation = self._self_test(path_option)
+        self.fast_forward = select_fast_forward(
+            model_cfg.fast_forward, self.model, self.max_model_len, self,
+            lambda spans, decoder: self._eager_forward(spans, False, decoder).logits, path_option)
         self.graph_limits = graph_limits or GraphLimits()
         self.graphs_off_reason = self._setup_graphs(model_cfg.cuda_graphs, path_option)
 
@@ -227,12 +233,18 @@ class ModelRunner:
             rows = self.graphs.run(spans)  # [Tb, H] or None
             if rows is not None:
                 return self._head_output(spans, rows, want_hidden)
-        return self._eager_forward(spans, want_hidden)
+        return self._eager_forward(spans, want_hidden, self.fast_forward.decoder)
 
-    def _eager_forward(self, spans: list[QuerySpan], want_hidden: bool) -> ForwardOutput:
+    def _eager_forward(self, spans: list[QuerySpan], want_hidden: bool,
+                       decoder: FastDecoder | None = None) -> ForwardOutput:
         st = SpanTensors.build(spans, self.block_size, self.device)
+        metadata = self.backend.build_metadata(st)
+        if decoder is not None:  # model.fast_forward: our own layer loop, same backend and caches
+            rows = decoder.forward(st.token_ids, st.positions, self.backend, metadata,
+                                   self.key_caches, self.value_caches)  # [T, H]
+            return self._head_output(spans, rows, want_hidden, copy=False)
         keep_t = self._keep(spans)
-        ctx = ForwardContext(self.backend, self.backend.build_metadata(st), self.key_caches, self.value_caches)
+        ctx = ForwardContext(self.backend, metadata, self.key_caches, self.value_caches)
         self._capture = want_hidden
         try:
             with forward_context(ctx):
@@ -257,12 +269,13 @@ class ModelRunner:
             offset += span.num_tokens
         return torch.tensor(keep, dtype=torch.long, device=self.device)
 
-    def _head_output(self, spans: list[QuerySpan], rows: torch.Tensor,  # [Tb, H] a graph's static output
-                     want_hidden: bool) -> ForwardOutput:
-        """Logits (and hidden states) of a graphed forward: copies, as the next replay overwrites ``rows``."""
+    def _head_output(self, spans: list[QuerySpan], rows: torch.Tensor,  # [Tb, H] final hidden states
+                     want_hidden: bool, copy: bool = True) -> ForwardOutput:
+        """Logits (and hidden states) from the base model's output rows; ``copy`` for a graph's
+        static output, which the next replay overwrites."""
         every = rows[: sum(s.num_tokens for s in spans)]
         kept = every[self._keep(spans)]  # [R, H], a copy
         logits = self.model.get_output_embeddings()(kept).float()
         if not want_hidden:
             return ForwardOutput(logits=logits, hidden_states=None)
-        return ForwardOutput(logits=logits, hidden_states=kept, token_hidden=every.clone())
+        return ForwardOutput(logits=logits, hidden_states=kept, token_hidden=every.clone() if copy else every)

@@ -1,0 +1,105 @@
+"""The fast decoder: the llama family's forward as one loop over prepared layers.
+
+transformers' modules cost about 200 us of Python and small operators per
+layer at decode sizes (module calls, hooks, shape plumbing, separate q/k/v and
+gate/up projections, two rotary passes). This loop computes the same
+arithmetic with the fewest operators: per layer the input norm, one q/k/v
+GEMM, rotary on q and k together from a cos/sin table indexed once per
+forward, the K/V write and paged attention through the runner's attention
+backend (the very call the reference path's seam makes), the output
+projection added in place to the residual, the post-attention norm, one
+gate/up GEMM, ``silu(gate) * up``, the down projection added in place. It
+returns the final normed hidden states, where transformers' base model
+returns them, so the LM head, samplers and hidden-state proposers are
+unchanged.
+
+Exactness: every rounding step is the reference's. Rotary is
+``x * cos + rotate_half(x) * sin`` with ``rotate_half(x) * sin`` computed as
+``roll(x, D/2) * sin_signed`` (``sin_signed`` = sin with its first half
+negated: ``(-a) * b == a * (-b)`` exactly), the residual adds round as
+``residual + out`` does, and the cos/sin table holds the rotary module's own
+output for each position.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from speculant.interfaces import AttentionBackend
+from speculant.model.fast_forward.plan import Plan, base_of
+from speculant.model.fast_forward.weights import LayerWeights, layer_weights, norm_call
+
+MAX_TABLE_POSITIONS = 1 << 16
+"""Longest cos/sin table kept (positions); longer models compute cos/sin per forward."""
+
+
+class RotaryTable:
+    """cos / sin ``[P, D]`` in the model's dtype, straight from the model's rotary module."""
+
+    def __init__(self, rotary: nn.Module, max_positions: int, dtype: torch.dtype, device: torch.device) -> None:
+        self.rotary, self.dtype, self.device = rotary, dtype, device
+        self.cos: torch.Tensor | None = None
+        self.sin_signed: torch.Tensor | None = None
+        if max_positions <= MAX_TABLE_POSITIONS:
+            positions = torch.arange(max_positions, device=device)
+            self.cos, self.sin_signed = self._compute(positions)
+
+    def _compute(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        # positions: [T] long -> cos [T, D], sin with its first half negated [T, D]
+        probe = torch.empty(0, dtype=self.dtype, device=self.device)
+        cos, sin = self.rotary(probe, positions.unsqueeze(0))
+        cos, sin = cos[0], sin[0].clone()
+        half = sin.shape[-1] // 2
+        sin[:, :half].neg_()
+        return cos.contiguous(), sin
+
+    def lookup(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        # positions: [T] long -> cos, sin_signed [T, 1, D] (broadcast over heads)
+        if self.cos is None or self.sin_signed is None:
+            cos, sin = self._compute(positions)
+        else:
+            cos, sin = self.cos.index_select(0, positions), self.sin_signed.index_select(0, positions)
+        return cos.unsqueeze(1), sin.unsqueeze(1)
+
+
+class FastDecoder:
+    """The base model's forward for one flattened batch (see the module docstring)."""
+
+    def __init__(self, model: Any, plan: Plan, max_model_len: int) -> None:
+        base = base_of(model)
+        self.plan = plan
+        self.embed = base.embed_tokens.weight  # [V, H]
+        self.final_norm = norm_call(base.norm)
+        self.layers: list[LayerWeights] = [layer_weights(layer) for layer in base.layers]
+        self.rotary = RotaryTable(base.rotary_emb, max_model_len, self.embed.dtype, self.embed.device)
+        self.qk_heads = plan.num_heads + plan.num_kv_heads
+        self.qk_width = self.qk_heads * plan.head_dim
+        self.half = plan.head_dim // 2
+
+    def forward(self, token_ids: torch.Tensor,  # [T] long
+                positions: torch.Tensor,  # [T] long
+                backend: AttentionBackend, metadata,
+                key_caches: list[torch.Tensor],  # per layer [num_blocks, block_size, H_kv, D]
+                value_caches: list[torch.Tensor]) -> torch.Tensor:  # -> [T, H] final normed hidden states
+        plan = self.plan
+        num_tokens, num_heads, head_dim = token_ids.shape[0], plan.num_heads, plan.head_dim
+        qk_heads, qk_width, half, inter = self.qk_heads, self.qk_width, self.half, plan.intermediate_size
+        attend, scaling = backend.forward, plan.scaling
+        cos, sin = self.rotary.lookup(positions)
+        hidden = F.embedding(token_ids, self.embed)  # [T, H], the residual stream, updated in place
+        for lw, key_cache, value_cache in zip(self.layers, key_caches, value_caches):
+            qkv = lw.qkv(lw.input_norm(hidden))  # [T, (H_q + 2 H_kv) D]
+            qk = qkv[:, :qk_width].view(num_tokens, qk_heads, head_dim)
+            rotated = qk.roll(half, -1).mul_(sin)
+            qk = (qk * cos).add_(rotated)  # [T, H_q + H_kv, D]
+            v = qkv[:, qk_width:].view(num_tokens, -1, head_dim)
+            out = attend(qk[:, :num_heads], qk[:, num_heads:], v, key_cache, value_cache, metadata, scaling)
+            hidden.add_(lw.o(out.reshape(num_tokens, num_heads * head_dim)))
+            gate_up = lw.gate_up(lw.post_norm(hidden))  # [T, 2 I]
+            act = F.silu(gate_up[:, :inter]).mul_(gate_up[:, inter:])
+            hidden.add_(lw.down(act))
+        return self.final_norm(hidden)
