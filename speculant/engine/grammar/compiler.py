@@ -68,7 +68,9 @@ class GrammarCompiler:
             if self._tokenizer is None:
                 llg = load_llguidance()
                 try:
-                    self._tokenizer = llg.hf.from_tokenizer(self._hf_tokenizer, n_vocab=self.vocab_size,
+                    # llguidance's vocabulary covers both the logits' columns and the tokenizer's ids
+                    n_vocab = max(self.vocab_size, len(self._hf_tokenizer))
+                    self._tokenizer = llg.hf.from_tokenizer(self._hf_tokenizer, n_vocab=n_vocab,
                                                             eos_token=self.eos_token_ids or None)
                 except ValueError as exc:
                     raise GrammarError(f"structured output cannot use this model's tokenizer ({exc}); "

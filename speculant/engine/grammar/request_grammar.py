@@ -33,6 +33,8 @@ class RequestGrammar:
 
     def sync(self, output_token_ids: list[int]) -> None:
         """Make the matcher hold exactly ``output_token_ids`` (committed output)."""
+        if self.matcher.is_error():
+            self._fault(f"following its {len(self.tokens)} committed tokens")
         n = len(self.tokens)
         if n > len(output_token_ids) or (n and output_token_ids[n - 1] != self.tokens[-1]):
             common = 0
@@ -46,8 +48,6 @@ class RequestGrammar:
             if not self.matcher.consume_tokens(new):
                 self._fault(f"consuming committed tokens {new}")
             self.tokens.extend(new)
-        if self.matcher.is_error():
-            self._fault("its last step")
 
     def valid_prefix(self, proposal: list[int]) -> int:
         """How many leading tokens of ``proposal`` the grammar allows from the committed state."""

@@ -51,8 +51,7 @@ class StructuredOutputs:
 
     def __init__(self, hf_tokenizer: Any, vocab_size: int, eos_token_ids: frozenset[int]) -> None:
         self.compiler = GrammarCompiler(hf_tokenizer, vocab_size, eos_token_ids)
-        self.vocab_size = vocab_size
-        self.num_words = (vocab_size + 31) // 32
+        self.vocab_size = vocab_size  # columns of the logits (the mask's bits past them are dropped)
         self._executor: Any = None  # llguidance.LLExecutor, made on first use
         self._worker: ThreadPoolExecutor | None = None
         self.mask_s = 0.0  # worker time computing masks (overlapped with the forward)
@@ -132,7 +131,8 @@ class StructuredOutputs:
         """Worker thread: each job's ``1 + len(proposal)`` mask rows [rows, W] int32, and new faults."""
         t0 = time.perf_counter()
         num_rows = sum(1 + len(draft) for _, _, draft in jobs)
-        bitmask = torch.full((max(num_rows, 1), self.num_words), ALL_ALLOWED, dtype=torch.int32)
+        num_words = (self.compiler.tokenizer.vocab_size + 31) // 32
+        bitmask = torch.full((max(num_rows, 1), num_words), ALL_ALLOWED, dtype=torch.int32)
         starts, row = [], 0
         for _, _, draft in jobs:
             starts.append(row)
@@ -147,13 +147,14 @@ class StructuredOutputs:
                 except Exception as exc:  # noqa: BLE001 - a fault kept with its request
                     faults[job[0]] = f"its {job[1].spec.kind} grammar failed while computing its token masks: {exc}"
         masks = {}
-        nonempty = bitmask.ne(0).any(dim=1).tolist()
-        for (rid, g, draft), s in zip(jobs, starts):
+        # a state allowing no token the model can emit (within the logits' columns) is a fault
+        nonempty = unpack_bitmask(bitmask[starts], self.vocab_size).any(dim=1).tolist() if jobs else []
+        for j, ((rid, g, draft), s) in enumerate(zip(jobs, starts)):
             if rid in faults:
                 continue
             try:
                 g.check()
-                if not nonempty[s]:
+                if not nonempty[j]:
                     raise GrammarFault(f"its {g.spec.kind} grammar allows no token after "
                                        f"{len(g.tokens)} output tokens")
             except GrammarFault as exc:
