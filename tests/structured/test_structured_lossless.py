@@ -23,11 +23,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_spec_lossless import MAX_TOKENS, PROPOSER_OPTIONS, K, N, V, chi_square_p, filtered_probs, small_vocab
 from transformers import AutoModelForCausalLM
 
 from spec_helpers import run
 from speculant import LLM, SamplingParams
-from test_spec_lossless import MAX_TOKENS, PROPOSER_OPTIONS, K, N, V, chi_square_p, filtered_probs, small_vocab
 
 __all__ = ["small_vocab"]  # the fixture, shared with tests/spec/test_spec_lossless.py
 
