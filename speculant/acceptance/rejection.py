@@ -41,7 +41,8 @@ class RejectionSampler(AcceptanceMethod):
     """
 
     name = "rejection"
-    capabilities = AcceptanceCapabilities(needs_draft_probs=False, lossless=True, supports_sampling=True)
+    capabilities = AcceptanceCapabilities(needs_draft_probs=False, lossless=True, supports_sampling=True,
+                                          supports_structured_output=True)
 
     def accept(
         self,

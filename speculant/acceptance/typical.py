@@ -51,7 +51,8 @@ class TypicalAcceptance(AcceptanceMethod):
     """
 
     name = "typical"
-    capabilities = AcceptanceCapabilities(needs_draft_probs=False, lossless=False, supports_sampling=True)
+    capabilities = AcceptanceCapabilities(needs_draft_probs=False, lossless=False, supports_sampling=True,
+                                          supports_structured_output=True)
     Options: ClassVar[type[BaseModel]] = TypicalOptions
     options: TypicalOptions  # __init__ substitutes the defaults for None
 

@@ -47,6 +47,8 @@ from speculant.config.rules import (
     combination_reasons,
     sampling_issues,
     sampling_reasons,
+    structured_issues,
+    structured_reasons,
 )
 from speculant.interfaces import Kind, UnknownPluginError
 
@@ -56,7 +58,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Issue", "backend_issues", "combination_issues", "combination_reasons", "sampling_issues",
-    "sampling_reasons", "auto_attention_backend", "resolve_attention_backend_name", "default_plugins",
+    "sampling_reasons", "structured_issues", "structured_reasons",
+    "auto_attention_backend", "resolve_attention_backend_name", "default_plugins",
     "config_problems", "data_problems", "validate_config", "parse_config", "build_config", "load_config",
 ]
 

@@ -2,8 +2,9 @@
 chunked prefill (off/on) the registry holds, checked by ``compat`` on the
 default attention backend.
 
-A cell is supported (✅), supported for greedy requests only (the
-sampling-only rules of ``compat``), or unsupported with its short reasons.
+A cell is supported (✅), supported with per-request limits noted (the
+sampling-only rules of ``compat``: greedy requests only; the structured-only
+rule: no structured output), or unsupported with its short reasons.
 ``num_speculative_tokens`` is the config default clipped to the proposer's
 maximum, so the k limit never decides a cell. The README carries the Markdown
 rendering between ``README_START`` and ``README_END``; ``rewrite_readme``
@@ -44,23 +45,29 @@ class MatrixCell:
 
     @property
     def supported(self) -> bool:
-        """Supported at least for greedy requests."""
-        return all(i.sampling_only for i in self.issues)
+        """Supported at least for greedy requests without structured output."""
+        return all(i.per_request for i in self.issues)
 
     @property
     def greedy_only(self) -> bool:
-        return self.supported and bool(self.issues)
+        return self.supported and any(i.sampling_only for i in self.issues)
+
+    @property
+    def structured_output(self) -> bool:
+        """Structured-output requests are served (where the cell is supported)."""
+        return self.supported and not any(i.structured_only for i in self.issues)
 
     @property
     def reasons(self) -> list[str]:
         """Full messages of the issues that make the cell unsupported."""
-        return [i.message for i in self.issues if not i.sampling_only]
+        return [i.message for i in self.issues if not i.per_request]
 
     def label(self) -> str:
-        """Short Markdown cell: ✅, ✅ greedy only (...), or ❌ reasons."""
+        """Short Markdown cell: ✅, ✅ with the per-request limits (greedy only, no
+        structured output), or ❌ reasons."""
         if not self.issues:
             return SUPPORTED_MARK
-        if self.greedy_only:
+        if self.supported:
             return f"{SUPPORTED_MARK} " + "; ".join(i.short for i in self.issues)
         return f"{UNSUPPORTED_MARK} " + "; ".join(i.short for i in self.issues if not i.sampling_only)
 
@@ -76,6 +83,8 @@ class MatrixCell:
             "greedy_only": self.greedy_only,
             "reasons": self.reasons,
             "sampling_reasons": [i.message for i in self.issues if i.sampling_only],
+            "structured_reasons": [i.message for i in self.issues if i.structured_only],
+            "structured_output": self.structured_output,
             "label": self.label(),
         }
 
@@ -117,7 +126,8 @@ def render_markdown(cells: list[MatrixCell]) -> str:
         rows.setdefault((c.proposer, c.scorer, c.acceptance), {})[c.enable_chunked_prefill] = c
     lines = [
         f"Attention backend: {', '.join(backends)}. {SUPPORTED_MARK} supported; "
-        f"{SUPPORTED_MARK} with a note: greedy requests only; {UNSUPPORTED_MARK} unsupported, with the reason "
+        f"{SUPPORTED_MARK} with a note: some requests only (greedy only, no structured output); "
+        f"{UNSUPPORTED_MARK} unsupported, with the reason "
         "(`speculant config check` gives the full reason and the fix).",
         "",
         "| proposer | scorer | acceptance | chunked prefill off | chunked prefill on |",

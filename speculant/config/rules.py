@@ -21,11 +21,18 @@ _DRAFT_PROBS_GIVEN = {"one_hot": "only its proposed tokens", "none": "no draft p
 class Issue:
     """One reason a combination is unsupported: a short form for the matrix
     and the full sentence for users. ``sampling_only`` issues apply only to
-    requests that sample (temperature > 0)."""
+    requests that sample (temperature > 0), ``structured_only`` ones only to
+    structured-output requests (``SamplingParams.structured``)."""
 
     short: str
     message: str
     sampling_only: bool = False
+    structured_only: bool = False
+
+    @property
+    def per_request(self) -> bool:
+        """Refuses only some requests (sampling or structured ones), not the config."""
+        return self.sampling_only or self.structured_only
 
 
 def backend_issues(backend_cls: type[AttentionBackend], *, enable_chunked_prefill: bool) -> list[Issue]:
@@ -62,6 +69,19 @@ def sampling_issues(proposer_cls: type[Proposer], acceptance_cls: type[Acceptanc
             f"speculative.acceptance to a method that is not lossless, or choose a proposer with "
             f"draft_probs = 'one_hot' or 'full'", sampling_only=True))
     return issues
+
+
+def structured_issues(acceptance_cls: type[AcceptanceMethod]) -> list[Issue]:
+    """Rules that only apply to structured-output requests."""
+    if acceptance_cls.capabilities.supports_structured_output:
+        return []
+    a = acceptance_cls.name
+    return [Issue(
+        "no structured output: acceptance",
+        f"acceptance '{a}' does not declare that it emits only tokens the target's (grammar-masked) "
+        f"distribution allows (supports_structured_output = false), so a grammar could not be kept: leave "
+        f"SamplingParams.structured / response_format unset, or set speculative.acceptance to a method "
+        f"that supports structured output (rejection, typical)", structured_only=True)]
 
 
 def combination_issues(
@@ -115,7 +135,7 @@ def combination_issues(
             f"(supports_mixed_prefill_decode = false), which chunked prefill does every step: set "
             f"scheduler.enable_chunked_prefill = false or choose another scorer"))
     issues += backend_issues(backend_cls, enable_chunked_prefill=enable_chunked_prefill)
-    return issues + sampling_issues(proposer_cls, acceptance_cls)
+    return issues + sampling_issues(proposer_cls, acceptance_cls) + structured_issues(acceptance_cls)
 
 
 def combination_reasons(
@@ -133,10 +153,16 @@ def combination_reasons(
     issues = combination_issues(proposer_cls, scorer_cls, acceptance_cls, backend_cls,
                                 enable_chunked_prefill=enable_chunked_prefill,
                                 num_speculative_tokens=num_speculative_tokens)
-    return [i.message for i in issues if sampling or not i.sampling_only]
+    return [i.message for i in issues if not i.structured_only and (sampling or not i.sampling_only)]
 
 
 def sampling_reasons(proposer_cls: type[Proposer], acceptance_cls: type[AcceptanceMethod]) -> list[str]:
     """Why a sampling request (temperature > 0) cannot be served by this
     proposer and acceptance method; for the engine's ``add_request``."""
     return [i.message for i in sampling_issues(proposer_cls, acceptance_cls)]
+
+
+def structured_reasons(acceptance_cls: type[AcceptanceMethod]) -> list[str]:
+    """Why a structured-output request cannot be served with this acceptance
+    method; for the engine's ``add_request``."""
+    return [i.message for i in structured_issues(acceptance_cls)]

@@ -15,6 +15,8 @@ import operator
 from dataclasses import dataclass, field
 from typing import SupportsIndex
 
+from speculant.config.structured import StructuredOutput, parse_structured
+
 MIN_TEMPERATURE = 1e-5
 """Temperatures in ``(0, MIN_TEMPERATURE)`` are treated as greedy (stored as
 0.0). Dividing float32 logits by anything smaller risks overflowing to inf
@@ -45,6 +47,10 @@ class SamplingParams:
     independent of whatever else is batched with it. ``logprobs`` asks for up
     to ``MAX_LOGPROBS`` (20) top log-probabilities per token. ``stop`` is a
     string or a list of non-empty strings; ``stop_token_ids`` are ids >= 0.
+    ``structured`` constrains the output to a JSON schema, any JSON object, a
+    regex or a Lark grammar (``config/structured.py``); it is stored as a
+    ``StructuredOutput``, and an EOS the grammar allows ends the request even
+    with ``ignore_eos``.
     """
 
     max_tokens: int = 16
@@ -58,6 +64,7 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: int | None = None
     include_stop_str_in_output: bool = False
+    structured: StructuredOutput | dict | None = None
 
     def __post_init__(self) -> None:
         self.max_tokens = _int("max_tokens", self.max_tokens, "ask for at least one token, e.g. max_tokens=16")
@@ -86,6 +93,7 @@ class SamplingParams:
                    f"ask for at most {MAX_LOGPROBS} top log-probabilities per token")
         self.stop = _stop_strings(self.stop)
         self.stop_token_ids = _token_ids(self.stop_token_ids)
+        self.structured = parse_structured(self.structured)
         for name in ("ignore_eos", "include_stop_str_in_output"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"SamplingParams.{name}={getattr(self, name)!r} must be a bool, got "
@@ -94,6 +102,12 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def constraint(self) -> StructuredOutput | None:
+        """``structured`` as validated (a dict given is parsed on construction)."""
+        s = self.structured
+        return s if isinstance(s, StructuredOutput) else parse_structured(s)
 
 
 def _check(ok: bool, option: str, value: object, reason: str, fix: str) -> None:

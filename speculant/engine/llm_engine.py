@@ -16,12 +16,13 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from speculant.config.compat import default_plugins, sampling_reasons, validate_config
+from speculant.config.compat import default_plugins, sampling_reasons, structured_reasons, validate_config
 from speculant.config.models import EngineConfig
 from speculant.config.sampling_params import SamplingParams
 from speculant.engine.commit import apply
 from speculant.engine.detokenizer import Detokenizer, TextDecoder
 from speculant.engine.draft_length import DraftLengthPolicy, build_draft_length_policy
+from speculant.engine.grammar import RequestGrammar, StructuredOutputs
 from speculant.engine.inbox import Inbox
 from speculant.engine.prefix_caching import PrefixCache
 from speculant.engine.proposer_guard import ProposerGuard
@@ -71,6 +72,7 @@ class LLMEngine:
         self.num_failed_requests = 0
         self.num_fallback_steps = 0  # steps recomputed without speculation or request by request
         self.stream_text = True  # unfinished requests' text every step (incremental); LLM.generate turns it off
+        self._structured: StructuredOutputs | None = None  # made by the first structured request
 
     # --- requests ------------------------------------------------------------
     def add_request(self, request_id: str | None, prompt: str | list[int],
@@ -83,6 +85,7 @@ class LLMEngine:
         if request_id is not None:
             self._check_id_free(request_id)
         self._check_sampling(params)
+        grammar = self._grammar(params)
         text, token_ids = self._tokenize(prompt)
         self._check_prompt(token_ids)
         with self._inbox.lock:
@@ -94,7 +97,7 @@ class LLMEngine:
             seed = params.seed if params.seed is not None else int(
                 torch.randint(0, 2**62, (1,), generator=self._seed_gen))
             req = Request(request_id=request_id, prompt=text, prompt_token_ids=token_ids, params=params,
-                          seed=seed, eos_token_ids=self.runner.eos_token_ids)
+                          seed=seed, eos_token_ids=self.runner.eos_token_ids, grammar=grammar)
             self._requests[request_id] = req
             self._inbox.submit(lambda: self.scheduler.add(req))
         return request_id
@@ -146,6 +149,27 @@ class LLMEngine:
         if reasons:
             raise ValueError(f"temperature={params.temperature} is not supported by this speculative "
                              "configuration: " + "; ".join(reasons))
+
+    @property
+    def structured(self) -> StructuredOutputs:
+        """The structured-output machinery (compiler, grammar cache, mask worker), made on first use."""
+        with self._inbox.lock:
+            if self._structured is None:
+                self._structured = StructuredOutputs(self.tokenizer, self.runner.vocab_size,
+                                                     self.runner.eos_token_ids)
+            return self._structured
+
+    def _grammar(self, params: SamplingParams) -> RequestGrammar | None:
+        """The request's grammar state, or None; ValueError (``GrammarError``) names what cannot compile."""
+        spec = params.constraint
+        if spec is None:
+            return None
+        if self.spec.acceptance is not None:
+            reasons = structured_reasons(type(self.spec.acceptance))
+            if reasons:
+                raise ValueError("structured output is not supported by this speculative configuration: "
+                                 + "; ".join(reasons))
+        return self.structured.new_state(spec)
 
     def _check_prompt(self, token_ids: list[int]) -> None:
         n, limit = len(token_ids), self.max_model_len
@@ -237,7 +261,7 @@ class LLMEngine:
         if batch.is_empty:
             return []
         parts = StepParts(self.runner, proposer, self.spec.scorer, self.spec.acceptance, self.guard,
-                          self.spec.want_hidden, self.decoder, self.stream_text)
+                          self.spec.want_hidden, self.decoder, self.stream_text, self._structured)
         try:
             run = run_step(batch, parts)
         except Exception as exc:  # a fault of the step machinery itself: no one to blame
@@ -340,4 +364,14 @@ class LLMEngine:
             "prefix_caching": self.prefix_caching,
             **(self.scheduler.prefix.metrics() if self.scheduler.prefix is not None else {}),
             **stats.as_dict(),
+            **(self._structured_metrics()),
         }
+
+    def _structured_metrics(self) -> dict:
+        s = self._structured
+        if s is None:
+            return {}
+        return {"structured_mask_s": s.mask_s, "structured_wait_s": s.wait_s, "structured_apply_s": s.apply_s,
+                "structured_mask_rows": s.num_mask_rows, "structured_cut_tokens": s.num_cut_tokens,
+                "structured_grammars_compiled": s.compiler.num_compiled,
+                "structured_grammar_cache_hits": s.compiler.num_cache_hits}

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from speculant.config.sampling_params import SamplingParams
 from speculant.engine.detokenizer import Detokenizer
+
+if TYPE_CHECKING:
+    from speculant.engine.grammar.request_grammar import RequestGrammar
 
 
 class RequestStatus(enum.Enum):
@@ -101,6 +105,8 @@ class Request:
     block_hashes: list[bytes] = field(default_factory=list)
     """Prefix-cache keys of the leading full blocks of ``token_ids``, computed as
     needed (``engine/prefix_caching.py``); a draft model's pool uses the same keys."""
+    grammar: RequestGrammar | None = None
+    """Structured output: the matcher following the committed output (``engine/grammar``)."""
 
     def __post_init__(self) -> None:
         if not self.token_ids:

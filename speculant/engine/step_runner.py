@@ -13,7 +13,9 @@ applies the plans, which cannot fail. When scoring or deciding raises:
    the others advance normally. The proposer's state for the whole step is
    reset rather than committed (its cache may hold half-written steps).
 
-A request whose commit planning raises fails alone the same way.
+A request whose commit planning raises fails alone the same way, and so does
+a request whose grammar fails (structured output, ``engine/grammar``). Grammar
+masks are applied to the logits before every decision, retries included.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from dataclasses import dataclass, field
 from speculant.engine.batch import ScheduledRequest, StepBatch
 from speculant.engine.commit import Outcome, Plan, outcomes_of, plan
 from speculant.engine.detokenizer import TextDecoder
+from speculant.engine.grammar.step_masks import StepGrammar, StructuredOutputs
 from speculant.engine.proposer_guard import ProposerGuard
 from speculant.engine.step import StepTimes, Timer, decide, propose, score
 from speculant.interfaces import AcceptanceMethod, Proposals, Proposer, Scorer, Scores
@@ -45,6 +48,7 @@ class StepParts:
     want_hidden: bool
     decoder: TextDecoder
     track_text: bool = False  # keep unfinished requests' text up to date (streaming)
+    structured: StructuredOutputs | None = None  # grammar masks (None: no request may have one)
 
 
 @dataclass
@@ -65,18 +69,42 @@ def failure(entry: ScheduledRequest, stage: str, exc: BaseException) -> str:
 def run_step(batch: StepBatch, parts: StepParts) -> StepRun:
     timer, times = Timer(), StepTimes()
     proposals = propose(parts.proposer, batch, parts.guard, parts.runner.device)
+    # grammar: sync, cut proposals it forbids, start the masks (overlapped with the forward)
+    grammar = parts.structured.begin(batch, proposals) if parts.structured is not None else None
+    if grammar is not None:
+        proposals = grammar.proposals
     times.propose_s = timer.lap()
-    return _compute(batch, proposals, parts, timer, times)
+    return _compute(batch, proposals, parts, timer, times, grammar)
+
+
+def _masked(grammar: StepGrammar | None, batch: StepBatch, proposals: Proposals, scores: Scores) -> Scores:
+    return scores if grammar is None else grammar.apply(batch, proposals, scores)
+
+
+def _grammar_faults(batch: StepBatch, grammar: StepGrammar | None,
+                    outcomes: Sequence[Outcome | None]) -> tuple[list[Outcome | None], dict[int, str]]:
+    """Outcomes without those of requests whose grammar failed, and their errors."""
+    out, errors = list(outcomes), {}
+    if grammar is not None and grammar.faults:
+        for idx, entry in enumerate(batch.entries):
+            reason = grammar.faults.get(entry.request.request_id)
+            if reason is not None:
+                out[idx] = None
+                errors[idx] = (f"request {entry.request.request_id!r} failed: {reason}; the engine dropped "
+                               "this request and keeps serving its other requests")
+                logger.warning("%s", errors[idx])
+    return out, errors
 
 
 def _compute(batch: StepBatch, proposals: Proposals, parts: StepParts, timer: Timer,
-             times: StepTimes) -> StepRun:
+             times: StepTimes, grammar: StepGrammar | None = None) -> StepRun:
     try:
         scores = score(parts.scorer, parts.runner, batch, proposals, parts.want_hidden)
         times.score_s = timer.lap()
-        decisions = decide(parts.acceptance, batch, proposals, scores)
+        decisions = decide(parts.acceptance, batch, proposals, _masked(grammar, batch, proposals, scores))
         times.accept_s = timer.lap()
-        return _planned(batch, outcomes_of(batch, decisions), {}, scores, parts, times, "")
+        outcomes, errors = _grammar_faults(batch, grammar, outcomes_of(batch, decisions))
+        return _planned(batch, outcomes, errors, scores, parts, times, "")
     except Exception as exc:  # noqa: BLE001 - any fault: retry, then isolate
         first = exc
     if proposals.num_draft_tokens > 0:
@@ -86,20 +114,23 @@ def _compute(batch: StepBatch, proposals: Proposals, parts: StepParts, timer: Ti
         empty = Proposals.empty(len(batch.decodes), parts.runner.device)
         try:
             scores = score(parts.scorer, parts.runner, batch, empty, parts.want_hidden)
-            decisions = decide(parts.acceptance, batch, empty, scores)
+            decisions = decide(parts.acceptance, batch, empty, _masked(grammar, batch, empty, scores))
             times.score_s = timer.lap()
-            return _planned(batch, outcomes_of(batch, decisions), {}, scores, parts, times, "no_speculation")
+            outcomes, errors = _grammar_faults(batch, grammar, outcomes_of(batch, decisions))
+            return _planned(batch, outcomes, errors, scores, parts, times, "no_speculation")
         except Exception as exc:  # noqa: BLE001
             first = exc
     logger.warning("step of %d requests failed (%s: %s); computing each request alone to find the "
                    "one(s) at fault", len(batch.entries), type(first).__name__, first,
                    exc_info=(type(first), first, first.__traceback__))
-    outcomes, errors = _isolated(batch, parts)
+    outcomes, errors = _isolated(batch, parts, grammar)
     times.score_s = timer.lap()
-    return _planned(batch, outcomes, errors, None, parts, times, "isolated")
+    outcomes, grammar_errors = _grammar_faults(batch, grammar, outcomes)
+    return _planned(batch, outcomes, {**grammar_errors, **errors}, None, parts, times, "isolated")
 
 
-def _isolated(batch: StepBatch, parts: StepParts) -> tuple[list[Outcome | None], dict[int, str]]:
+def _isolated(batch: StepBatch, parts: StepParts,
+              grammar: StepGrammar | None = None) -> tuple[list[Outcome | None], dict[int, str]]:
     outcomes: list[Outcome | None] = []
     errors: dict[int, str] = {}
     num_prefills = len(batch.prefills)
@@ -110,6 +141,7 @@ def _isolated(batch: StepBatch, parts: StepParts) -> tuple[list[Outcome | None],
         try:
             scores = score(parts.scorer, parts.runner, sub, empty, parts.want_hidden)
             stage = "sampling its token alone"  # no proposals: the acceptance method is not called
+            scores = _masked(grammar, sub, empty, scores)
             outcomes.append(outcomes_of(sub, decide(parts.acceptance, sub, empty, scores))[0])
         except Exception as exc:
             outcomes.append(None)

@@ -52,7 +52,8 @@ def catch_up(request: Request, decoder: TextDecoder) -> str:
 
 def _check_stop(request: Request, tok: int, max_model_len: int, decoder: TextDecoder) -> bool:
     params = request.params
-    if not params.ignore_eos and tok in request.eos_token_ids:
+    # under a grammar, EOS is sampled only where the grammar is complete: it ends the output
+    if (not params.ignore_eos or request.grammar is not None) and tok in request.eos_token_ids:
         return _finish(request, "stop", None)
     if tok in params.stop_token_ids:
         return _finish(request, "stop", tok)

@@ -64,6 +64,12 @@ class AcceptanceCapabilities:
     """Output distribution equals the target's exactly."""
     supports_sampling: bool = True
     """Works with temperature > 0 (every method supports greedy)."""
+    supports_structured_output: bool = False
+    """Emits only tokens its ``target_logprobs`` give positive probability (the
+    engine sets grammar-forbidden tokens to -inf there, at every verified row), so
+    a grammar holds under it. False (the default, safe for a method written
+    before structured output): the engine refuses structured requests with it.
+    Proposers and scorers need no flag: the engine cuts and masks around them."""
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ from fastapi.responses import StreamingResponse
 from starlette.background import BackgroundTask
 
 from speculant.chat import as_conversations, render
+from speculant.engine.grammar import GrammarError
 from speculant.engine.llm_engine import LLMEngine
 from speculant.server.access import ApiKeyAuth
 from speculant.server.body_limit import DEFAULT_MAX_REQUEST_BYTES, BodyLimit
@@ -191,6 +192,9 @@ async def _run(state: ServerState, request: Request, body: CompletionRequest | C
         state.metrics.finished("rejected")
         raise APIError(429, f"the server is busy: {exc}; retry after {QUEUE_FULL_RETRY_AFTER_S} s",
                        code="queue_full", headers={"Retry-After": str(QUEUE_FULL_RETRY_AFTER_S)}) from None
+    except GrammarError as exc:  # a schema / grammar that does not compile
+        raise APIError(400, str(exc), param="response_format" if body.structured_outputs is None
+                       else "structured_outputs") from None
     except (TypeError, ValueError) as exc:  # the engine's prompt checks (length, token ids)
         raise APIError(400, str(exc), param="messages" if chat else "prompt") from None
     except RuntimeError as exc:  # shutting down

@@ -10,7 +10,14 @@ no-op value (``n=1``, ``best_of=1``, ``echo=false``, no penalties, no
 
 Extensions (vLLM's names, sent with the ``openai`` client's ``extra_body``):
 ``top_k``, ``min_p``, ``ignore_eos``, ``stop_token_ids``,
-``include_stop_str_in_output``.
+``include_stop_str_in_output``, ``structured_outputs`` (one of
+``{"json_schema": ...}``, ``{"json_object": true}``, ``{"regex": ...}``,
+``{"grammar": ...}``: ``SamplingParams.structured``).
+
+Structured output: ``response_format`` ``{"type": "json_object"}`` or
+``{"type": "json_schema", "json_schema": {"name": ..., "schema": {...},
+"strict": ...}}`` (``{"type": "text"}``: none), on both endpoints. A schema
+or grammar the engine cannot compile is a 400 naming the problem.
 """
 
 from __future__ import annotations
@@ -48,6 +55,8 @@ class _Common(BaseModel):
     stop_token_ids: Any = None
     ignore_eos: Any = None
     include_stop_str_in_output: Any = None
+    response_format: Any = None
+    structured_outputs: Any = None
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logit_bias: dict[str, float] | None = None
@@ -158,6 +167,9 @@ def sampling_params(req: CompletionRequest | ChatCompletionRequest, default_max_
     elif req.logprobs is not None:
         kwargs["logprobs"] = req.logprobs
     kwargs["max_tokens"] = max_tokens if max_tokens is not None else default_max_tokens
+    structured = structured_of(req)
+    if structured is not None:
+        kwargs["structured"] = structured
     try:
         return SamplingParams(**kwargs)
     except (TypeError, ValueError) as exc:
@@ -167,4 +179,38 @@ def sampling_params(req: CompletionRequest | ChatCompletionRequest, default_max_
             param = message.removeprefix("SamplingParams.").split("=")[0].split(" ")[0]
             if param == "logprobs" and isinstance(req, ChatCompletionRequest):
                 param = "top_logprobs"
+        if param == "structured":
+            param = "structured_outputs" if req.structured_outputs is not None else "response_format"
         raise APIError(400, message, param=param) from None
+
+
+def structured_of(req: CompletionRequest | ChatCompletionRequest) -> Any:
+    """``SamplingParams.structured`` from ``response_format`` / ``structured_outputs`` (400 if both)."""
+    fmt, ext = req.response_format, req.structured_outputs
+    if ext is not None:
+        if fmt is not None and not (isinstance(fmt, dict) and fmt.get("type") == "text"):
+            raise APIError(400, "response_format and structured_outputs both constrain the output; send one",
+                           param="structured_outputs")
+        return ext
+    if fmt is None:
+        return None
+    kind = fmt.get("type") if isinstance(fmt, dict) else None
+    if kind == "text" and len(fmt) == 1:
+        return None
+    if kind == "json_object" and len(fmt) == 1:
+        return {"json_object": True}
+    if kind == "json_schema":
+        spec = fmt.get("json_schema")
+        unknown = set(fmt) - {"type", "json_schema"}
+        if not isinstance(spec, dict) or unknown:
+            raise APIError(400, f"response_format {fmt!r}: json_schema must be an object "
+                                '{"name": ..., "schema": {...}, "strict": ...}', param="response_format")
+        extra = set(spec) - {"name", "schema", "strict", "description"}
+        if extra or not isinstance(spec.get("name"), str) or "schema" not in spec:
+            why = f"has unknown keys {sorted(extra)}" if extra else "needs a string name and a schema"
+            raise APIError(400, f"response_format.json_schema {why}: send "
+                                '{"name": "...", "schema": {...}, "strict": true}', param="response_format")
+        return {"json_schema": spec["schema"]}
+    raise APIError(400, f"response_format {fmt!r} is not supported: send {{\"type\": \"json_object\"}}, "
+                        '{"type": "json_schema", "json_schema": {"name": ..., "schema": {...}}} or {"type": "text"}',
+                   param="response_format")

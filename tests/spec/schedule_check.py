@@ -209,7 +209,8 @@ def check_logprobs(out, params: SamplingParams) -> None:
 
 
 def params_key(p: SamplingParams) -> tuple:
-    return tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in asdict(p).items())
+    return tuple((k, tuple(v) if isinstance(v, list) else tuple(v.items()) if isinstance(v, dict) else v)
+                 for k, v in asdict(p).items())
 
 
 class ScheduleChecker:

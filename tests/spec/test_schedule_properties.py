@@ -24,7 +24,9 @@ Each example draws:
   min-p), stop token ids and stop strings taken from what the model often
   emits, EOS on or off (the target's EOS is patched to a token the model often
   emits, so it really stops requests), sometimes
-  log-probs, an arrival step and sometimes an abort step.
+  log-probs, an arrival step and sometimes an abort step; in the structured
+  variant, half the requests also carry a grammar (a JSON schema, a regex or a
+  Lark grammar: ``STRUCTURED``), mixed with free ones.
 
 The target and the draft are the tiny llama test models (hidden 64). Solo
 results are cached per (request, speculation config) across examples.
@@ -116,8 +118,18 @@ def prompts(draw, max_len: int = MAX_PROMPT) -> list[int]:
     return (base * (n // len(base) + 1))[:n]
 
 
+STRUCTURED = (
+    {"json_schema": {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 999},
+                                                      "s": {"type": "string", "maxLength": 6}},
+                     "required": ["n", "s"], "additionalProperties": False}},
+    {"json_schema": {"type": "array", "items": {"enum": ["x", "yy", "zzz"]}, "maxItems": 5}},
+    {"regex": "[a-z]{1,4}(-[0-9]{1,3}){1,4}"},
+    {"grammar": 'start: "(" item ("," item)* ")"\nitem: /[a-z]{1,3}/ | "0"'},
+)
+
+
 @st.composite
-def sampling_params(draw, pools: Pools) -> SamplingParams:
+def sampling_params(draw, pools: Pools, structured: bool = False) -> SamplingParams:
     sampled = draw(st.booleans())
     kw = dict(
         max_tokens=draw(st.one_of(st.integers(1, MAX_TOKENS), st.integers(MAX_TOKENS - 8, MAX_TOKENS))),
@@ -127,6 +139,8 @@ def sampling_params(draw, pools: Pools) -> SamplingParams:
         include_stop_str_in_output=draw(st.booleans()),
         logprobs=draw(st.sampled_from([None, None, None, None, 0, 2])),
     )
+    if structured and draw(st.booleans()):
+        kw["structured"] = draw(st.sampled_from(STRUCTURED))
     if not sampled:
         return SamplingParams(temperature=0.0, **kw)
     return SamplingParams(
@@ -144,7 +158,7 @@ def shared_prefix_prompts(draw, common: list[int]) -> list[int]:
 
 
 @st.composite
-def requests(draw, pools: Pools, shared_prefix: bool = False) -> list[Req]:
+def requests(draw, pools: Pools, shared_prefix: bool = False, structured: bool = False) -> list[Req]:
     n = draw(st.integers(1, MAX_REQUESTS))
     common = torch.randint(2, 384, (draw(st.integers(24, MAX_PROMPT)),),
                            generator=torch.Generator().manual_seed(draw(st.integers(0, 2**16)))).tolist() \
@@ -152,7 +166,7 @@ def requests(draw, pools: Pools, shared_prefix: bool = False) -> list[Req]:
     out = []
     for _ in range(n):
         prompt = draw(shared_prefix_prompts(common)) if shared_prefix else draw(prompts())
-        params = draw(sampling_params(pools))
+        params = draw(sampling_params(pools, structured))
         arrive_at = draw(st.sampled_from([0, 0, 0, 1, 2, 5, 9]))
         abort_after = draw(st.one_of(st.none(), st.none(), st.none(), st.integers(0, 25)))
         out.append(Req(prompt, params, arrive_at, None if abort_after is None else arrive_at + abort_after))
@@ -192,11 +206,13 @@ def setups(draw, reqs: list[Req], proposers: tuple = (None, "ngram", "suffix", "
                  max_num_batched_tokens=budget, max_num_seqs=max_num_seqs, enable_chunked_prefill=chunked, **spec)
 
 
-def run_example(data, schedule_models, shared_prefix: bool = False, **setup_kw) -> tuple[str | None, bool, bool]:
-    """Draw and check one schedule (prompts sharing prefixes with ``shared_prefix``); (proposer,
-    whether a request was preempted, whether one was aborted)."""
+def run_example(data, schedule_models, shared_prefix: bool = False, structured: bool = False,
+                **setup_kw) -> tuple[str | None, bool, bool]:
+    """Draw and check one schedule (prompts sharing prefixes with ``shared_prefix``, grammars on
+    some requests with ``structured``); (proposer, whether a request was preempted, whether one
+    was aborted)."""
     checker, pools = schedule_models
-    reqs = data.draw(requests(pools, shared_prefix), label="requests")
+    reqs = data.draw(requests(pools, shared_prefix, structured), label="requests")
     setup = data.draw(setups(reqs, **setup_kw), label="setup")
     trace = checker.check(setup, reqs)
     note(f"steps={trace.num_steps} aborted={sorted(trace.aborted)} preempted={sorted(trace.preempted)} "
@@ -220,7 +236,8 @@ def counts(seen: Counter, proposer: str | None) -> dict[str, int]:
             for what in ("examples", "preempted", "aborted")}
 
 
-def check_schedules(schedule_models, name: str, max_examples: int, need: tuple, **setup_kw) -> None:
+def check_schedules(schedule_models, name: str, max_examples: int, need: tuple, structured: bool = False,
+                    **setup_kw) -> None:
     """Rounds of ``max_examples`` examples of ``run_example`` (round r seeded from ``name`` and r,
     so every run draws the same examples) until the drawn schedules include a preemption and
     an abort for each proposer of ``need`` (``ANY``: any proposer), at most ``ROUNDS`` rounds;
@@ -235,7 +252,7 @@ def check_schedules(schedule_models, name: str, max_examples: int, need: tuple, 
         @settings(max_examples=max_examples, **COMMON)
         @given(data=st.data())
         def schedules_match_solo_runs(data):
-            proposer, preempted, aborted = run_example(data, schedule_models, **setup_kw)
+            proposer, preempted, aborted = run_example(data, schedule_models, structured=structured, **setup_kw)
             seen.update([("examples", proposer)] + [("preempted", proposer)] * preempted
                         + [("aborted", proposer)] * aborted)
 
@@ -273,6 +290,16 @@ def test_shared_prefix_schedules_match_solo_runs(data, schedule_models):
     and every request still equals its solo run without caching."""
     run_example(data, schedule_models, shared_prefix=True,
                 proposers=(None, "ngram", "suffix", "draft_model", "eagle", "eagle_suffix", "draft_suffix"))
+
+
+STRUCTURED_EXAMPLES = 12
+
+
+def test_structured_schedules_match_solo_runs(schedule_models):
+    """Requests with grammars (structured output) mixed with free ones: each
+    equals its solo run through preemption (the grammar follows the committed
+    tokens), aborts and rejected runs, with every proposal verified under its mask."""
+    check_schedules(schedule_models, "structured", STRUCTURED_EXAMPLES, (ANY,), structured=True)
 
 
 @pytest.fixture
