@@ -31,6 +31,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -79,6 +80,20 @@ def _claim(path: str) -> bool:
         return False
 
 
+def connect() -> None:
+    """Join the cluster at ``$RAY_ADDRESS``, or start one on this machine (no dashboard); nothing if this
+    process is connected already."""
+    import ray
+
+    if ray.is_initialized():
+        return
+    address = os.environ.get("RAY_ADDRESS") or None
+    if address:
+        ray.init(address=address, log_to_driver=False)
+    else:
+        ray.init(include_dashboard=False, log_to_driver=False)
+
+
 class RayJob:
     def __init__(self, config: EngineConfig, source: str, replicas: int, cpus_per_replica: float,
                  batch_size: int) -> None:
@@ -91,14 +106,18 @@ class RayJob:
         import ray
         from ray.data import ActorPoolStrategy, DataContext
 
-        if not ray.is_initialized():
-            ray.init(address=os.environ.get("RAY_ADDRESS") or None, log_to_driver=False)
+        connect()
         DataContext.get_current().enable_progress_bars = False  # the job has its own bar
         items = [{"number": line.number, "text": line.text} for line in lines]
-        ds = ray.data.from_items(items, override_num_blocks=math.ceil(len(items) / self.batch_size)).map_batches(
-            Predictor, batch_size=self.batch_size, compute=ActorPoolStrategy(size=self.replicas),
-            num_cpus=self.cpus_per_replica, max_restarts=MAX_RESTARTS, max_task_retries=MAX_RESTARTS,
-            fn_constructor_kwargs={"config": self.config, "source": self.source,
-                                   "threads": max(1, math.ceil(self.cpus_per_replica))})
+        source = ray.data.from_items(items, override_num_blocks=math.ceil(len(items) / self.batch_size))
+        with warnings.catch_warnings():
+            # Ray 2.60 takes actor options only as (deprecated) **ray_remote_args; a later Ray that names
+            # them takes the same call
+            warnings.filterwarnings("ignore", message=".*ray_remote_args.*", category=DeprecationWarning)
+            ds = source.map_batches(
+                Predictor, batch_size=self.batch_size, compute=ActorPoolStrategy(size=self.replicas),
+                num_cpus=self.cpus_per_replica, max_restarts=MAX_RESTARTS, max_task_retries=MAX_RESTARTS,
+                fn_constructor_kwargs={"config": self.config, "source": self.source,
+                                       "threads": max(1, math.ceil(self.cpus_per_replica))})
         for row in ds.iter_rows():
             yield int(row["number"]), json.loads(row["record"])
