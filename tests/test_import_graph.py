@@ -38,7 +38,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("speculant.engine",),
     ("speculant.proposers", "speculant.scorers", "speculant.acceptance", "speculant.plugins.builtin"),
     ("speculant", "speculant.llm", "speculant.chat", "speculant.plugin_api"),
-    ("speculant.cli", "speculant.server", "speculant.bench"),
+    ("speculant.cli", "speculant.server", "speculant.bench", "speculant.batch"),
 ]
 MAX_FUNCTION_LEVEL_IMPORTS = 30
 """Function-level imports of speculant modules: the CLI sub-commands and

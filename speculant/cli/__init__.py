@@ -17,6 +17,7 @@ SUBCOMMAND_MODULES = (
     "speculant.cli.plugins_cmd",
     "speculant.cli.bench_cmd",
     "speculant.cli.serve_cmd",
+    "speculant.cli.batch_cmd",
 )
 
 

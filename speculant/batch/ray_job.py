@@ -1,0 +1,123 @@
+"""``speculant batch --ray``: the same job over Ray Data, one engine per actor.
+
+The lines to run become a dataset (``from_items``, one row per line: its
+number and raw text), ``map_batches`` hands them to a pool of ``Predictor``
+actors (``ActorPoolStrategy(size=replicas)``, ``num_cpus`` each), each of
+which builds its own engine once and runs every batch through
+``BatchRunner``, exactly as the local job does; the records come back as
+rows (number, record as JSON text) and ``job.write`` puts them in input
+order. Greedy lines therefore give the same records as a local run.
+
+Why not ``read_json``: pyarrow's JSON reader fails the whole read on one
+malformed line and infers one schema for every line (``stop`` a string on
+one line and a list on the next is an error), while here a bad line must
+become an error record and nothing else. The driver already reads the file
+(to skip the lines a rerun has answered), so it hands Ray the raw lines.
+
+A killed actor: Ray restarts it (``max_restarts``) and retries the batch it
+held (``max_task_retries``); a batch's records are returned only when all of
+it is done, so a batch is either redone whole or delivered once. Both are
+bounded (``MAX_RESTARTS``), so an engine that dies on every start fails the
+job instead of looping; the output then holds every line before the first
+one missing, and a rerun finishes it.
+
+``SPECULANT_BATCH_KILL_AFTER=N:PATH`` (fault injection for the tests): the
+first actor to have run N lines exits abruptly before returning its batch,
+once per job (whoever creates PATH first).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import warnings
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from speculant.batch.lines import InputLine
+from speculant.batch.runner import BatchRunner, Record
+from speculant.config.models import EngineConfig
+from speculant.engine.llm_engine import LLMEngine
+
+MAX_RESTARTS = 3
+"""Restarts of one actor, and retries of one batch, before the job fails."""
+KILL_ENV = "SPECULANT_BATCH_KILL_AFTER"
+
+
+class Predictor:
+    """One Ray Data actor: an engine built once, then batches of lines in, records out."""
+
+    def __init__(self, config: EngineConfig, source: str, threads: int) -> None:
+        torch.set_num_threads(threads)
+        self.runner = BatchRunner(LLMEngine(config, source=source))
+        self.num_done = 0
+        self.kill_after, self.kill_flag = _kill_setting(os.environ.get(KILL_ENV))
+
+    def __call__(self, batch: dict[str, Any]) -> dict[str, list]:
+        lines = [InputLine(int(n), str(t)) for n, t in zip(batch["number"], batch["text"])]
+        records = sorted(self.runner.run(lines), key=lambda pair: pair[0])
+        self.num_done += len(lines)
+        if self.kill_after is not None and self.num_done >= self.kill_after and _claim(self.kill_flag):
+            os._exit(1)  # as abrupt as a lost node: no cleanup, the batch is not returned
+        return {"number": [n for n, _ in records], "record": [json.dumps(r, ensure_ascii=False) for _, r in records]}
+
+
+def _kill_setting(value: str | None) -> tuple[int | None, str]:
+    if not value:
+        return None, ""
+    count, _, path = value.partition(":")
+    return int(count), path
+
+
+def _claim(path: str) -> bool:
+    try:
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        return True
+    except FileExistsError:
+        return False
+
+
+def connect() -> None:
+    """Join the cluster at ``$RAY_ADDRESS``, or start one on this machine (no dashboard); nothing if this
+    process is connected already."""
+    import ray
+
+    if ray.is_initialized():
+        return
+    address = os.environ.get("RAY_ADDRESS") or None
+    if address:
+        ray.init(address=address, log_to_driver=False)
+    else:
+        ray.init(include_dashboard=False, log_to_driver=False)
+
+
+class RayJob:
+    def __init__(self, config: EngineConfig, source: str, replicas: int, cpus_per_replica: float,
+                 batch_size: int) -> None:
+        self.config, self.source = config, source
+        self.replicas, self.cpus_per_replica, self.batch_size = replicas, cpus_per_replica, batch_size
+
+    def run(self, lines: list[InputLine]) -> Iterator[tuple[int, Record]]:
+        if not lines:
+            return
+        import ray
+        from ray.data import ActorPoolStrategy, DataContext
+
+        connect()
+        DataContext.get_current().enable_progress_bars = False  # the job has its own bar
+        items = [{"number": line.number, "text": line.text} for line in lines]
+        source = ray.data.from_items(items, override_num_blocks=math.ceil(len(items) / self.batch_size))
+        with warnings.catch_warnings():
+            # Ray 2.60 takes actor options only as (deprecated) **ray_remote_args; a later Ray that names
+            # them takes the same call
+            warnings.filterwarnings("ignore", message=".*ray_remote_args.*", category=DeprecationWarning)
+            ds = source.map_batches(
+                Predictor, batch_size=self.batch_size, compute=ActorPoolStrategy(size=self.replicas),
+                num_cpus=self.cpus_per_replica, max_restarts=MAX_RESTARTS, max_task_retries=MAX_RESTARTS,
+                fn_constructor_kwargs={"config": self.config, "source": self.source,
+                                       "threads": max(1, math.ceil(self.cpus_per_replica))})
+        for row in ds.iter_rows():
+            yield int(row["number"]), json.loads(row["record"])
