@@ -11,10 +11,10 @@ import logging
 
 import pytest
 import torch
-from fast_paths import expect_fast_forward
 from transformers import AutoModelForCausalLM
 
 from arch_zoo import build_arch_model, matrix_prompts, tiny_config
+from fast_paths import expect_fast_forward
 from greedy_compare import check_all_greedy
 from speculant import LLM, SamplingParams
 from speculant.cli import main

@@ -2,7 +2,9 @@
 attention backend that runs on this machine × {chunking off, tiny chunk
 budget, ngram + mqa, draft + batch expansion, eagle (a random head) + mqa with
 chunked prefill, suffix + batch expansion with the adaptive draft length, eagle_suffix + batch
-expansion with chunked prefill}, token for token against
+expansion with chunked prefill} × the forward path (``model.fast_forward``: architectures
+with a fast decoder run it "on" and "off", the others "auto", which must keep
+transformers' modules), token for token against
 transformers ``generate()`` (near-ties judged on transformers' own logits,
 ``greedy_compare``); and every refusal case refused at load with its feature
 named.
@@ -23,8 +25,10 @@ import pytest
 import torch
 
 from arch_zoo import EITHER, REFUSED, VERIFIED, build_arch_model, matrix_prompts
+from fast_paths import expect_fast_forward
 from greedy_compare import check_all_greedy
 from speculant import LLM, SamplingParams
+from speculant.model.fast_forward.plan import ARCH_SPECS
 from speculant.model.loading import UnsupportedModelError
 from speculant.plugins.manager import get_registry
 from tiny_eagle import save_random_eagle
@@ -71,18 +75,31 @@ def device_backends() -> list[str]:
     return sorted(out)
 
 
+FAST_DEFAULT_EXTRA = {("llama", "eagle-chunked"), ("qwen2", "ngram-mqa"), ("mistral", "suffix-adaptive")}
+"""Cells with the fast decoder on in the default selection beyond the rotation: EAGLE reading
+its hidden states, verify runs of n-gram and suffix proposals."""
+
+
+def fast_forward_values(arch: str) -> list[str]:
+    """The forward paths a cell runs: the fast decoder first (the default selection's), or "auto"."""
+    return ["on", "off"] if arch in ARCH_SPECS else ["auto"]
+
+
 def _cells():
     archs, settings, backends = list(VERIFIED), list(SETTINGS), device_backends()
     for i, arch in enumerate(archs):
         for backend in backends:
             for j, setting in enumerate(settings):
-                default = backend == DEFAULT_BACKEND and j == i % len(settings)
-                marks = () if default else (pytest.mark.slow,)
-                yield pytest.param(arch, backend, setting, marks=marks, id=f"{arch}-{backend}-{setting}")
+                for f, fast in enumerate(fast_forward_values(arch)):
+                    chosen = j == i % len(settings) or (arch, setting) in FAST_DEFAULT_EXTRA
+                    default = backend == DEFAULT_BACKEND and chosen and f == 0
+                    marks = () if default else (pytest.mark.slow,)
+                    yield pytest.param(arch, backend, setting, fast, marks=marks,
+                                       id=f"{arch}-{backend}-{setting}-fast_{fast}")
 
 
-@pytest.mark.parametrize("arch,backend,setting", list(_cells()))
-def test_architecture_matches_transformers(arch, backend, setting, zoo, hf_reference, tmp_path):
+@pytest.mark.parametrize("arch,backend,setting,fast", list(_cells()))
+def test_architecture_matches_transformers(arch, backend, setting, fast, zoo, hf_reference, tmp_path):
     overrides = dict(SETTINGS[setting])
     if "speculative" in overrides:
         spec = dict(overrides["speculative"])
@@ -94,7 +111,8 @@ def test_architecture_matches_transformers(arch, backend, setting, zoo, hf_refer
             spec["proposer_options"] = head if spec["proposer"] == "eagle" else {"eagle": head, "min_match_len": 1}
         overrides["speculative"] = spec
     model_dir = zoo(arch)
-    llm = LLM(str(model_dir), attention_backend=backend, **overrides)
+    llm = LLM(str(model_dir), attention_backend=backend, fast_forward=fast, **overrides)
+    expect_fast_forward(llm)
     prompts = matrix_prompts()
     outs = llm.generate(prompts, GREEDY, use_tqdm=False)
     ours = [o.outputs[0].token_ids for o in outs]

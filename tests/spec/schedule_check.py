@@ -50,6 +50,7 @@ from collections import OrderedDict
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from fast_paths import expect_fast_forward
 from greedy_compare import NEAR_TIE_RTOL, HFReference
 from speculant import LLM, SamplingParams
 
@@ -271,12 +272,16 @@ class ScheduleChecker:
 
     # --- the scheduled run -----------------------------------------------------
     def build(self, setup: Setup) -> LLM:
-        return LLM(model=str(self.target_dir), block_size=setup.block_size, num_blocks=setup.num_blocks,
-                   max_model_len=setup.max_model_len, max_num_batched_tokens=setup.max_num_batched_tokens,
-                   max_num_seqs=setup.max_num_seqs, enable_chunked_prefill=setup.enable_chunked_prefill,
-                   enable_prefix_caching=setup.prefix_caching,
-                   speculative=spec_dict(setup.spec_key, self.draft_dir, setup.disable_by_batch_size,
-                                         self.eagle_dir))
+        llm = LLM(model=str(self.target_dir), block_size=setup.block_size, num_blocks=setup.num_blocks,
+                  max_model_len=setup.max_model_len, max_num_batched_tokens=setup.max_num_batched_tokens,
+                  max_num_seqs=setup.max_num_seqs, enable_chunked_prefill=setup.enable_chunked_prefill,
+                  enable_prefix_caching=setup.prefix_caching,
+                  speculative=spec_dict(setup.spec_key, self.draft_dir, setup.disable_by_batch_size,
+                                        self.eagle_dir))
+        # the scheduled engine runs the fast decoder (llama, model.fast_forward = "auto"), target and
+        # draft alike; the solo references it is compared with run it too, and HF's greedy checks them
+        assert "target" in expect_fast_forward(llm)
+        return llm
 
     def drive(self, llm: LLM, setup: Setup, reqs: list[Req]) -> Trace:
         eng = llm.engine

@@ -36,6 +36,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from fast_paths import expect_fast_forward
 from spec_helpers import run
 from speculant import LLM, SamplingParams
 from speculant.engine.batch import ScheduledRequest, StepBatch
@@ -213,6 +214,8 @@ def test_rejection_sampling_matches_target_distribution(case, small_vocab):
     llm = LLM(model=str(target), max_num_seqs=1024, max_num_batched_tokens=1024 * (len(prompt) + 1),
               speculative={"proposer": proposer, "proposer_options": options, "acceptance": "rejection",
                            "num_speculative_tokens": K})
+    # the target (and the draft model) run the fast decoder: losslessness is checked on that path
+    assert expect_fast_forward(llm) == (["target", "draft"] if proposer == "draft_model" else ["target"])
     params = [SamplingParams(seed=i, max_tokens=MAX_TOKENS, ignore_eos=True, **sampling) for i in range(N)]
     outs = run(llm, [prompt] * N, params)
     tokens = torch.tensor([o.outputs[0].token_ids for o in outs])  # [N, MAX_TOKENS]
