@@ -179,7 +179,7 @@ def sampling_params(req: CompletionRequest | ChatCompletionRequest, default_max_
             param = message.removeprefix("SamplingParams.").split("=")[0].split(" ")[0]
             if param == "logprobs" and isinstance(req, ChatCompletionRequest):
                 param = "top_logprobs"
-        if param == "structured":
+        if param is not None and param.startswith("structured"):
             param = "structured_outputs" if req.structured_outputs is not None else "response_format"
         raise APIError(400, message, param=param) from None
 

@@ -102,7 +102,7 @@ def small_registry(make_class, make_registry):
                              max_num_speculative_tokens=2),
                   make_class("proposer", "sampled", draft_probs="none")],
         scorer=[make_class("scorer", "mqa", needs_multi_token_queries=True)],
-        acceptance=[make_class("acceptance", "exact")],
+        acceptance=[make_class("acceptance", "exact", supports_structured_output=True)],
         attention_backend=[make_class("attention_backend", "torch")],
     )
 
@@ -116,6 +116,17 @@ def test_compute_matrix_cells(small_registry):
     assert cells[("heads", True)].label() == "❌ needs hidden states at every prompt position"
     assert cells[("sampled", True)].label() == "✅ greedy only: draft distribution unknown"
     assert cells[("sampled", True)].supported and cells[("sampled", True)].greedy_only
+    assert all(c.structured_output for c in cells.values() if c.supported)
+
+
+def test_an_acceptance_method_without_structured_output_is_noted(make_class, make_registry):
+    reg = make_registry(proposer=[make_class("proposer", "lookup")], scorer=[make_class("scorer", "mqa")],
+                        acceptance=[make_class("acceptance", "plain")],
+                        attention_backend=[make_class("attention_backend", "torch")])
+    cell = compute_matrix(reg)[0]
+    assert cell.label() == "✅ no structured output: acceptance"
+    assert cell.supported and not cell.greedy_only and not cell.structured_output
+    assert cell.as_dict()["structured_reasons"][0].startswith("acceptance 'plain' does not declare")
 
 
 # Every rule an incompatible plugin trips, written out by hand: what the matrix and the config
@@ -208,7 +219,7 @@ def test_matrix_cli(fresh_plugins, make_class, fake_plugin, capsys):
     from speculant.plugins.manager import register_plugin, unregister_plugin
 
     plugin = fake_plugin(proposers=[make_class("proposer", "m_lookup")], scorers=[make_class("scorer", "m_mqa")],
-                        acceptance=[make_class("acceptance", "m_exact")],
+                        acceptance=[make_class("acceptance", "m_exact", supports_structured_output=True)],
                         backends=[make_class("attention_backend", "m_attn")])
     register_plugin(plugin, "matrix-tests")
     try:
