@@ -174,8 +174,6 @@ def serve_on_ray(args: argparse.Namespace) -> int:
     options = ReplicaOptions(name, args.max_queued, args.api_keys, args.metrics_public,
                              args.max_request_bytes or DEFAULT_MAX_REQUEST_BYTES,
                              replica_threads(args.cpus_per_replica))
-    stop = threading.Event()
-    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         url = deploy(config, source, options, replicas=args.replicas, autoscale=autoscale,
                      cpus_per_replica=args.cpus_per_replica, host=args.host, port=args.port,
@@ -183,10 +181,13 @@ def serve_on_ray(args: argparse.Namespace) -> int:
     except Exception as exc:  # noqa: BLE001 -- a replica that did not start, a port in use: reported, exit 1
         print(f"error: the deployment did not start: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
+    stop = threading.Event()  # handlers set after ray.init, which installs its own
+    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         scale = f"{autoscale[0]}-{autoscale[1]} replicas" if autoscale else f"{args.replicas} replica(s)"
         print(f"serving {name!r} on {url} ({scale} on Ray Serve); SIGTERM or Ctrl-C stops", file=sys.stderr)
-        stop.wait()
+        while not stop.wait(1.0):  # a timed wait lets the signal handlers run
+            pass
     finally:
         undeploy(options)
         for sig, handler in previous.items():
