@@ -18,6 +18,7 @@ import torch
 
 from speculant.batch import job
 from speculant.batch.lines import InputLine
+from speculant.batch.ray_job import RayJob  # imports Ray only when a Ray job runs
 from speculant.batch.runner import BatchRunner, Record
 from speculant.config.compat import build_config
 from speculant.config.models import ConfigError, EngineConfig, apply_overrides, read_config
@@ -43,8 +44,6 @@ def batch_command(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if args.ray:
-        from speculant.batch.ray_job import RayJob  # Ray is optional (speculant[ray])
-
         run: job.Source = RayJob(config, source, args.replicas, args.cpus_per_replica, args.ray_batch_size).run
     else:
         def run(lines: list[InputLine]) -> Iterator[tuple[int, Record]]:

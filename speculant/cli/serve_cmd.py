@@ -60,6 +60,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--threads", type=int, default=None,
                    help="torch CPU threads (default: torch's choice, one per core)")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    ray = p.add_argument_group("Ray", "serve as Ray Serve replicas behind Serve's proxy, one engine each "
+                                      "(needs speculant[ray])")
+    ray.add_argument("--ray", action="store_true",
+                     help="deploy on Ray Serve: the cluster at $RAY_ADDRESS, or else a local one on this machine")
+    ray.add_argument("--replicas", type=int, default=1, help="replicas (engines) side by side (default: 1)")
+    ray.add_argument("--autoscale", metavar="MIN:MAX", default=None,
+                     help="let Serve scale between MIN and MAX replicas on ongoing requests (instead of --replicas)")
+    ray.add_argument("--cpus-per-replica", type=float, default=1.0,
+                     help="CPUs Ray reserves for each replica; its torch threads are this rounded up (default: 1)")
     p.set_defaults(func=run)
 
 
@@ -80,6 +89,17 @@ def _usage_problem(args: argparse.Namespace) -> str | None:
     if args.max_request_bytes is not None and args.max_request_bytes < 1:
         return f"--max-request-bytes {args.max_request_bytes}: must be at least 1 byte; omit it for the default " \
                f"({DEFAULT_MAX_REQUEST_BYTES_HELP})"
+    if args.ray:
+        if importlib.util.find_spec("ray") is None:
+            return "--ray needs Ray: pip install 'speculant[ray]'"
+        if args.replicas < 1:
+            return f"--replicas {args.replicas}: need at least 1 replica"
+        if not args.cpus_per_replica > 0:
+            return f"--cpus-per-replica {args.cpus_per_replica}: must be > 0 (fractions such as 0.5 are allowed)"
+        if args.threads is not None:
+            return "--threads does not apply with --ray: each replica runs --cpus-per-replica threads (rounded up)"
+    elif args.replicas != 1 or args.autoscale or args.cpus_per_replica != 1.0:
+        return "--replicas, --autoscale and --cpus-per-replica only apply with --ray; add --ray or drop them"
     if not args.api_keys and not args.allow_unauthenticated and not is_loopback(args.host):
         return f"--host {args.host} listens beyond this machine and the server has no API key, so anyone who " \
                f"can reach it could use it: pass --api-key KEY (or set {KEY_ENV}), or --allow-unauthenticated " \
@@ -126,6 +146,10 @@ def run(args: argparse.Namespace) -> int:
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         return 2
+    if args.ray:
+        from speculant.server.ray_serve import serve_on_ray
+
+        return serve_on_ray(args)
     from speculant.server.runner import serve_command
 
     return serve_command(args)

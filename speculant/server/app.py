@@ -20,7 +20,7 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -65,6 +65,10 @@ class ServerState:
     """Empty: no authentication (the command allows that on loopback only)."""
     metrics_public: bool = False
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
+    request_id_prefix: str = "srv"
+    """Request (and response) ids are ``{prefix}-{n}``; several servers behind one endpoint need distinct ones."""
+    gather_metrics: Callable[[], Awaitable[bytes]] | None = None
+    """``/metrics`` of several servers (Ray Serve replicas: ``speculant.server.ray_serve``); None: this one's."""
     engine: LLMEngine | None = None
     loop: EngineLoop | None = None
     prompt_limit: PromptLimit | None = None
@@ -87,7 +91,7 @@ class ServerState:
         limit, why_off = PromptLimit.for_tokenizer(engine.tokenizer, engine.max_model_len)
         if why_off:
             logger.warning("prompts are not refused by their length in characters before tokenizing: %s", why_off)
-        loop = EngineLoop(engine, self.max_queued, self._on_step)
+        loop = EngineLoop(engine, self.max_queued, self._on_step, self.request_id_prefix)
         loop.start()
         self.prompt_limit = limit
         self.engine, self.loop = engine, loop
@@ -117,7 +121,8 @@ class ServerState:
 def build_app(state: ServerState) -> FastAPI:
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        threading.Thread(target=state._load, name="speculant-load", daemon=True).start()
+        if state.loop is None:  # not loaded before the app started (as a Ray Serve replica loads)
+            threading.Thread(target=state._load, name="speculant-load", daemon=True).start()
         yield
         if state.loop is not None:
             state.loop.stop()
@@ -135,8 +140,9 @@ def build_app(state: ServerState) -> FastAPI:
         return {"status": "ok"}
 
     @app.get("/metrics")
-    def metrics() -> Response:
-        return Response(state.metrics.text(), media_type="text/plain; version=0.0.4; charset=utf-8")
+    async def metrics() -> Response:
+        text = state.metrics.text() if state.gather_metrics is None else await state.gather_metrics()
+        return Response(text, media_type="text/plain; version=0.0.4; charset=utf-8")
 
     @app.get("/v1/models")
     def models() -> dict[str, Any]:

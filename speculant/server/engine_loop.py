@@ -66,8 +66,9 @@ class RequestStream:
 
 class EngineLoop:
     def __init__(self, engine: LLMEngine, max_queued: int,
-                 on_step: Callable[[float, list[RequestOutput]], None] | None = None) -> None:
+                 on_step: Callable[[float, list[RequestOutput]], None] | None = None, id_prefix: str = "srv") -> None:
         self.engine = engine
+        self.id_prefix = id_prefix  # request ids are f"{id_prefix}-{n}": unique per server (per replica)
         self.max_queued = max_queued
         self.on_step = on_step  # (step seconds, outputs), from the engine thread
         self._cv = threading.Condition()
@@ -104,7 +105,7 @@ class EngineLoop:
         return stream
 
     def _admit(self) -> RequestStream:
-        stream = RequestStream(f"srv-{next(self._ids)}", asyncio.get_running_loop())
+        stream = RequestStream(f"{self.id_prefix}-{next(self._ids)}", asyncio.get_running_loop())
         with self._cv:
             if self._stopping:
                 raise RuntimeError("the server is shutting down")
