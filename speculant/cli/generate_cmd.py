@@ -25,6 +25,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--ignore-eos", action="store_true")
+    shape = p.add_mutually_exclusive_group()
+    shape.add_argument("--json-schema", metavar="SCHEMA|@FILE",
+                       help="constrain the output to this JSON schema (JSON text, or @path to a file)")
+    shape.add_argument("--regex", help="constrain the output to this regular expression")
     p.add_argument("--compare", action="store_true",
                    help="also run without speculation and report the speedup")
     p.add_argument("--chat", action="store_true",
@@ -78,6 +82,19 @@ def _run_once(llm, args, params):
     return outputs, num_tokens, seconds
 
 
+def _structured(args: argparse.Namespace) -> dict | None:
+    """``SamplingParams.structured`` from --json-schema / --regex (an @path schema is read from the file)."""
+    if args.regex is not None:
+        return {"regex": args.regex}
+    if args.json_schema is None:
+        return None
+    text = args.json_schema
+    if text.startswith("@"):
+        with open(text[1:], encoding="utf-8") as f:
+            text = f.read()
+    return {"json_schema": text}
+
+
 def run(args: argparse.Namespace) -> int:
     from speculant.config.sampling_params import SamplingParams
 
@@ -91,7 +108,8 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     try:
         params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
-                                top_k=args.top_k, seed=args.seed, ignore_eos=args.ignore_eos)
+                                top_k=args.top_k, seed=args.seed, ignore_eos=args.ignore_eos,
+                                structured=_structured(args))
         llm = _build(args, args.overrides)
         outputs, num_tokens, seconds = _run_once(llm, args, params)
     except (ConfigError, ValueError, OSError, TypeError) as exc:  # clear one-line errors, no traceback

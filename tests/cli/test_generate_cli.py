@@ -63,3 +63,20 @@ def test_generate_threads_option(llama_dir, capsys):
         assert torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(before)
+
+
+def test_generate_with_a_json_schema_or_regex(tmp_path, llama_dir, capsys):
+    schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 9}},
+              "required": ["n"], "additionalProperties": False}
+    path = tmp_path / "schema.json"
+    path.write_text(json.dumps(schema))
+    assert main(["generate", "--model", str(llama_dir), "--max-tokens", "20", "--json-schema", f"@{path}",
+                 "--json", "def foo(x):"]) == 0
+    out = json.loads(capsys.readouterr().out)["outputs"][0]
+    assert json.loads(out["text"])["n"] in range(10) and out["finish_reason"] == "stop"
+    assert main(["generate", "--model", str(llama_dir), "--max-tokens", "20", "--regex", "[ab]{3}", "--json",
+                 "x"]) == 0
+    out = json.loads(capsys.readouterr().out)["outputs"][0]
+    assert len(out["text"]) == 3 and set(out["text"]) <= {"a", "b"}
+    assert main(["generate", "--model", str(llama_dir), "--regex", "(a", "x"]) == 2
+    assert "structured output regex cannot be compiled" in capsys.readouterr().err

@@ -176,11 +176,6 @@ class StructuredOutputs:
         if drafted:
             llg_torch.fill_next_token_bitmask_par_with_draft_tokens(self._executor, drafted, bitmask)
 
-    def close(self) -> None:
-        if self._worker is not None:
-            self._worker.shutdown(wait=True)
-            self._worker = None
-
 
 def _torch_helpers() -> Any:
     import llguidance.torch
