@@ -126,7 +126,8 @@ def main() -> None:
         base = runs[f"{name.rsplit(' ', 1)[0]} off"][-1]["token_ids"]
         rows.append({"row": name, "dtype": dtype, "method": proposer or "no_spec", "fast_forward": fast,
                      "path": "fast decoder" if status.active else "transformers' modules",
-                     "tokens_per_s": round(harness.median(rates), 2), "tokens_per_s_samples": [round(r, 2) for r in rates],
+                     "tokens_per_s": round(harness.median(rates), 2),
+                     "tokens_per_s_samples": [round(r, 2) for r in rates],
                      "mean_accepted_length": runs[name][-1]["mean_accepted_length"],
                      "same_tokens_as_off": runs[name][-1]["token_ids"] == base,
                      "load_s": round(loads[name], 2), "build_s": round(status.build_s, 4),
