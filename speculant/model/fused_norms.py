@@ -11,8 +11,9 @@ output. The fused formulas are tried in turn: the norm in the model's dtype
 (float32 models), and the norm computed in float32 then rounded to the
 model's dtype before the weight multiplies it (what Llama-style norms do in
 bfloat16 and float16), first as torch's own reduced-precision ``rms_norm``
-(which computes in float32 and rounds once: one operator), then spelled out. Variants with another formula (Gemma's ``1 + weight``)
-fail both probes and keep their own forward.
+(which computes in float32 and rounds once: one operator), then spelled out.
+Variants with another formula (Gemma's ``1 + weight``) fail every probe and
+keep their own forward.
 """
 
 from __future__ import annotations
