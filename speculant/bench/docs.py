@@ -17,6 +17,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from speculant.bench.docs_fast_forward import fast_forward, fast_forward_headline
 from speculant.bench.docs_random import random_llama
 from speculant.bench.docs_structured import structured
 from speculant.bench.docs_tables import (
@@ -37,8 +38,13 @@ DOCS = (ROOT / "README.md", ROOT / "docs" / "benchmarks.md")
 Table = Callable[[Path], list[str]]
 
 
+def headline_rows(results: Path) -> list[str]:
+    """The README's short table: one line per claim, each with its source."""
+    return headline(results) + fast_forward_headline(results)
+
+
 BLOCKS: dict[str, Table] = {
-    "headline": headline,
+    "headline": headline_rows,
     "smollm2-batch-1": smollm2_batch1,
     "eagle": eagle_rounds,
     "heldout": heldout_acceptance,
@@ -48,6 +54,7 @@ BLOCKS: dict[str, Table] = {
     "prefix": prefix_cache,
     "random-llama": random_llama,
     "structured": structured,
+    "fast-forward": fast_forward,
 }
 """Block name -> the function that renders it. docs/benchmarks.md holds a
 ``tables`` block that gathers every block but the headline, each under its

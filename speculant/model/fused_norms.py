@@ -7,11 +7,13 @@ fused kernel is about twice as fast per norm. ``fuse_rms_norms`` swaps the
 forward of every module that looks like an RMSNorm (class name ending in
 ``RMSNorm``, a 1-D ``weight`` and a float ``variance_epsilon``) for one fused
 call, but only after a probe on random inputs gives exactly the module's own
-output. Two fused formulas are tried in turn: the norm in the model's dtype
+output. The fused formulas are tried in turn: the norm in the model's dtype
 (float32 models), and the norm computed in float32 then rounded to the
 model's dtype before the weight multiplies it (what Llama-style norms do in
-bfloat16 and float16). Variants with another formula (Gemma's ``1 + weight``)
-fail both probes and keep their own forward.
+bfloat16 and float16), first as torch's own reduced-precision ``rms_norm``
+(which computes in float32 and rounds once: one operator), then spelled out.
+Variants with another formula (Gemma's ``1 + weight``) fail every probe and
+keep their own forward.
 """
 
 from __future__ import annotations
@@ -46,7 +48,13 @@ def _fused_upcast_forward(self: _RMSNormLike, hidden_states: torch.Tensor) -> to
     return self.weight * normed.to(hidden_states.dtype)
 
 
-FUSED_FORMS = (_fused_forward, _fused_upcast_forward)
+def _fused_rounded_forward(self: _RMSNormLike, hidden_states: torch.Tensor) -> torch.Tensor:
+    # hidden_states: [..., H] (bfloat16 / float16) -> [..., H]; the same as _fused_upcast_forward where
+    # torch normalises a reduced-precision input in float32 and rounds once (one operator, not three)
+    return self.weight * F.rms_norm(hidden_states, (self.weight.shape[0],), eps=self.variance_epsilon)
+
+
+FUSED_FORMS = (_fused_forward, _fused_rounded_forward, _fused_upcast_forward)
 
 
 def _looks_like_rms_norm(module: nn.Module) -> TypeGuard[_RMSNormLike]:

@@ -56,6 +56,8 @@ BAD_TOML = {
     "max_model_len=huge": ("model", f"max_model_len = {MAX_MODEL_LEN + 1}",
                            [f"model.max_model_len = {MAX_MODEL_LEN + 1}", "less than or equal to",
                             "max_position_embeddings"]),
+    "fast_forward=true": ("model", "fast_forward = true", ["model.fast_forward = True", "'auto', 'on' or 'off'"]),
+    "fast_forward='yes'": ("model", 'fast_forward = "yes"', ["model.fast_forward = 'yes'", "'auto', 'on' or 'off'"]),
     "num_speculative_tokens=true": ("speculative", "num_speculative_tokens = true",
                                     ["speculative.num_speculative_tokens = True", "valid integer"]),
 }

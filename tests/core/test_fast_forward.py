@@ -177,3 +177,9 @@ def test_generate_verbose_says_which_path_ran(zoo, capsys):
     assert main(["generate", "--model", str(zoo("qwen3")), "--verbose", "--max-tokens", "2", "hello"]) == 0
     assert "model.fast_forward: transformers' modules (architecture 'qwen3' has no fast decoder" in \
         capsys.readouterr().out
+
+
+def test_auto_is_the_default():
+    from speculant.config.compat import build_config
+
+    assert build_config({"model": {"path": "m"}}).model.fast_forward == "auto"

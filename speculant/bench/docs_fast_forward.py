@@ -1,0 +1,60 @@
+"""The docs tables of ``benchmarks/fast_forward_bench.py``: the fast decoder
+(``model.fast_forward``) against transformers' modules on SmolLM2-135M, and
+where a decode step's time goes on each path."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from speculant.bench.docs_tables import _load, _num, _x, measured_on
+
+RESULT = "fast_forward_smollm2.json"
+PARTS = (("layers", "decoder layers (GEMMs, attention, norms, rotary)"), ("lm_head", "LM head"),
+         ("metadata", "attention metadata"), ("engine", "rest of the step (schedule, span tensors, sampling, "
+                                                        "commit, detokenize)"))
+
+
+def fast_forward(results: Path) -> list[str]:
+    """The fast decoder against transformers' modules on SmolLM2-135M (``benchmarks/fast_forward_bench.py``)."""
+    data = _load(results, RESULT)
+    if data is None:
+        return []
+    w = data["workload"]
+    out = [f"The chat prompts of examples/prompts/edit_tasks.txt, batch 1, greedy, EOS ignored, {w['max_tokens']} new "
+           f"tokens, prefill included, {data['options'].get('threads')} thread(s), k = {w['k']}, median of "
+           f"{data['options'].get('repeats')} interleaved rounds; measured on {measured_on(data)} (a machine shared "
+           "with other jobs).", "",
+           "| dtype | method | model.fast_forward | path | tok/s | vs off | tok/s, CPU clock | vs off | "
+           "output vs off | tokens per verify step |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in data["rows"]:
+        out.append(f"| {r['dtype']} | {r['method']} | {r['fast_forward']} | {r['path']} | {r['tokens_per_s']:.1f} | "
+                   f"{_x(r['vs_off'])} | {_num(r.get('cpu_tokens_per_s'))} | {_x(r.get('cpu_vs_off'))} | "
+                   f"{'identical' if r['same_tokens_as_off'] else '**differs**'} | "
+                   f"{_num(r.get('mean_accepted_length'), 2)} |")
+    out += ["", "The CPU clock counts the process's CPU time (all threads): time descheduled by the "
+                "machine's other jobs is left out, so it is the steadier comparison here."]
+    profile = data.get("step_profile_ms") or {}
+    if profile:
+        names = list(profile)
+        out += ["", "Milliseconds per bf16 decode step (one prompt, no speculation, wall clock):", "",
+                "| part | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+        for key, label in PARTS:
+            out.append(f"| {label} | " + " | ".join(_num(profile[n].get(key), 2) for n in names) + " |")
+        out.append("| **step** | " + " | ".join(f"**{_num(profile[n].get('step'), 2)}**" for n in names) + " |")
+    return out
+
+
+def fast_forward_headline(results: Path) -> list[str]:
+    data = _load(results, RESULT)
+    if data is None:
+        return []
+    rows = {r["row"]: r for r in data["rows"]}
+    on, off = rows.get("bf16 no_spec on"), rows.get("bf16 no_spec off")
+    if not (on and off):
+        return []
+    same = "output identical" if on["same_tokens_as_off"] else "output **differs**"
+    return [f"| SmolLM2-135M bf16 on the CPU, batch 1: the fast decoder vs transformers' modules "
+            f"({data['options'].get('threads')} thread(s)) | {on['tokens_per_s']:.1f} vs {off['tokens_per_s']:.1f} "
+            f"tok/s ({on['vs_off']:.2f}×), {same} | {measured_on(data)} | "
+            f"[fast forward](docs/benchmarks.md#results-fast-forward) |"]
