@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from grammar_cases import LARK, LARK_AS_REGEX, REGEX, SCHEMAS, check_json, check_regex
-from spec_helpers import run
+from grammar_cases import LARK, LARK_AS_REGEX, REGEX, SCHEMAS, check_json, check_regex, run
 from speculant import LLM, SamplingParams
 from speculant.acceptance.rejection import RejectionSampler
 from speculant.config.matrix import builtin_registry, compute_matrix
