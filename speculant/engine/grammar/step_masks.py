@@ -82,7 +82,7 @@ class StructuredOutputs:
             self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="speculant-grammar")
             self._executor = load_llguidance().LLExecutor(1)
         future = self._worker.submit(self._compute, jobs)
-        return StepGrammar(self, proposals, future, faults)
+        return StepGrammar(self, proposals, future, faults, [rid for rid, _, _ in jobs])
 
     def cut_proposals(self, batch: StepBatch, proposals: Proposals, faults: dict[str, str]) -> Proposals:
         """Proposals cut to their grammar-valid prefix where that keeps acceptance exact (module doc)."""
@@ -191,13 +191,23 @@ class StepGrammar:
     proposals: Proposals
     future: Future
     faults: dict[str, str] = field(default_factory=dict)
+    request_ids: list[str] = field(default_factory=list)  # the requests whose masks the worker computes
     _masks: dict[str, torch.Tensor] | None = None
+
+    def wait(self) -> None:
+        """Block until the worker is done with this step's matchers (its result is kept)."""
+        self.future.exception()
 
     def masks(self) -> dict[str, torch.Tensor]:
         """Each request's mask rows (waits for the worker)."""
         if self._masks is None:
             t0 = time.perf_counter()
-            masks, faults = self.future.result()
+            try:
+                masks, faults = self.future.result()
+            except Exception as exc:  # noqa: BLE001 - the worker itself failed: its requests fail, no others
+                masks = {}
+                faults = {rid: f"its grammar masks could not be computed: {type(exc).__name__}: {exc}"
+                          for rid in self.request_ids}
             self.owner.wait_s += time.perf_counter() - t0
             self.faults.update(faults)
             self._masks = masks
