@@ -55,6 +55,7 @@ class StructuredOutputs:
         self._executor: Any = None  # llguidance.LLExecutor, made on first use
         self._worker: ThreadPoolExecutor | None = None
         self.mask_s = 0.0  # worker time computing masks (overlapped with the forward)
+        self.mask_cpu_s = 0.0  # the worker thread's CPU time for them (what other jobs cannot inflate)
         self.wait_s = 0.0  # stepping thread's time waiting for masks after the forward
         self.apply_s = 0.0  # stepping thread's time applying masks
         self.num_mask_rows = 0
@@ -129,7 +130,7 @@ class StructuredOutputs:
 
     def _compute(self, jobs: list[tuple[str, Any, list[int]]]) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
         """Worker thread: each job's ``1 + len(proposal)`` mask rows [rows, W] int32, and new faults."""
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), time.thread_time()
         num_rows = sum(1 + len(draft) for _, _, draft in jobs)
         num_words = (self.compiler.tokenizer.vocab_size + 31) // 32
         bitmask = torch.full((max(num_rows, 1), num_words), ALL_ALLOWED, dtype=torch.int32)
@@ -162,6 +163,7 @@ class StructuredOutputs:
                 continue
             masks[rid] = bitmask[s:s + 1 + len(draft)]
         self.mask_s += time.perf_counter() - t0
+        self.mask_cpu_s += time.thread_time() - cpu0
         self.num_mask_rows += num_rows
         return masks, faults
 
