@@ -22,10 +22,11 @@ def structured(results: Path) -> list[str]:
                 f"n-gram k = {o['k']}, {o['concurrency']} at a time, max_tokens {o['validity_max_tokens']}) "
                 f"validate against their schema; finish reasons {v['finish_reasons']}.", ""]
     out += [f"Speculation at batch size 1 ({o['prompts']} chat prompts, {o['dtype']}, greedy, k = {o['k']}, "
-            f"{o['max_tokens']} tokens at most; free text ignores EOS), on {measured_on(data)}, "
+            f"{o['max_tokens']} tokens at most; free text ignores EOS; median of {o.get('repeats', 1)} interleaved "
+            f"rounds by the process's CPU time, the clock other jobs disturb least), on {measured_on(data)}, "
             f"{data.get('machine', 'shared machine')}:", "",
-            "| speculation | free text tok/s | speedup | with the schema tok/s | speedup | schema / free speedup "
-            "| tokens per step (schema) | output identical to no speculation |",
+            "| speculation | free text tok/CPU-s | speedup | with the schema tok/CPU-s | speedup | schema / free "
+            "speedup | tokens per step, free / schema | output identical to no speculation |",
             "|---|---|---|---|---|---|---|---|"]
     rows = {(r["method"], r["schema"]): r for r in data["speedup"]}
     ratios = data.get("speedup_ratio_schema_vs_free", {})
@@ -33,14 +34,17 @@ def structured(results: Path) -> list[str]:
         free, schema = rows[(method, False)], rows[(method, True)]
         ratio = f"{ratios[method]:.2f}" if method in ratios else "–"
         same = free["outputs_identical_to_none"] and schema["outputs_identical_to_none"]
-        out.append(f"| {method} | {free['tokens_per_s']:.1f} | {free['speedup']:.2f}× | {schema['tokens_per_s']:.1f} "
-                   f"| {schema['speedup']:.2f}× | {ratio} | {schema['output_tokens'] / schema['steps']:.2f} | "
-                   f"{'yes' if same else '**no**'} |")
+        rate = "tokens_per_cpu_s" if "tokens_per_cpu_s" in free else "tokens_per_s"
+        out.append(f"| {method} | {free[rate]:.1f} | {free['speedup']:.2f}× | {schema[rate]:.1f} "
+                   f"| {schema['speedup']:.2f}× | {ratio} | {free['output_tokens'] / free['steps']:.2f} / "
+                   f"{schema['output_tokens'] / schema['steps']:.2f} | {'yes' if same else '**no**'} |")
     m = data["mask_cost"]
-    out += ["", f"Mask cost per decode step (no speculation, with the schema; step {m['step_ms']:.1f} ms): "
-            f"llguidance's mask computation {100 * m['worker_fraction_of_step']:.1f}% of the step, in a worker "
-            f"thread during the forward; on the step's critical path (waiting for it after the forward, then "
-            f"applying it) {100 * m['critical_path_fraction_of_step']:.1f}%."]
+    out += ["", f"Mask cost per decode step (no speculation, with the schema; median over rounds; a step takes "
+            f"{m['step_cpu_ms']:.1f} ms of CPU): llguidance's mask computation "
+            f"{100 * m['worker_cpu_fraction_of_step']:.1f}% of the step's CPU time, in a worker thread during the "
+            f"forward; on the step's critical path (waiting for it after the forward, then applying it) "
+            f"{100 * m['critical_path_fraction_of_step']:.1f}% of the wall step (rounds: "
+            f"{', '.join(f'{100 * x:.1f}%' for x in m['critical_path_fraction_rounds'])})."]
     return out
 
 

@@ -371,7 +371,8 @@ class LLMEngine:
         s = self._structured
         if s is None:
             return {}
-        return {"structured_mask_s": s.mask_s, "structured_wait_s": s.wait_s, "structured_apply_s": s.apply_s,
+        return {"structured_mask_s": s.mask_s, "structured_mask_cpu_s": s.mask_cpu_s,
+                "structured_wait_s": s.wait_s, "structured_apply_s": s.apply_s,
                 "structured_mask_rows": s.num_mask_rows, "structured_cut_tokens": s.num_cut_tokens,
                 "structured_grammars_compiled": s.compiler.num_compiled,
                 "structured_grammar_cache_hits": s.compiler.num_cache_hits}

@@ -74,7 +74,11 @@ def run_step(batch: StepBatch, parts: StepParts) -> StepRun:
     if grammar is not None:
         proposals = grammar.proposals
     times.propose_s = timer.lap()
-    return _compute(batch, proposals, parts, timer, times, grammar)
+    try:
+        return _compute(batch, proposals, parts, timer, times, grammar)
+    finally:
+        if grammar is not None:
+            grammar.wait()  # the worker never outlives its step: the next one syncs the same matchers
 
 
 def _masked(grammar: StepGrammar | None, batch: StepBatch, proposals: Proposals, scores: Scores) -> Scores:

@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Sequence
 
 import jsonschema
+
+from speculant import LLM, SamplingParams
 
 SCHEMAS = {
     "person": {"type": "object", "properties": {
@@ -52,3 +55,20 @@ def check_json(text: str, schema: dict) -> None:
 
 def check_regex(text: str, pattern: str) -> None:
     assert re.fullmatch(pattern, text), f"output {text!r} does not match {pattern!r}"
+
+
+def run(llm: LLM, prompts: Sequence[list[int]], params: SamplingParams | Sequence[SamplingParams],
+        max_steps: int = 4000):
+    """The outputs of ``prompts`` in order, through the engine, failing instead of looping forever
+    (as tests/spec/spec_helpers.py's ``run``)."""
+    if isinstance(params, SamplingParams):
+        params = [params] * len(prompts)
+    eng = llm.engine
+    ids = [eng.add_request(None, list(p), sp) for p, sp in zip(prompts, params)]
+    done: dict = {}
+    for _ in range(max_steps):
+        if not eng.has_unfinished_requests():
+            break
+        done.update({o.request_id: o for o in eng.step() if o.finished})
+    assert not eng.has_unfinished_requests(), f"engine still has unfinished requests after {max_steps} steps"
+    return [done[i] for i in ids]

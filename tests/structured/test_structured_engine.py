@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from grammar_cases import LARK, LARK_AS_REGEX, REGEX, SCHEMAS, check_json, check_regex
-from spec_helpers import run
+from grammar_cases import LARK, LARK_AS_REGEX, REGEX, SCHEMAS, check_json, check_regex, run
 from speculant import LLM, SamplingParams
 from speculant.acceptance.rejection import RejectionSampler
 from speculant.config.matrix import builtin_registry, compute_matrix
@@ -245,3 +244,21 @@ def test_bad_requests_are_refused_at_add_request(llama_dir):
         llm.engine.add_request(None, PROMPTS[0], params("person"))
     out = run(llm, PROMPTS[:1], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))[0].outputs[0]
     assert out.finish_reason == "length"  # unstructured requests still run
+
+
+def test_a_failing_mask_worker_fails_only_the_structured_requests(llama_dir, monkeypatch):
+    from speculant.engine.grammar import StructuredOutputs
+
+    spec = {"proposer": "ngram", "num_speculative_tokens": 3}
+    free = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    alone = run(engine(llama_dir, spec), PROMPTS[1:2], free)[0].outputs[0].token_ids
+    llm = engine(llama_dir, spec)
+
+    def broken(self, jobs):
+        raise RuntimeError("worker exploded")
+
+    monkeypatch.setattr(StructuredOutputs, "_compute", broken)
+    bad, ok = run(llm, PROMPTS[:2], [params("person"), free])
+    assert bad.outputs[0].finish_reason == "error" and "its grammar masks could not be computed: " \
+        "RuntimeError: worker exploded" in bad.error
+    assert ok.outputs[0].token_ids == alone and llm.get_metrics()["fallback_steps"] == 0

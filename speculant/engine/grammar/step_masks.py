@@ -55,6 +55,7 @@ class StructuredOutputs:
         self._executor: Any = None  # llguidance.LLExecutor, made on first use
         self._worker: ThreadPoolExecutor | None = None
         self.mask_s = 0.0  # worker time computing masks (overlapped with the forward)
+        self.mask_cpu_s = 0.0  # the worker thread's CPU time for them (what other jobs cannot inflate)
         self.wait_s = 0.0  # stepping thread's time waiting for masks after the forward
         self.apply_s = 0.0  # stepping thread's time applying masks
         self.num_mask_rows = 0
@@ -82,7 +83,7 @@ class StructuredOutputs:
             self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="speculant-grammar")
             self._executor = load_llguidance().LLExecutor(1)
         future = self._worker.submit(self._compute, jobs)
-        return StepGrammar(self, proposals, future, faults)
+        return StepGrammar(self, proposals, future, faults, [rid for rid, _, _ in jobs])
 
     def cut_proposals(self, batch: StepBatch, proposals: Proposals, faults: dict[str, str]) -> Proposals:
         """Proposals cut to their grammar-valid prefix where that keeps acceptance exact (module doc)."""
@@ -129,7 +130,7 @@ class StructuredOutputs:
 
     def _compute(self, jobs: list[tuple[str, Any, list[int]]]) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
         """Worker thread: each job's ``1 + len(proposal)`` mask rows [rows, W] int32, and new faults."""
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), time.thread_time()
         num_rows = sum(1 + len(draft) for _, _, draft in jobs)
         num_words = (self.compiler.tokenizer.vocab_size + 31) // 32
         bitmask = torch.full((max(num_rows, 1), num_words), ALL_ALLOWED, dtype=torch.int32)
@@ -162,6 +163,7 @@ class StructuredOutputs:
                 continue
             masks[rid] = bitmask[s:s + 1 + len(draft)]
         self.mask_s += time.perf_counter() - t0
+        self.mask_cpu_s += time.thread_time() - cpu0
         self.num_mask_rows += num_rows
         return masks, faults
 
@@ -191,13 +193,23 @@ class StepGrammar:
     proposals: Proposals
     future: Future
     faults: dict[str, str] = field(default_factory=dict)
+    request_ids: list[str] = field(default_factory=list)  # the requests whose masks the worker computes
     _masks: dict[str, torch.Tensor] | None = None
+
+    def wait(self) -> None:
+        """Block until the worker is done with this step's matchers (its result is kept)."""
+        self.future.exception()
 
     def masks(self) -> dict[str, torch.Tensor]:
         """Each request's mask rows (waits for the worker)."""
         if self._masks is None:
             t0 = time.perf_counter()
-            masks, faults = self.future.result()
+            try:
+                masks, faults = self.future.result()
+            except Exception as exc:  # noqa: BLE001 - the worker itself failed: its requests fail, no others
+                masks = {}
+                faults = {rid: f"its grammar masks could not be computed: {type(exc).__name__}: {exc}"
+                          for rid in self.request_ids}
             self.owner.wait_s += time.perf_counter() - t0
             self.faults.update(faults)
             self._masks = masks

@@ -1,7 +1,7 @@
 """Lossless sampling under a grammar: with ``rejection`` acceptance and a
 grammar mask at every verified row, the sampled tokens follow the target's
 masked, renormalized distribution (the chi-square setup of
-tests/spec/test_spec_lossless.py: a 16-token llama, N = 2000 seeded requests,
+test_spec_lossless.py: a 16-token llama, N = 2000 seeded requests,
 4 tokens each, k = 2, exact marginals from transformers' logits).
 
 The grammar is a regex whose allowed set depends on the position:

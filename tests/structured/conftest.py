@@ -1,8 +1,0 @@
-"""tests/structured: the spec helpers (``run``) are shared with tests/spec."""
-
-from __future__ import annotations
-
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "spec"))
