@@ -5,7 +5,8 @@ own FastAPI app (``build_app``, through ``@serve.ingress`` with the app built
 per replica by ``__serve_build_asgi_app__``): the same routes, API keys, body
 limit, streaming and disconnect handling as ``speculant serve``, behind
 Serve's HTTP proxy. A replica loads its engine in its constructor, so Serve
-routes nothing to it before it can answer. ``/metrics`` answers for every
+routes nothing to it before it can answer; the app's shutdown (Serve runs its
+lifespan) stops the engine loop. ``/metrics`` answers for every
 replica through a ``MetricsHub`` actor (``speculant.server.metrics_hub``).
 
 ``deploy`` starts Serve (``http_options`` host and port) on the cluster at
@@ -96,13 +97,14 @@ class SpeculantReplica:
             await asyncio.sleep(REPORT_INTERVAL_S)
 
     async def gather_metrics(self) -> bytes:
-        """Every replica's last report, this one's fresh."""
-        await self._report()
-        return exposition(await self.hub.snapshot.remote())
-
-    def __del__(self) -> None:
-        if self.state.loop is not None:
-            self.state.loop.stop()
+        """Every replica's last report, this one's fresh; this one's alone if the hub cannot be reached."""
+        try:
+            await self._report()
+            return exposition(await self.hub.snapshot.remote())
+        except Exception:  # a scrape still answers, with what this replica knows
+            logger.warning("replica %s: the metrics hub did not answer; /metrics shows this replica only",
+                           self.replica, exc_info=True)
+            return exposition({self.replica: list(self.state.metrics.registry.collect())})
 
 
 def _die_when_flagged(path: str, state: ServerState) -> None:

@@ -1,0 +1,171 @@
+"""Ray scaling: ``speculant batch`` locally and on Ray Data at the same total threads, and Ray Serve.
+
+The job: ``--prompts`` (200) Python function heads for the demo pair
+(``examples/demo.toml``: ``models/demo-target`` verified with the
+``models/demo-draft`` draft), greedy, ``--max-tokens`` each. Runs, in one
+process, with the engine loading counted in every job's time:
+
+* ``local``: ``speculant batch --threads T``, one engine on T threads;
+* ``ray_1xT``: ``--ray --replicas 1 --cpus-per-replica T``: the same engine in
+  one Ray Data actor, so the difference to ``local`` is what Ray costs;
+* ``ray_Tx1`` (T > 1): ``--ray --replicas T --cpus-per-replica 1``: T engines
+  of one thread each (same total threads).
+
+The default is T = 1: on a shared 2-core machine two torch threads per engine
+ran several times slower than one (2026-12-05, load average ~9: the threads
+wait on each other), which would measure the machine, not Ray.
+
+The local Ray cluster (``num_cpus=T``, no dashboard) is started once, timed
+apart (a long-lived cluster pays it once). An untimed local warm-up job runs
+first; rounds (``--repeats``) alternate the order. Every
+output must equal the local one byte for byte. Then Ray Serve: 2 replicas,
+``--streams`` (64) concurrent streaming requests over loopback, each text
+compared with ``LLM.generate``; none may be lost or duplicated.
+Result: ``benchmarks/results/ray_scaling.json``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import io
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import harness
+from harness import REPO_ROOT
+
+VERBS = ["parse", "format", "load", "save", "check", "build", "merge", "split", "render", "update"]
+NOUNS = ["header", "config", "path", "record", "token", "buffer", "message", "table", "entry", "stream"]
+ARGS = ["self", "self, value", "data", "path, mode='r'"]
+
+
+def prompts(n: int) -> list[str]:
+    out = []
+    for i in range(n):
+        v, o, a = VERBS[i % 10], NOUNS[(i // 10) % 10], ARGS[(i // 100) % 4]
+        out.append(f"def {v}_{o}({a}):\n" if i % 2 == 0 else f"class {o.title()}{v.title()}er:\n    def __init__({a}):")
+    return out
+
+
+def write_input(path: Path, ps: list[str], max_tokens: int) -> None:
+    path.write_text("".join(json.dumps({"id": i, "prompt": p, "max_tokens": max_tokens, "temperature": 0,
+                                        "ignore_eos": True}) + "\n" for i, p in enumerate(ps)))
+
+
+def batch(src: Path, out: Path, extra: list[str]) -> dict:
+    """One ``speculant batch`` run in this process; its summary and wall seconds."""
+    from speculant.cli import main
+
+    out.unlink(missing_ok=True)
+    buf = io.StringIO()
+    start = time.perf_counter()
+    with contextlib.redirect_stdout(buf):
+        code = main(["batch", str(src), "--output", str(out), "--config", str(REPO_ROOT / "examples" / "demo.toml"),
+                     "--no-progress", *extra])
+    wall = time.perf_counter() - start
+    assert code == 0, f"speculant batch {extra} exited {code}"
+    return {**json.loads(buf.getvalue().strip().splitlines()[-1]), "wall_s": round(wall, 2)}
+
+
+def serve_check(num_streams: int, max_tokens: int, ps: list[str], cpus: float) -> dict:
+    import openai
+
+    from speculant import LLM, SamplingParams
+    from speculant.config.compat import build_config
+    from speculant.config.models import read_config
+    from speculant.server.ray_serve import ReplicaOptions, deploy, undeploy
+
+    os.chdir(REPO_ROOT)  # demo.toml names its models relative to the repository
+    data = read_config(str(REPO_ROOT / "examples" / "demo.toml"))
+    options = ReplicaOptions("demo")
+    start = time.perf_counter()
+    url = deploy(build_config(data, "demo.toml"), "demo.toml", options, replicas=2, cpus_per_replica=cpus, port=8765)
+    deploy_s = time.perf_counter() - start
+    ps = ps[:num_streams]
+
+    async def one(client, p):
+        text, ids = "", set()
+        stream = await client.completions.create(model="demo", prompt=p, max_tokens=max_tokens, temperature=0,
+                                                 stream=True, extra_body={"ignore_eos": True})
+        async for chunk in stream:
+            ids.add(chunk.id)
+            text += chunk.choices[0].text
+        return ids, text
+
+    async def run():
+        async with openai.AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=600) as c:
+            return await asyncio.gather(*(one(c, p) for p in ps), return_exceptions=True)
+
+    start = time.perf_counter()
+    results = asyncio.run(run())
+    streams_s = time.perf_counter() - start
+    undeploy(options)
+    reference = LLM.from_dict(data, "reference").generate(
+        ps, SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True), use_tqdm=False)
+    ok = [r for r in results if not isinstance(r, BaseException)]
+    ids = [i for r in ok for i in r[0]]
+    return {"replicas": 2, "cpus_per_replica": cpus, "streams": len(ps), "completed": len(ok),
+            "failed": len(results) - len(ok),
+            "distinct_response_ids": len(set(ids)), "all_equal_llm_generate": len(ok) == len(ps) and all(
+                r[1] == w.outputs[0].text for r, w in zip(ok, reference)),
+            "deploy_s": round(deploy_s, 1), "streams_wall_s": round(streams_s, 2)}
+
+
+def main() -> None:
+    ap = harness.arg_parser(__doc__, out=harness.RESULTS_DIR / "ray_scaling.json", repeats=3, threads=1,
+                            quick="20 prompts, 8 tokens, 8 streams")
+    ap.add_argument("--prompts", type=int, default=200)
+    ap.add_argument("--max-tokens", type=int, default=48)
+    ap.add_argument("--streams", type=int, default=64)
+    args = ap.parse_args()
+    if args.quick:
+        args.prompts, args.max_tokens, args.streams = 20, 8, 8
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    bench = harness.start("ray_scaling", args)
+    import ray
+
+    t = args.threads
+    tmp = Path(tempfile.mkdtemp(prefix="ray-scaling-"))
+    ps = prompts(args.prompts)
+    src = tmp / "in.jsonl"
+    write_input(src, ps, args.max_tokens)
+    os.chdir(REPO_ROOT)
+    start = time.perf_counter()
+    ray.init(address="local", num_cpus=t, include_dashboard=False, log_to_driver=False)
+    cluster_s = time.perf_counter() - start
+    bench.log(f"local Ray cluster up in {cluster_s:.1f} s")
+    modes = {"local": ["--threads", str(t)],
+             f"ray_1x{t}": ["--ray", "--replicas", "1", "--cpus-per-replica", str(t)]}
+    if t > 1:
+        modes[f"ray_{t}x1"] = ["--ray", "--replicas", str(t), "--cpus-per-replica", "1"]
+
+    def run_one(name: str) -> dict:
+        summary = batch(src, tmp / f"{name}.jsonl", modes[name])
+        bench.log(f"{name}: {summary}")
+        return summary
+
+    warm = tmp / "warm.jsonl"  # untimed: one-time set-up (the C kernels' first build) counts in no mode
+    write_input(warm, ps[:4], 4)
+    batch(warm, tmp / "warm-out.jsonl", modes["local"])
+    runs = harness.rounds(list(modes), args.repeats, run_one)
+    local_out = (tmp / "local.jsonl").read_text()
+    identical = {name: (tmp / f"{name}.jsonl").read_text() == local_out for name in modes}
+    wall = {name: harness.median([r["wall_s"] for r in runs[name]]) for name in modes}
+    overhead = {name: round(100 * (wall[name] / wall["local"] - 1), 1) for name in modes if name != "local"}
+    bench.log(f"identical to local: {identical}; Ray overhead % of local wall time: {overhead}")
+    serve = serve_check(args.streams, args.max_tokens, ps, t / 2)
+    bench.log(f"serve: {serve}")
+    ray.shutdown()
+    bench.write({"summary": {"prompts": args.prompts, "max_tokens": args.max_tokens, "total_threads": t,
+                             "cluster_start_s": round(cluster_s, 1), "job_wall_s": wall,
+                             "ray_overhead_pct_of_local": overhead, "outputs_identical_to_local": identical,
+                             "serve": serve, "note": "shared machine: other jobs ran alongside"},
+                 "runs": runs})
+
+
+if __name__ == "__main__":
+    main()
