@@ -20,7 +20,8 @@ def structured(results: Path) -> list[str]:
     if v:
         out += [f"Validity: {v['valid']} of {v['requests']} JSON-schema requests (4 schemas, chat prompts, greedy, "
                 f"n-gram k = {o['k']}, {o['concurrency']} at a time, max_tokens {o['validity_max_tokens']}) "
-                f"validate against their schema; finish reasons {v['finish_reasons']}.", ""]
+                f"validate against their schema; finish reasons {v['finish_reasons']}"
+                f"{' (run ' + str(v['utc']).replace('T', ' ') + ' UTC)' if v.get('utc') else ''}.", ""]
     out += [f"Speculation at batch size 1 ({o['prompts']} chat prompts, {o['dtype']}, greedy, k = {o['k']}, "
             f"{o['max_tokens']} tokens at most; free text ignores EOS; median of {o.get('repeats', 1)} interleaved "
             f"rounds by the process's CPU time, the clock other jobs disturb least), on {measured_on(data)}, "

@@ -187,18 +187,21 @@ def test_grammar_state_survives_preemption_and_aborts(llama_dir):
     assert eng.runner.block_manager.num_used_blocks == 0
 
 
-class _NotAMatcher:
-    """Stands in for llguidance's matcher; llguidance's mask call refuses it."""
+class _FailingMasks:
+    """llguidance's matcher whose mask call raises."""
 
     def __init__(self, real) -> None:
         self.real = real
+
+    def unsafe_compute_mask_ptr(self, *args):
+        raise RuntimeError("mask call failed")
 
     def __getattr__(self, name):
         return getattr(self.real, name)
 
 
 @pytest.mark.parametrize("fault, message", [
-    ("mask_call", "its json_schema grammar failed while computing its token masks: '_NotAMatcher' object"),
+    ("mask_call", "its json_schema grammar failed while computing its token masks: mask call failed"),
     ("error_state", "its json_schema grammar failed while following its "),
 ])
 def test_a_broken_grammar_fails_its_request_alone(llama_dir, fault, message):
@@ -213,7 +216,7 @@ def test_a_broken_grammar_fails_its_request_alone(llama_dir, fault, message):
         done.update({o.request_id: o for o in eng.step() if o.finished})
     victim = eng._requests[ids[0]].grammar
     if fault == "mask_call":
-        victim.matcher = _NotAMatcher(victim.matcher)
+        victim.matcher = _FailingMasks(victim.matcher)
     else:  # the matcher enters its error state (a token no JSON allows)
         victim.matcher.consume_tokens(eng.tokenizer("}}}", add_special_tokens=False)["input_ids"])
         assert victim.matcher.is_error()
