@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from speculant.bench.docs_random import random_llama
+from speculant.bench.docs_ray import ray_scaling
 from speculant.bench.docs_tables import (
     eagle_rounds,
     gpu_rows,
@@ -46,6 +47,7 @@ BLOCKS: dict[str, Table] = {
     "llamacpp": llamacpp,
     "prefix": prefix_cache,
     "random-llama": random_llama,
+    "ray-scaling": ray_scaling,
 }
 """Block name -> the function that renders it. docs/benchmarks.md holds a
 ``tables`` block that gathers every block but the headline, each under its
