@@ -2,7 +2,8 @@
 
 The job: ``--prompts`` (200) Python function heads for the demo pair
 (``examples/demo.toml``: ``models/demo-target`` verified with the
-``models/demo-draft`` draft), greedy, ``--max-tokens`` each. Runs, in one
+``models/demo-draft`` draft), greedy, ``--max-tokens`` each (one job per
+value: 48 and 384; Ray's start-up is a fixed cost, which a longer job dilutes). Runs, in one
 process, with the engine loading counted in every job's time:
 
 * ``local``: ``speculant batch --threads T``, one engine on T threads;
@@ -119,11 +120,12 @@ def main() -> None:
     ap = harness.arg_parser(__doc__, out=harness.RESULTS_DIR / "ray_scaling.json", repeats=3, threads=1,
                             quick="20 prompts, 8 tokens, 8 streams")
     ap.add_argument("--prompts", type=int, default=200)
-    ap.add_argument("--max-tokens", type=int, default=48)
+    ap.add_argument("--max-tokens", type=int, nargs="+", default=[48, 384],
+                    help="one job per value (Ray's fixed start-up weighs less on a longer job)")
     ap.add_argument("--streams", type=int, default=64)
     args = ap.parse_args()
     if args.quick:
-        args.prompts, args.max_tokens, args.streams = 20, 8, 8
+        args.prompts, args.max_tokens, args.streams = 20, [8], 8
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     bench = harness.start("ray_scaling", args)
     import ray
@@ -131,8 +133,6 @@ def main() -> None:
     t = args.threads
     tmp = Path(tempfile.mkdtemp(prefix="ray-scaling-"))
     ps = prompts(args.prompts)
-    src = tmp / "in.jsonl"
-    write_input(src, ps, args.max_tokens)
     os.chdir(REPO_ROOT)
     start = time.perf_counter()
     ray.init(address="local", num_cpus=t, include_dashboard=False, log_to_driver=False)
@@ -142,29 +142,37 @@ def main() -> None:
              f"ray_1x{t}": ["--ray", "--replicas", "1", "--cpus-per-replica", str(t)]}
     if t > 1:
         modes[f"ray_{t}x1"] = ["--ray", "--replicas", str(t), "--cpus-per-replica", "1"]
-
-    def run_one(name: str) -> dict:
-        summary = batch(src, tmp / f"{name}.jsonl", modes[name])
-        bench.log(f"{name}: {summary}")
-        return summary
-
     warm = tmp / "warm.jsonl"  # untimed: one-time set-up (the C kernels' first build) counts in no mode
     write_input(warm, ps[:4], 4)
     batch(warm, tmp / "warm-out.jsonl", modes["local"])
-    runs = harness.rounds(list(modes), args.repeats, run_one)
-    local_out = (tmp / "local.jsonl").read_text()
-    identical = {name: (tmp / f"{name}.jsonl").read_text() == local_out for name in modes}
-    wall = {name: harness.median([r["wall_s"] for r in runs[name]]) for name in modes}
-    overhead = {name: round(100 * (wall[name] / wall["local"] - 1), 1) for name in modes if name != "local"}
-    bench.log(f"identical to local: {identical}; Ray overhead % of local wall time: {overhead}")
-    serve = serve_check(args.streams, args.max_tokens, ps, t / 2)
+    jobs, all_runs = [], {}
+    for max_tokens in args.max_tokens:
+        src = tmp / f"in-{max_tokens}.jsonl"
+        write_input(src, ps, max_tokens)
+
+        def run_one(name: str, src: Path = src, max_tokens: int = max_tokens) -> dict:
+            summary = batch(src, tmp / f"{name}-{max_tokens}.jsonl", modes[name])
+            bench.log(f"max_tokens {max_tokens}, {name}: {summary}")
+            return summary
+
+        runs = harness.rounds(list(modes), args.repeats, run_one)
+        local_out = (tmp / f"local-{max_tokens}.jsonl").read_text()
+        wall = {name: harness.median([r["wall_s"] for r in runs[name]]) for name in modes}
+        job = {"max_tokens": max_tokens, "job_wall_s": wall,
+               "ray_overhead_s": {n: round(wall[n] - wall["local"], 1) for n in modes if n != "local"},
+               "ray_overhead_pct_of_local": {n: round(100 * (wall[n] / wall["local"] - 1), 1)
+                                             for n in modes if n != "local"},
+               "outputs_identical_to_local": {n: (tmp / f"{n}-{max_tokens}.jsonl").read_text() == local_out
+                                              for n in modes}}
+        bench.log(f"max_tokens {max_tokens}: {job}")
+        jobs.append(job)
+        all_runs[str(max_tokens)] = runs
+    serve = serve_check(args.streams, min(args.max_tokens), ps, t / 2)
     bench.log(f"serve: {serve}")
     ray.shutdown()
-    bench.write({"summary": {"prompts": args.prompts, "max_tokens": args.max_tokens, "total_threads": t,
-                             "cluster_start_s": round(cluster_s, 1), "job_wall_s": wall,
-                             "ray_overhead_pct_of_local": overhead, "outputs_identical_to_local": identical,
-                             "serve": serve, "note": "shared machine: other jobs ran alongside"},
-                 "runs": runs})
+    bench.write({"summary": {"prompts": args.prompts, "total_threads": t, "cluster_start_s": round(cluster_s, 1),
+                             "jobs": jobs, "serve": serve, "note": "shared machine: other jobs ran alongside"},
+                 "runs": all_runs})
 
 
 if __name__ == "__main__":

@@ -155,8 +155,9 @@ def test_client_disconnect_aborts_the_request_on_its_replica(url):
     key = 'speculant_requests_total{finish_reason="abort"}'
     before = metric_sums(url).get(key, 0)
     client = openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0, timeout=60)
-    stream = client.completions.create(model="tiny", prompt="x", max_tokens=200, temperature=0, stream=True,
-                                       extra_body={"ignore_eos": True})
+    # as long as max_model_len (256) allows, sampled (drafts accepted less often: more steps)
+    stream = client.completions.create(model="tiny", prompt="x", max_tokens=250, temperature=1.0, seed=0,
+                                       stream=True, extra_body={"ignore_eos": True})
     for i, _ in enumerate(stream):
         if i == 2:
             break

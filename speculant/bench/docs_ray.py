@@ -1,0 +1,45 @@
+"""The docs table of ``benchmarks/ray_scaling.py``: ``speculant batch`` locally and on Ray, and Ray Serve."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from speculant.bench.docs_tables import measured_on
+
+
+def _label(name: str, threads: int) -> str:
+    if name == "local":
+        return f"local, one engine, {threads} thread{'s' if threads > 1 else ''}"
+    replicas, cpus = name.removeprefix("ray_").split("x")
+    return f"`--ray --replicas {replicas} --cpus-per-replica {cpus}`"
+
+
+def ray_scaling(results: Path) -> list[str]:
+    """`speculant batch` on one engine and on Ray Data at the same total threads; Ray Serve with 2 replicas"""
+    path = results / "ray_scaling.json"
+    if not path.exists():
+        return []
+    data = json.loads(path.read_text(encoding="utf-8"))
+    s, env = data["summary"], data.get("environment", {})
+    load = (env.get("load_avg") or ["?"])[0]
+    out = [f"`ray_scaling.json`: {s['prompts']} prompts, greedy, the demo pair (`examples/demo.toml`), "
+           f"{s['total_threads']} torch thread(s) in all, engine loading included, median of "
+           f"{data['options'].get('repeats', 1)} alternating rounds; measured on {measured_on(data)}, a shared "
+           f"machine (load average {load} at the start).", "",
+           "| tokens per prompt | run | job wall time | Ray's cost | records identical to local |",
+           "|---|---|---|---|---|"]
+    for job in s["jobs"]:
+        for name, wall in job["job_wall_s"].items():
+            cost = "–" if name == "local" else \
+                f"{job['ray_overhead_s'][name]:+.1f} s ({job['ray_overhead_pct_of_local'][name]:+.1f} %)"
+            same = "yes" if job["outputs_identical_to_local"][name] else "**no**"
+            out.append(f"| {job['max_tokens']} | {_label(name, s['total_threads'])} | {wall:.1f} s | {cost} "
+                       f"| {same} |")
+    v = s["serve"]
+    out += ["", f"The local Ray cluster started once, in {s['cluster_start_s']:.1f} s (not in the job times). "
+            f"Ray Serve, {v['replicas']} replicas at {v['cpus_per_replica']} CPU: {v['streams']} concurrent "
+            f"streams, {v['completed']} completed, {v['failed']} failed, {v['distinct_response_ids']} distinct "
+            f"response ids, every text equal to `LLM.generate`: {'yes' if v['all_equal_llm_generate'] else 'no'} "
+            f"({v['streams_wall_s']:.1f} s for all; deploying took {v['deploy_s']:.0f} s)."]
+    return out
