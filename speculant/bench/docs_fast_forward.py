@@ -37,7 +37,8 @@ def fast_forward(results: Path) -> list[str]:
     profile = data.get("step_profile_ms") or {}
     if profile:
         names = list(profile)
-        out += ["", "Milliseconds per bf16 decode step (one prompt, no speculation, wall clock):", "",
+        out += ["", "Milliseconds per bf16 decode step (one prompt, no speculation, wall clock, so on a loaded "
+                "machine inflated alike for both paths):", "",
                 "| part | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
         for key, label in PARTS:
             out.append(f"| {label} | " + " | ".join(_num(profile[n].get(key), 2) for n in names) + " |")
@@ -56,5 +57,5 @@ def fast_forward_headline(results: Path) -> list[str]:
     same = "output identical" if on["same_tokens_as_off"] else "output **differs**"
     return [f"| SmolLM2-135M bf16 on the CPU, batch 1: the fast decoder vs transformers' modules "
             f"({data['options'].get('threads')} thread(s)) | {on['tokens_per_s']:.1f} vs {off['tokens_per_s']:.1f} "
-            f"tok/s ({on['vs_off']:.2f}×), {same} | {measured_on(data)} | "
+            f"tok/s ({on['vs_off']:.2f}×; {_x(on.get('cpu_vs_off'))} on the CPU clock), {same} | {measured_on(data)} | "
             f"[fast forward](docs/benchmarks.md#results-fast-forward) |"]
