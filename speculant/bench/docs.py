@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from speculant.bench.docs_random import random_llama
-from speculant.bench.docs_structured import structured
+from speculant.bench.docs_structured import structured, structured_headline
 from speculant.bench.docs_tables import (
     eagle_rounds,
     gpu_rows,
@@ -37,8 +37,13 @@ DOCS = (ROOT / "README.md", ROOT / "docs" / "benchmarks.md")
 Table = Callable[[Path], list[str]]
 
 
+def headlines(results: Path) -> list[str]:
+    """The README's short table (``docs_tables.headline``) with the structured-output line."""
+    return headline(results) + structured_headline(results)
+
+
 BLOCKS: dict[str, Table] = {
-    "headline": headline,
+    "headline": headlines,
     "smollm2-batch-1": smollm2_batch1,
     "eagle": eagle_rounds,
     "heldout": heldout_acceptance,
