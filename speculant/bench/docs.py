@@ -20,7 +20,7 @@ from pathlib import Path
 from speculant.bench.docs_fast_forward import fast_forward, fast_forward_headline
 from speculant.bench.docs_random import random_llama
 from speculant.bench.docs_ray import ray_scaling
-from speculant.bench.docs_structured import structured
+from speculant.bench.docs_structured import structured, structured_headline
 from speculant.bench.docs_tables import (
     eagle_rounds,
     gpu_rows,
@@ -40,8 +40,9 @@ Table = Callable[[Path], list[str]]
 
 
 def headline_rows(results: Path) -> list[str]:
-    """The README's short table: one line per claim, each with its source."""
-    return headline(results) + fast_forward_headline(results)
+    """The README's short table: one line per claim, each with its source (``docs_tables.headline``,
+    then the fast decoder's and structured output's lines)."""
+    return headline(results) + fast_forward_headline(results) + structured_headline(results)
 
 
 BLOCKS: dict[str, Table] = {

@@ -174,10 +174,8 @@ def headline(results: Path) -> list[str]:
                 out.append(f"| `{name}` on SmolLM2 (eagle_bench, 2 prompts) | {r['speedup_vs_no_spec']:.2f}× "
                            f"({r['tokens_per_verify_step']:.2f} tokens per verify step) | {measured_on(data)} | "
                            f"[eagle](docs/benchmarks.md#results-eagle) |")
-    from speculant.bench.docs_structured import structured_headline  # it imports this module
-
     return (out + prefix_headline(results) + llamacpp_headline(results) + gpu_headline(results)
-            + graphs_headline(results) + structured_headline(results))
+            + graphs_headline(results))
 
 
 def llamacpp(results: Path) -> list[str]:
