@@ -14,6 +14,12 @@ one line and a list on the next is an error), while here a bad line must
 become an error record and nothing else. The driver already reads the file
 (to skip the lines a rerun has answered), so it hands Ray the raw lines.
 
+An actor runs one batch at a time, so a batch should fill its engine: by
+default it is what the local runner keeps in flight (twice
+``scheduler.max_num_seqs``); smaller batches leave the engine running fewer
+requests per step, which costs throughput (measured: batches of 16 against 32
+running locally made a 384-token job ~30% slower).
+
 A killed actor: Ray restarts it (``max_restarts``) and retries the batch it
 held (``max_task_retries``); a batch's records are returned only when all of
 it is done, so a batch is either redone whole or delivered once. Both are
@@ -96,9 +102,11 @@ def connect() -> None:
 
 class RayJob:
     def __init__(self, config: EngineConfig, source: str, replicas: int, cpus_per_replica: float,
-                 batch_size: int) -> None:
+                 batch_size: int | None = None) -> None:
         self.config, self.source = config, source
-        self.replicas, self.cpus_per_replica, self.batch_size = replicas, cpus_per_replica, batch_size
+        self.replicas, self.cpus_per_replica = replicas, cpus_per_replica
+        # what the local runner keeps in flight: an actor's engine batches as fully as the local one
+        self.batch_size = batch_size or 2 * config.scheduler.max_num_seqs
 
     def run(self, lines: list[InputLine]) -> Iterator[tuple[int, Record]]:
         if not lines:

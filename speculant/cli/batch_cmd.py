@@ -35,8 +35,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     ray.add_argument("--replicas", type=int, default=1, help="engines (Ray actors) side by side (default: 1)")
     ray.add_argument("--cpus-per-replica", type=float, default=1.0,
                      help="CPUs Ray reserves for each engine; its torch threads are this rounded up (default: 1)")
-    ray.add_argument("--ray-batch-size", type=int, default=16,
-                     help="lines handed to an actor at a time: what a killed actor's restart redoes (default: 16)")
+    ray.add_argument("--ray-batch-size", type=int, default=None,
+                     help="lines handed to an actor at a time, which its engine batches together (a killed actor's "
+                          "batch is redone whole; default: 2 x scheduler.max_num_seqs, what one local engine keeps "
+                          "in flight)")
     p.set_defaults(func=run)
 
 
@@ -47,7 +49,7 @@ def _usage_problem(args: argparse.Namespace) -> str | None:
         return f"--threads {args.threads}: need at least 1 thread; omit it for torch's choice"
     if not args.ray:
         used = [o for o, v, d in (("--replicas", args.replicas, 1), ("--cpus-per-replica", args.cpus_per_replica, 1.0),
-                                  ("--ray-batch-size", args.ray_batch_size, 16)) if v != d]
+                                  ("--ray-batch-size", args.ray_batch_size, None)) if v != d]
         return f"{', '.join(used)} only apply with --ray; add --ray or drop them" if used else None
     if importlib.util.find_spec("ray") is None:
         return "--ray needs Ray: pip install 'speculant[ray]'"
@@ -55,7 +57,7 @@ def _usage_problem(args: argparse.Namespace) -> str | None:
         return f"--replicas {args.replicas}: need at least 1 engine"
     if not args.cpus_per_replica > 0:
         return f"--cpus-per-replica {args.cpus_per_replica}: must be > 0 (fractions such as 0.5 are allowed)"
-    if args.ray_batch_size < 1:
+    if args.ray_batch_size is not None and args.ray_batch_size < 1:
         return f"--ray-batch-size {args.ray_batch_size}: must be at least 1 line"
     return None
 

@@ -78,6 +78,11 @@ class ServerState:
     def __post_init__(self) -> None:
         self.metrics = ServerMetrics(lambda: self.engine, lambda: self.loop)
 
+    def load_now(self) -> None:
+        """Load in this thread, before the app starts (a Ray Serve replica takes no request before it is
+        ready); the app's start then loads nothing. A failure is reported to ``on_load_error``."""
+        self._load()
+
     def _load(self) -> None:
         try:
             engine = self.load()

@@ -76,7 +76,9 @@ class SpeculantReplica:
         self.state = ServerState(lambda: engine, options.model_name, options.max_queued, api_keys=options.api_keys,
                                  metrics_public=options.metrics_public, max_request_bytes=options.max_request_bytes,
                                  request_id_prefix=f"srv-{self.replica}", gather_metrics=self.gather_metrics)
-        self.state._load()  # the tokenizer warm-up and the engine thread: ready before Serve routes here
+        self.state.load_now()  # the tokenizer warm-up and the engine thread: ready before Serve routes here
+        if self.state.loop is None:  # Serve marks the replica failed rather than routing to a 503-only app
+            raise RuntimeError(f"replica {self.replica}: the engine did not start (see the replica's log)")
         # constructed inside Serve's async wrapper: its event loop runs the reports
         self._reporter = asyncio.get_running_loop().create_task(self._report_forever())
         if os.environ.get(KILL_ENV):
