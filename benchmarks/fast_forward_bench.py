@@ -100,7 +100,12 @@ def main() -> None:
                             quick="16 new tokens, one round, two prompts")
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--k", type=int, default=8)
+    ap.add_argument("--rows", nargs="+", choices=list(ROWS), default=list(ROWS),
+                    help="run only these rows (each with its 'off' partner)")
     args = ap.parse_args()
+    wanted = {r for name in args.rows for r in (name, f"{name.rsplit(' ', 1)[0]} off")}
+    for name in [n for n in ROWS if n not in wanted]:
+        del ROWS[name]
     bench = harness.start("fast_forward_smollm2", args)
     from speculant.bench import load_prompts
     from speculant.bench.speculant_runs import run_method
@@ -145,7 +150,7 @@ def main() -> None:
         print(f"{r['row']:<18} {r['tokens_per_s']:7.1f} tok/s  {r['vs_off']:.2f}x off  (CPU clock "
               f"{r['cpu_tokens_per_s']:.1f}, {r['cpu_vs_off']:.2f}x)  same: {r['same_tokens_as_off']}")
     profile = {}
-    for name in ("bf16 no_spec off", "bf16 no_spec on"):
+    for name in [n for n in ("bf16 no_spec off", "bf16 no_spec on") if n in llms]:
         profile[name] = StepProfile(llms[name]).run(prompts[0], max_tokens)
         print(name, profile[name])
     bench.write({"workload": {"prompts": "examples/prompts/edit_tasks.txt (chat)", "max_tokens": max_tokens,

@@ -183,3 +183,15 @@ def test_auto_is_the_default():
     from speculant.config.compat import build_config
 
     assert build_config({"model": {"path": "m"}}).model.fast_forward == "auto"
+
+
+def test_cos_sin_computed_per_forward_beyond_the_table_limit(zoo, hf_reference, monkeypatch):
+    """Models with more positions than MAX_TABLE_POSITIONS compute cos/sin per forward: same output."""
+    monkeypatch.setattr(decoder_module, "MAX_TABLE_POSITIONS", 8)
+    llm = LLM(str(zoo("llama")), fast_forward="on", block_size=4, max_num_batched_tokens=24, max_num_seqs=8)
+    decoder = llm.engine.runner.fast_forward.decoder
+    assert decoder is not None and decoder.rotary.cos is None
+    assert llm.engine.runner.fast_forward.deviation == 0.0
+    outs = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
+    check_all_greedy([o.outputs[0].token_ids for o in outs],
+                     [hf_reference(zoo("llama")).greedy(p, MAX_TOKENS) for p in PROMPTS], "no table")

@@ -30,13 +30,14 @@ class ArchSpec:
     causal_lm_class: str
     decoder_layer_class: str
     qkv_bias: bool  # the family may carry biases on q/k/v (all three or none)
+    window_always_on: bool = False  # config.sliding_window applies without use_sliding_window / layer_types
     note: str = ""
 
 
 ARCH_SPECS: dict[str, ArchSpec] = {spec.model_type: spec for spec in (
     ArchSpec("llama", "LlamaForCausalLM", "LlamaDecoderLayer", qkv_bias=True,
              note="attention_bias and mlp_bias, tied or untied embeddings, rope default/linear/llama3/yarn"),
-    ArchSpec("mistral", "MistralForCausalLM", "MistralDecoderLayer", qkv_bias=False,
+    ArchSpec("mistral", "MistralForCausalLM", "MistralDecoderLayer", qkv_bias=False, window_always_on=True,
              note="a sliding window at least max_model_len (narrower ones are refused at load)"),
     ArchSpec("qwen2", "Qwen2ForCausalLM", "Qwen2DecoderLayer", qkv_bias=True,
              note="q/k/v biases; sliding layers only with a window at least max_model_len"),
@@ -95,8 +96,8 @@ def _config_reasons(spec: ArchSpec, cfg, max_model_len: int) -> list[str]:
                        f"{', '.join(sorted(STATIC_ROPE_TYPES))})")
     window = getattr(cfg, "sliding_window", None)
     layer_types = set(getattr(cfg, "layer_types", None) or ["full_attention"])
-    windowed = "sliding_attention" in layer_types or (
-        spec.model_type == "mistral" or getattr(cfg, "use_sliding_window", False))
+    windowed = ("sliding_attention" in layer_types or spec.window_always_on
+                or bool(getattr(cfg, "use_sliding_window", False)))
     if windowed and window is not None and window < max_model_len:
         reasons.append(f"sliding-window attention (sliding_window={window} < max_model_len={max_model_len})")
     if layer_types - {"full_attention", "sliding_attention"}:
