@@ -242,3 +242,36 @@ def test_serve_ray_usage_errors_exit_2(tmp_path, capsys):
     for bad in ("4", "3:1", "a:b", "0:0", "-1:2"):
         with pytest.raises(ValueError, match=f"--autoscale {bad}: expected MIN:MAX replicas"):
             parse_autoscale(bad)
+
+
+def test_autoscale_hands_serve_min_max_and_the_engine_batch_as_target(ray_cluster, model, monkeypatch):
+    """`--autoscale MIN:MAX` becomes Serve's autoscaling config (no fixed replica count), the
+    target of ongoing requests per replica being what one engine batches. Serve's scaling itself
+    is Ray's (run by hand here: 1:2 served correctly)."""
+    import ray
+    from ray import serve
+
+    from speculant.server import ray_serve
+
+    seen: dict = {}
+
+    class Recorder:
+        def options(self, **kwargs):
+            seen.update(kwargs)
+            return self
+
+        def bind(self, *args):
+            return "app"
+
+    monkeypatch.setattr(serve, "deployment", lambda cls: Recorder())
+    monkeypatch.setattr(serve, "start", lambda **kwargs: None)
+    monkeypatch.setattr(serve, "run", lambda app, **kwargs: seen.update(ran=app, **kwargs))
+    options = ReplicaOptions("tiny", hub_name="autoscale-test-hub")
+    try:
+        deploy(build_config(config_data(model), "test"), "test", options, autoscale=(0, 3), cpus_per_replica=0.5)
+    finally:
+        ray.kill(ray.get_actor(options.hub_name, namespace=ray_serve.HUB_NAMESPACE))
+    assert seen["autoscaling_config"] == {"min_replicas": 0, "max_replicas": 3, "initial_replicas": 1,
+                                          "target_ongoing_requests": 16}
+    assert "num_replicas" not in seen and seen["ray_actor_options"] == {"num_cpus": 0.5}
+    assert seen["ran"] == "app"
