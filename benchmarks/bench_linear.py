@@ -17,6 +17,9 @@ Routes (all exact up to float32 summation order):
                      must be converted ``to_mkldnn()`` and back ``to_dense()``.
 * ``transposed``     weight stored ``[in, out]``, ``torch.addmm(bias, x, w_t)``.
 * ``weight_left``    ``(w @ x.T).T + bias``: the small row count becomes GEMM's N.
+* ``dot_bf16``       ``speculant.model.dot_linear.DotLinear``: Speculant's own kernel
+                     on AVX512-BF16 dot products (bfloat16, CPUs that have them;
+                     what ``model.linear_backend = "auto"`` picks there).
 * ``mkl_packed``     ``torch.ops.mkl._mkl_reorder_linear_weight`` packed for one
                      batch size (needs a packed copy per row count plus the
                      original weight, so it is listed for comparison only).
@@ -93,12 +96,16 @@ def build_route(route: str, weight: torch.Tensor, bias: torch.Tensor, rows: int)
         return lambda x: torch.addmm(bias, x, w_t)
     if route == "weight_left":
         return lambda x: torch.mm(weight, x.t()).t().add_(bias)
+    if route == "dot_bf16":
+        from speculant.model.dot_linear import DotLinear
+
+        return DotLinear(weight, bias).forward
     if route == "mkl_packed":
         if weight.dtype != torch.float32:
             raise ValueError("route 'mkl_packed' is float32 only; drop it with --routes")
         packed = torch.ops.mkl._mkl_reorder_linear_weight(weight, rows)
         return lambda x: torch.ops.mkl._mkl_linear(x, packed, weight, bias, rows)
-    raise ValueError(f"unknown route {route!r}; choose from {DEFAULT_ROUTES},compile_freezing")
+    raise ValueError(f"unknown route {route!r}; choose from {DEFAULT_ROUTES},dot_bf16,compile_freezing")
 
 
 def build_compiled(weight: torch.Tensor, bias: torch.Tensor, rows: int) -> tuple[Call, float]:

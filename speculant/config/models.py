@@ -54,9 +54,11 @@ class ModelConfig(StrictModel):
     """Longest prompt + output; defaults to the model's max_position_embeddings."""
     attention_backend: str = "auto"
     """``auto``, ``torch`` (reference) or a registered backend name."""
-    linear_backend: Literal["auto", "default", "onednn"] = "auto"
-    """``onednn`` pre-packs linear weights (CPU, float32/bfloat16); ``auto``
-    packs when that is supported and exact."""
+    linear_backend: Literal["auto", "default", "onednn", "avx512_bf16"] = "auto"
+    """``avx512_bf16`` runs linears on Speculant's bfloat16 dot-product kernel
+    (CPU with AVX512-BF16, model.dtype bfloat16); ``onednn`` pre-packs weights
+    for oneDNN (CPU, float32/bfloat16); ``auto`` takes the first of the two that
+    supports each layer, where exact; ``default`` is ``F.linear``."""
     linear_dense_max_rows: int | None = Field(default=None, ge=0, le=64)
     """With packed (oneDNN) linears, inputs of at most this many rows use a kept
     dense copy of the weight instead (MKL is faster for 1-3 rows on the Intel

@@ -11,8 +11,10 @@ figures, with the CPU and date of each, are in ``benchmarks/README.md``.
 
 ``pack_linear_layers(model, backend)`` is a one-time load step: every plain
 ``torch.nn.Linear`` (and transformers' ``Conv1D``, GPT-2's transposed linear)
-becomes a ``OneDNNLinear`` holding the packed weight, after a per-layer
-exactness probe. Packing is the last load step: tie, resize or cast the
+becomes a ``PackedLinear`` holding the packed weight, after a per-layer
+exactness probe: a ``DotLinear`` (``dot_linear.py``, Speculant's own kernel on
+AVX512-BF16 dot products) for bfloat16 weights on CPUs that have those
+instructions, else a ``OneDNNLinear``. Packing is the last load step: tie, resize or cast the
 model before it, not after (packed weights are opaque oneDNN tensors that
 ``model.to()``, ``state_dict()`` and ``copy.deepcopy`` do not handle).
 
@@ -36,14 +38,14 @@ from dataclasses import dataclass
 from typing import TypeGuard
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from transformers.pytorch_utils import Conv1D
 
-from speculant.model.linear_rows import pad_rows
+from speculant.model.dot_linear import DotLinear, dot_linear_unavailable_reason
+from speculant.model.onednn_linear import OneDNNLinear, onednn_unavailable_reason
+from speculant.model.packed_linear import PackedLinear
 
-LINEAR_BACKENDS = ("auto", "default", "onednn")
-ONEDNN_DTYPES = (torch.float32, torch.bfloat16)
+LINEAR_BACKENDS = ("auto", "default", "onednn", "avx512_bf16")
 
 # Largest allowed |packed - default| / max|default| in the probe. float32: the two
 # paths differ only in summation order, measured <= ~5e-6 relative; 1e-4 leaves
@@ -52,6 +54,10 @@ ONEDNN_DTYPES = (torch.float32, torch.bfloat16)
 # one bf16 ulp is 2^-7 relative, and 2^-6 of the largest output covers that.
 PROBE_TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 2.0**-6}
 PROBE_SHAPES = ((1,), (1, 7))  # leading dims of the probe inputs: [1, in] and [1, 7, in]
+
+
+KIND_NAMES: dict[type, str] = {OneDNNLinear: "onednn", DotLinear: "avx512_bf16"}
+"""Packed layer class -> its ``model.linear_backend`` name."""
 
 
 class LinearBackendError(ValueError):
@@ -65,11 +71,11 @@ class LinearPackReport:
     requested: str
     """The ``model.linear_backend`` value received."""
     backend: str
-    """``onednn`` when at least one layer runs packed, else ``default``."""
+    """The packed kinds in use (``avx512_bf16``, ``onednn``, or both joined by ``+``), else ``default``."""
     num_packed: int
     """Linear layers packed by this call."""
     num_already_packed: int
-    """``OneDNNLinear`` layers found from an earlier call (packing is idempotent)."""
+    """Packed layers found from an earlier call (packing is idempotent)."""
     num_default: int
     """``nn.Linear`` layers left on the default path (ineligible or failed probe)."""
     packed_bytes: int
@@ -85,78 +91,6 @@ class LinearPackReport:
     def extra_bytes(self) -> int:
         """Net memory added by packing: packed copies minus released dense weights."""
         return self.packed_bytes - self.freed_bytes
-
-
-class OneDNNLinear(nn.Module):
-    """Inference-only drop-in for ``nn.Linear`` with a oneDNN pre-packed weight.
-
-    Accepts inputs with any leading dims, ``[..., in_features]`` (the engine
-    passes ``[1, T, in]`` or ``[T, in]``), and returns ``[..., out_features]``.
-    Works under ``torch.no_grad()`` and ``torch.inference_mode()``; it has no
-    backward. With ``dense_max_rows > 0``, inputs of at most that many rows
-    (e.g. batch-1 decode without speculation) run ``F.linear`` on the dense
-    weight, bit-identical to the unpacked layer, for CPUs where MKL beats
-    oneDNN at few rows; that keeps the dense weight alive. float32 only: for
-    bfloat16 the packed path was faster at every row count measured, so it
-    always runs.
-    """
-
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None,
-                 dense_max_rows: int = 0) -> None:
-        # weight: [out, in] (any strides); bias: [out] or None
-        super().__init__()
-        self.out_features, self.in_features = weight.shape
-        # Opaque oneDNN tensor, logically [out, in]; plain attributes, not buffers,
-        # so that state_dict() and .to() never see them.
-        self.packed_weight = torch.ops.mkldnn._reorder_linear_weight(weight.detach())
-        keep_dense = dense_max_rows > 0 and weight.dtype == torch.float32
-        self.dense_weight = weight.detach() if keep_dense else None  # [out, in]
-        self.dense_max_numel = dense_max_rows * self.in_features if keep_dense else 0
-        # Same storage, but never requiring grad: with a grad-requiring bias the op
-        # takes another route whose results differ in the last bit.
-        self.bias = None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)
-
-    @property
-    def weight(self) -> torch.Tensor:
-        """The dense ``[out, in]`` weight; without ``dense_max_rows`` a copy is made
-        on every access: for inspection and rare reads, never for hot paths."""
-        if self.dense_weight is not None:
-            return self.dense_weight
-        return self.packed_weight.to_dense()
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # x: [..., in_features] -> [..., out_features]
-        if self.dense_weight is not None and x.numel() <= self.dense_max_numel:
-            return F.linear(x, self.dense_weight, self.bias)
-        return self.packed_forward(x)
-
-    def packed_forward(self, x: torch.Tensor) -> torch.Tensor:
-        # x: [..., in_features] -> [..., out_features], always on the packed weight, on a
-        # bucketed row count (linear_rows.py: a bounded set of oneDNN shapes keeps memory flat)
-        padded, rows = pad_rows(x, self.in_features)
-        out = torch.ops.mkldnn._linear_pointwise(padded, self.packed_weight, self.bias, "none", [], "")
-        if padded is x:
-            return out
-        return out[:rows].reshape(*x.shape[:-1], self.out_features)
-
-    def extra_repr(self) -> str:
-        return (f"in_features={self.in_features}, out_features={self.out_features}, "
-                f"bias={self.bias is not None}, dtype={self.packed_weight.dtype}, "
-                f"dense_max_rows={self.dense_max_numel // self.in_features}")
-
-
-def onednn_unavailable_reason(weight: torch.Tensor) -> str | None:
-    """Why oneDNN packing cannot run this weight, or ``None`` when it can."""
-    if not torch.backends.mkldnn.is_available():
-        return "this torch build has no oneDNN (torch.backends.mkldnn.is_available() is False)"
-    if not torch.backends.mkldnn.enabled:
-        return "oneDNN is disabled in this process (torch.backends.mkldnn.enabled is False)"
-    if weight.device.type != "cpu":
-        return f"weights are on {weight.device.type}, and oneDNN packing is CPU-only"
-    if weight.dtype not in ONEDNN_DTYPES:
-        return (f"weights are {str(weight.dtype).removeprefix('torch.')}, and oneDNN "
-                "packing supports float32 and bfloat16")
-    return None
 
 
 def linear_weight_of(layer: nn.Module) -> torch.Tensor | None:
@@ -179,16 +113,16 @@ def _dense_weight(layer: nn.Linear | Conv1D) -> torch.Tensor:
     return layer.weight.t() if type(layer) is Conv1D else layer.weight
 
 
-def probe_error(layer: nn.Module, packed: OneDNNLinear) -> float:
+def probe_error(layer: nn.Module, packed: PackedLinear) -> float:
     """Largest ``|packed - layer| / max|layer|`` over the probe inputs."""
     gen = torch.Generator().manual_seed(0)
     worst = 0.0
     with torch.no_grad():
         for lead in PROBE_SHAPES:
             x = torch.randn(*lead, packed.in_features, generator=gen)
-            x = x.to(packed.packed_weight.dtype)  # [*lead, in]
+            x = x.to(packed.dtype)  # [*lead, in]
             ref = layer(x).float()  # [*lead, out]
-            got = packed.packed_forward(x).float()
+            got = packed.probe_forward(x).float()
             if got.shape != ref.shape:
                 return float("inf")
             scale = ref.abs().max().clamp_min(torch.finfo(torch.float32).tiny)
@@ -223,25 +157,35 @@ def _check_backend(backend: str, slots: list[tuple[str, nn.Module, str, nn.Linea
         raise LinearBackendError(
             f"model.linear_backend = {backend!r} is not a linear backend; "
             f"choose one of {', '.join(repr(b) for b in LINEAR_BACKENDS)}.")
-    if backend != "onednn":
+    check, fix = {
+        "onednn": (onednn_unavailable_reason, "load the model on the CPU with model.dtype = 'float32' or 'bfloat16'"),
+        "avx512_bf16": (dot_linear_unavailable_reason,
+                        "load the model on the CPU with model.dtype = 'bfloat16', on a CPU with AVX512-BF16"),
+    }.get(backend, (None, ""))
+    if check is None:
         return
     for name, _, _, layer in slots:
-        reason = onednn_unavailable_reason(_dense_weight(layer))
+        reason = check(_dense_weight(layer))
         if reason is not None:
             raise LinearBackendError(
-                f"model.linear_backend = 'onednn' cannot run layer '{name}': {reason}. "
-                "Set model.linear_backend = 'auto' (packs what oneDNN supports, runs "
-                "the rest on the default path) or 'default'; or load the model on the "
-                "CPU with model.dtype = 'float32' or 'bfloat16'.")
+                f"model.linear_backend = {backend!r} cannot run layer '{name}': {reason}. "
+                "Set model.linear_backend = 'auto' (packs each layer for the fastest kernel that "
+                f"supports it, runs the rest on the default path) or 'default'; or {fix}.")
 
 
-def _try_pack(layer: nn.Linear | Conv1D, dense_max_rows: int) -> tuple[OneDNNLinear | None, float, str]:
-    """Pack and probe one layer: (packed or None, probe error, why not packed)."""
+def _try_pack(layer: nn.Linear | Conv1D, backend: str, dense_max_rows: int) -> tuple[PackedLinear | None, float, str]:
+    """Pack and probe one layer: (packed or None, probe error, why not packed). ``auto``
+    takes the dot-product kernel where it runs the layer, else oneDNN."""
     weight = _dense_weight(layer)  # [out, in]
-    reason = onednn_unavailable_reason(weight)
-    if reason is not None:
-        return None, 0.0, reason
-    packed = OneDNNLinear(weight, layer.bias, dense_max_rows)
+    dot_reason = dot_linear_unavailable_reason(weight) if backend in ("auto", "avx512_bf16") else "not asked for"
+    packed: PackedLinear
+    if dot_reason is None:
+        packed = DotLinear(weight, layer.bias)
+    else:
+        reason = onednn_unavailable_reason(weight)
+        if reason is not None:
+            return None, 0.0, reason
+        packed = OneDNNLinear(weight, layer.bias, dense_max_rows)
     error = probe_error(layer, packed)
     tolerance = PROBE_TOLERANCE[weight.dtype]
     if not error <= tolerance:  # also catches NaN
@@ -253,12 +197,14 @@ def _try_pack(layer: nn.Linear | Conv1D, dense_max_rows: int) -> tuple[OneDNNLin
 def pack_linear_layers(
     model: nn.Module, backend: str = "auto", *, dense_max_rows: int = 0
 ) -> LinearPackReport:
-    """Replace every plain ``nn.Linear`` and ``Conv1D`` of ``model`` by a ``OneDNNLinear``.
+    """Replace every plain ``nn.Linear`` and ``Conv1D`` of ``model`` by a packed linear.
 
-    ``backend``: ``"default"`` packs nothing; ``"onednn"`` packs every layer or
-    raises ``LinearBackendError`` naming the option, the value, the reason and the
-    fix; ``"auto"`` packs the layers oneDNN supports (CPU, float32/bfloat16) and
-    leaves the rest on ``F.linear``. A layer failing the exactness probe stays on
+    ``backend``: ``"default"`` packs nothing; ``"onednn"`` (``OneDNNLinear``) and
+    ``"avx512_bf16"`` (``DotLinear``) pack every layer on that kernel or raise
+    ``LinearBackendError`` naming the option, the value, the reason and the fix;
+    ``"auto"`` packs each layer for the dot-product kernel where it runs it
+    (bfloat16 on a CPU with AVX512-BF16), else for oneDNN where that supports it
+    (CPU, float32/bfloat16), and leaves the rest on ``F.linear``. A layer failing the exactness probe stays on
     the default path, with one ``RuntimeWarning`` for all such layers. Calling this
     again packs nothing new. Call once after loading, before serving.
 
@@ -271,9 +217,9 @@ def pack_linear_layers(
         raise ValueError(f"dense_max_rows must be >= 0, got {dense_max_rows}")
     slots = _linear_slots(model)
     _check_backend(backend, slots)
-    num_already = len({id(m) for m in model.modules() if isinstance(m, OneDNNLinear)})
+    num_already = len({id(m) for m in model.modules() if isinstance(m, PackedLinear)})
     shared = _shared_weight_ids(model)
-    outcome: dict[int, OneDNNLinear | None] = {}  # id(layer) -> packed, None = default
+    outcome: dict[int, PackedLinear | None] = {}  # id(layer) -> packed, None = default
     reasons: dict[str, str] = {}  # layer name -> why it stays on the default path
     failed_probe: list[str] = []
     packed_bytes = freed_bytes = 0
@@ -284,7 +230,7 @@ def pack_linear_layers(
                 if backend == "default":
                     packed, error, reason = None, 0.0, "model.linear_backend = 'default'"
                 else:
-                    packed, error, reason = _try_pack(layer, dense_max_rows)
+                    packed, error, reason = _try_pack(layer, backend, dense_max_rows)
                 outcome[id(layer)] = packed
                 if packed is None:
                     reasons[name] = reason
@@ -295,7 +241,7 @@ def pack_linear_layers(
                     nbytes = layer.weight.numel() * layer.weight.element_size()
                     packed_bytes += nbytes
                     tied = id(layer.weight) in shared
-                    kept = packed.dense_weight is not None
+                    kept = isinstance(packed, OneDNNLinear) and packed.dense_weight is not None
                     freed_bytes += 0 if tied or kept else nbytes
             if outcome[id(layer)] is not None:
                 setattr(parent, attr, outcome[id(layer)])
@@ -310,7 +256,8 @@ def pack_linear_layers(
     num_packed = len(outcome) - len(reasons)
     return LinearPackReport(
         requested=backend,
-        backend="onednn" if num_packed or num_already else "default",
+        backend="+".join(sorted({KIND_NAMES[type(m)] for m in model.modules() if isinstance(m, PackedLinear)}))
+        or "default",
         num_packed=num_packed,
         num_already_packed=num_already,
         num_default=len(reasons),

@@ -2,7 +2,7 @@
 
 An attention block calls ``q_proj``, ``k_proj`` and ``v_proj`` on the same
 hidden states, an MLP calls ``gate_proj`` and ``up_proj`` on the same input.
-With packed oneDNN linears each call pays a fixed cost that dominates at
+With packed linears each call pays a fixed cost that dominates at
 decode sizes (on the demo target one merged Q/K/V call took 38 us against
 71 us for three; gate/up 60 against 76). ``merge_sibling_linears`` replaces
 each such group of packed layers with views into one shared GEMM over the
@@ -19,7 +19,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from speculant.model.linear_backend import PROBE_TOLERANCE, OneDNNLinear, probe_error
+from speculant.model.linear_backend import PROBE_TOLERANCE, probe_error
+from speculant.model.packed_linear import PackedLinear
 
 SIBLINGS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 
@@ -27,7 +28,7 @@ SIBLINGS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 class SharedGemm:
     """One packed GEMM whose output is handed out in slices, once per input."""
 
-    def __init__(self, merged: OneDNNLinear, sizes: list[int]) -> None:
+    def __init__(self, merged: PackedLinear, sizes: list[int]) -> None:
         self.merged, self.sizes = merged, sizes
         self._input: torch.Tensor | None = None
         self._parts: list[torch.Tensor | None] = [None] * len(sizes)
@@ -48,7 +49,7 @@ class SharedGemm:
 class MergedSlice(nn.Module):
     """Stands in for one sibling projection: its slice of the shared GEMM."""
 
-    def __init__(self, shared: SharedGemm, index: int, original: OneDNNLinear) -> None:
+    def __init__(self, shared: SharedGemm, index: int, original: PackedLinear) -> None:
         super().__init__()
         self._shared, self.index = shared, index
         self.in_features, self.out_features = original.in_features, original.out_features
@@ -67,14 +68,13 @@ class MergedSlice(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, slice {self.index} of a shared GEMM"
 
 
-def _merge(layers: list[OneDNNLinear]) -> SharedGemm | None:
-    if len({(m.in_features, m.packed_weight.dtype, m.bias is None) for m in layers}) != 1:
+def _merge(layers: list[PackedLinear]) -> SharedGemm | None:
+    if len({(type(m), m.in_features, m.dtype, m.bias is None) for m in layers}) != 1:
         return None
-    dense_rows = layers[0].dense_max_numel // layers[0].in_features
     with torch.no_grad():
         weight = torch.cat([m.weight for m in layers])  # [sum(out), in]
         bias = None if layers[0].bias is None else torch.cat([m.bias for m in layers if m.bias is not None])
-        merged = OneDNNLinear(weight, bias, dense_rows)
+        merged = layers[0].repacked(weight, bias)
         reference = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None, dtype=weight.dtype)
         reference.weight.copy_(weight)
         if bias is not None:
@@ -90,7 +90,7 @@ def merge_sibling_linears(model: nn.Module) -> int:
     for parent in list(model.modules()):
         for names in SIBLINGS:
             found = [getattr(parent, n, None) for n in names]
-            layers = [m for m in found if isinstance(m, OneDNNLinear)]
+            layers = [m for m in found if isinstance(m, PackedLinear)]
             if len(layers) != len(names):
                 continue
             shared = _merge(layers)

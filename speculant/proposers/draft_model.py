@@ -38,7 +38,7 @@ class DraftModelOptions(BaseModel):
     """Local HF directory of the draft model (same tokenizer as the target)."""
     dtype: Literal["float32", "float64", "bfloat16", "float16"] | None = None
     """Draft dtype; defaults to the target's."""
-    linear_backend: Literal["auto", "default", "onednn"] = "auto"
+    linear_backend: Literal["auto", "default", "onednn", "avx512_bf16"] = "auto"
     confidence_threshold: float = Field(default=0.0, ge=0.0, lt=1.0)
     """Stop drafting a request's proposals after the first one the draft gives a
     probability below this (it is still proposed); 0 always drafts k. Fewer

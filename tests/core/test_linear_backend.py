@@ -15,16 +15,21 @@ from torch import nn
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 from transformers.pytorch_utils import Conv1D
 
+from speculant.model.dot_linear import DotLinear, dot_linear_unavailable_reason
 from speculant.model.linear_backend import (
     LinearBackendError,
     OneDNNLinear,
     pack_linear_layers,
 )
+from speculant.model.packed_linear import PackedLinear
 
 requires_onednn = pytest.mark.skipif(
     not torch.backends.mkldnn.is_available(),
     reason="this torch build has no oneDNN (torch.backends.mkldnn.is_available() is False)",
 )
+DOT_REASON = dot_linear_unavailable_reason(torch.zeros(16, 16, dtype=torch.bfloat16))
+"""Why this machine cannot run the bfloat16 dot-product kernel (None: it can)."""
+KINDS = {"onednn": OneDNNLinear, "avx512_bf16": DotLinear}
 TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2.0**-6}
 NUM_LLAMA_LINEARS = 2 * 7 + 1  # per layer q, k, v, o, gate, up, down; plus lm_head
 
@@ -60,9 +65,11 @@ def test_llama_logits_match_unpacked(tie: bool, dtype: torch.dtype) -> None:
         ref = model(ids).logits  # [1, 11, 256]
         report = pack_linear_layers(model, "auto")
         got = model(ids).logits
-    assert report.backend == "onednn"
+    # auto: the dot-product kernel for bfloat16 where the CPU has it, else oneDNN
+    kind = "avx512_bf16" if dtype == torch.bfloat16 and DOT_REASON is None else "onednn"
+    assert report.backend == kind
     assert report.num_packed == NUM_LLAMA_LINEARS and report.num_default == 0
-    assert isinstance(model.lm_head, OneDNNLinear)
+    assert type(model.lm_head) is KINDS[kind]
     assert_close_to_scale(got, ref, dtype)
     # The embedding keeps its own weight; a tied lm_head costs one extra packed copy.
     assert model.model.embed_tokens.weight is embedding
@@ -88,9 +95,12 @@ def test_gpt2_conv1d_layers_are_packed_and_exact() -> None:
 
 
 @requires_onednn
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("backend, dtype", [("onednn", torch.float32), ("onednn", torch.bfloat16),
+                                            ("avx512_bf16", torch.bfloat16)])
 @pytest.mark.parametrize("lead", [(1,), (7,), (33,), (1, 1), (1, 7), (2, 5)])
-def test_bias_and_no_bias_layers_any_leading_dims(lead: tuple[int, ...], dtype) -> None:
+def test_bias_and_no_bias_layers_any_leading_dims(lead: tuple[int, ...], backend: str, dtype) -> None:
+    if backend == "avx512_bf16" and DOT_REASON is not None:
+        pytest.skip(f"no bfloat16 dot-product kernel here: {DOT_REASON}")
     torch.manual_seed(0)
     # Sizes off oneDNN's 16/64 blocking, so padding paths are exercised.
     model = nn.Sequential(nn.Linear(300, 520, bias=True), nn.Linear(520, 300, bias=False))
@@ -98,10 +108,10 @@ def test_bias_and_no_bias_layers_any_leading_dims(lead: tuple[int, ...], dtype) 
     x = torch.randn(*lead, 300).to(dtype)  # [*lead, 300]
     with torch.no_grad():
         ref = model(x)  # [*lead, 300]
-        report = pack_linear_layers(model, "onednn")
+        report = pack_linear_layers(model, backend)
         got = model(x)
-    assert report.num_packed == 2
-    assert all(isinstance(m, OneDNNLinear) for m in model)
+    assert report.num_packed == 2 and report.backend == backend
+    assert all(type(m) is KINDS[backend] for m in model)
     assert model[0].bias is not None and model[1].bias is None
     assert_close_to_scale(got, ref, dtype)
 
@@ -173,7 +183,7 @@ def test_default_backend_packs_nothing() -> None:
 
 
 def test_unknown_backend_lists_the_choices() -> None:
-    with pytest.raises(LinearBackendError, match="'auto', 'default', 'onednn'"):
+    with pytest.raises(LinearBackendError, match="'auto', 'default', 'onednn', 'avx512_bf16'"):
         pack_linear_layers(nn.Linear(4, 4), "mkl")
 
 
@@ -217,8 +227,8 @@ def test_packing_twice_is_idempotent() -> None:
     assert second.num_packed == 0 and second.num_already_packed == NUM_LLAMA_LINEARS
     assert second.backend == "onednn" and second.extra_bytes == 0
     for module in model.modules():
-        if isinstance(module, OneDNNLinear):
-            assert not any(isinstance(c, (OneDNNLinear, nn.Linear)) for c in module.children())
+        if isinstance(module, PackedLinear):
+            assert not any(isinstance(c, (PackedLinear, nn.Linear)) for c in module.children())
     with torch.inference_mode():
         assert torch.equal(model(ids).logits, once)
 

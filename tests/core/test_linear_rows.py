@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from speculant.model.linear_backend import OneDNNLinear, onednn_unavailable_reason
 from speculant.model.linear_rows import EXACT_ROWS, bucket_rows
+from speculant.model.onednn_linear import OneDNNLinear, onednn_unavailable_reason
 
 
 def test_buckets_are_few_exact_when_small_and_never_much_larger():

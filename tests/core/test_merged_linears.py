@@ -8,11 +8,14 @@ import pytest
 import torch
 from torch import nn
 
+from speculant.model.dot_linear import DotLinear, dot_linear_unavailable_reason
 from speculant.model.linear_backend import OneDNNLinear, pack_linear_layers
 from speculant.model.merged_linears import MergedSlice, merge_sibling_linears
 from tiny_models import loaded_tiny_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
+DOT_REASON = dot_linear_unavailable_reason(torch.zeros(16, 16, dtype=torch.bfloat16))
+KINDS = {"onednn": OneDNNLinear, "avx512_bf16": DotLinear}
 
 
 def _attention_like(bias_k: bool = False) -> nn.Module:
@@ -48,12 +51,21 @@ def test_groups_that_disagree_on_bias_or_are_not_packed_stay_separate():
     assert merge_sibling_linears(_attention_like()) == 0     # plain nn.Linear: not packed
 
 
+@pytest.mark.parametrize("backend, dtype, tolerance", [
+    ("onednn", torch.float32, 1e-4),
+    # the dot-product kernel: one bfloat16 rounding may differ per layer (see test_linear_backend)
+    ("avx512_bf16", torch.bfloat16, 2.0**-5),
+])
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
-def test_merged_model_logits_match(arch, tmp_path):
+def test_merged_model_logits_match(arch, backend, dtype, tolerance, tmp_path):
+    if backend == "avx512_bf16" and DOT_REASON is not None:
+        pytest.skip(f"no bfloat16 dot-product kernel here: {DOT_REASON}")
     model, ids = loaded_tiny_model(arch, tmp_path)
+    model = model.to(dtype)
     with torch.inference_mode():
-        want = model(input_ids=ids).logits
-        pack_linear_layers(model, "onednn")
+        want = model(input_ids=ids).logits.float()
+        pack_linear_layers(model, backend)
         assert merge_sibling_linears(model) == 2 * 2     # Q/K/V and gate/up in each of 2 layers
-        got = model(input_ids=ids).logits
-    assert (got - want).abs().max().item() <= 1e-4 * want.abs().max().item()
+        assert type(model.model.layers[0].mlp.up_proj._shared.merged) is KINDS[backend]
+        got = model(input_ids=ids).logits.float()
+    assert (got - want).abs().max().item() <= tolerance * want.abs().max().item()

@@ -1,4 +1,5 @@
-"""Build and load the C kernels (``csrc/paged_attention.c``, ``csrc/kv_write.c``: one library).
+"""Build and load the C kernels (``csrc/paged_attention.c``, ``csrc/kv_write.c``,
+``csrc/linear_bf16.c``: one library).
 
 The kernel is compiled on first use with the system C compiler (``$CC``, else
 ``cc``) for this machine (``-march=native``) and cached by a hash of the
@@ -37,7 +38,8 @@ from pathlib import Path
 
 import torch  # also loads torch's libgomp before the kernel needs it
 
-SOURCES = [Path(__file__).with_name("csrc") / name for name in ("paged_attention.c", "kv_write.c")]
+SOURCES = [Path(__file__).with_name("csrc") / name for name in (
+    "paged_attention.c", "kv_write.c", "linear_bf16.c")]
 FLAGS = ["-O3", "-fPIC", "-shared", "-fopenmp", "-fno-math-errno", "-std=c11"]
 NATIVE = "-march=native"
 DIGEST_SUFFIX = ".sha256"
@@ -188,6 +190,10 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.speculant_kernel_isa.restype = ctypes.c_int
     lib.speculant_kernel_set_isa.argtypes = [ctypes.c_int]
     lib.speculant_kernel_set_isa.restype = ctypes.c_int
+    lib.speculant_linear_bf16.argtypes = [p, i64, i64, p, i64, i64, p, p, i64]
+    lib.speculant_linear_bf16.restype = ctypes.c_int
+    lib.speculant_linear_bf16_available.argtypes = []
+    lib.speculant_linear_bf16_available.restype = ctypes.c_int
     return lib
 
 

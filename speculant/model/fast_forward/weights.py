@@ -3,7 +3,7 @@ from the loaded model's own modules, sharing their storage.
 
 Where the runner already packed the linears for oneDNN and merged the sibling
 projections (``linear_backend.py``, ``merged_linears.py``), the fast decoder
-calls the very same merged ``OneDNNLinear`` the reference path slices, so both
+calls the very same merged ``PackedLinear`` the reference path slices, so both
 paths run identical GEMMs. Where the projections are plain ``nn.Linear``
 (GPU, float16, float64, ``model.linear_backend = "default"``), their weights
 are concatenated once and the modules' parameters become views into the
@@ -23,9 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from speculant.model.linear_backend import OneDNNLinear
-from speculant.model.linear_rows import EXACT_ROWS
 from speculant.model.merged_linears import MergedSlice
+from speculant.model.packed_linear import PackedLinear
 
 Linear = Callable[[torch.Tensor], torch.Tensor]  # [T, in] -> [T, out]
 
@@ -44,22 +43,10 @@ class WeightsError(ValueError):
     """The model's projections cannot be merged as the fast decoder needs."""
 
 
-def packed_call(layer: OneDNNLinear) -> Linear:
-    """``layer``'s forward, calling oneDNN directly for the row counts its bucketing
-    leaves unpadded (decode and verify sizes): the same operator, less Python."""
-    if layer.dense_weight is not None:
-        return layer.forward
-    op, weight, bias, padded = torch.ops.mkldnn._linear_pointwise, layer.packed_weight, layer.bias, layer.packed_forward
-
-    def call(x: torch.Tensor) -> torch.Tensor:  # [T, in] -> [T, out]
-        return op(x, weight, bias, "none", [], "") if x.shape[0] <= EXACT_ROWS else padded(x)
-    return call
-
-
 def linear_call(module: nn.Module) -> Linear:
     """The cheapest exact call of one projection module (no ``nn.Module.__call__``)."""
-    if isinstance(module, OneDNNLinear):
-        return packed_call(module)
+    if isinstance(module, PackedLinear):
+        return module.fast_call()
     if type(module) is nn.Linear:
         return functools.partial(F.linear, weight=module.weight, bias=module.bias)
     raise WeightsError(f"projection {type(module).__name__} is neither nn.Linear nor a packed linear")
@@ -72,7 +59,7 @@ def merged_call(modules: list[nn.Module]) -> Linear:
         shared = {id(m._shared) for m in slices}
         if len(shared) != 1 or [m.index for m in slices] != list(range(len(slices))):
             raise WeightsError("sibling projections are sliced from different merged GEMMs")
-        return packed_call(slices[0]._shared.merged)
+        return slices[0]._shared.merged.fast_call()
     if all(type(m) is nn.Linear for m in modules):
         return _concatenate([m for m in modules if isinstance(m, nn.Linear)])
     kinds = sorted({type(m).__name__ for m in modules})

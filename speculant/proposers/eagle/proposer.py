@@ -43,7 +43,8 @@ from speculant.engine.batch import StepBatch
 from speculant.engine.request import Request
 from speculant.interfaces import Proposals, Proposer, ProposerCapabilities, ProposerContext, Scores
 from speculant.model.files import read_text_config
-from speculant.model.linear_backend import onednn_unavailable_reason, pack_linear_layers
+from speculant.model.linear_backend import pack_linear_layers
+from speculant.model.onednn_linear import onednn_unavailable_reason
 from speculant.proposers.drafting import DraftDraw, DraftSteps, draw_proposals
 from speculant.proposers.eagle.model import MODEL_TYPE, EagleHead, SeqKV
 from speculant.proposers.eagle.prefix_store import HeadKVStore, store_blocks, stored_prefix
@@ -59,10 +60,11 @@ class EagleOptions(BaseModel):
 
     path: str = Field(min_length=1)
     """Directory with the head's config.json and model.safetensors (scripts/train_eagle.py)."""
-    linear_backend: Literal["auto", "default", "onednn"] = "auto"
+    linear_backend: Literal["auto", "default", "onednn", "avx512_bf16"] = "auto"
     """The head's linear layers and its draft-vocabulary output layer, as the
-    target's ``model.linear_backend``: ``auto`` packs them for oneDNN on the CPU
-    (float32/bfloat16), where one-row linears run near the memory bound."""
+    target's ``model.linear_backend``: ``auto`` packs them on the CPU (the
+    bfloat16 dot-product kernel where it runs them, else oneDNN), where one-row
+    linears run near the memory bound."""
     confidence_threshold: float = Field(default=0.0, ge=0.0, lt=1.0)
     """Stop drafting a request's proposals after the first one the head gives a
     probability below this (it is still proposed); 0 always drafts k. Saves head
@@ -131,6 +133,10 @@ class EagleProposer(Proposer):
         if options.linear_backend == "onednn" and config.model.dtype not in ("float32", "bfloat16"):
             return [onednn_problem(f"the head runs in model.dtype = {config.model.dtype!r}, and oneDNN packing "
                                    "supports float32 and bfloat16")]
+        if options.linear_backend == "avx512_bf16" and config.model.dtype != "bfloat16":
+            return [f"speculative.proposer_options.linear_backend = 'avx512_bf16': the head runs in model.dtype = "
+                    f"{config.model.dtype!r}, and the dot-product kernel is bfloat16-only; choose 'auto' or "
+                    "set model.dtype = 'bfloat16'"]
         try:
             head_cfg = read_eagle_config(options.path)
         except (FileNotFoundError, ValueError) as exc:

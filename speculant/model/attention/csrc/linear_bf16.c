@@ -1,0 +1,143 @@
+/* bfloat16 linear layer on AVX512-BF16 dot products, CPU: y = x W^T (+ bias).
+ *
+ * Why: at decode and verify sizes (a few rows) a linear layer is a stream of
+ * its weight from memory, and the fastest kernel is the one that keeps that
+ * stream at memory speed. The weight is stored once in a blocked layout made
+ * for VDPBF16PS: 16 output rows by 2 input features per 64-byte vector,
+ *
+ *     blocked[b][k2][r][j] = W[16 b + r][2 k2 + j]      ([nblk, K/2, 16, 2])
+ *
+ * (rows past N are zero), so one instruction multiplies 16 output rows by one
+ * broadcast pair of input features and accumulates 16 outputs in float32: no
+ * horizontal sums, and each weight byte is read once per pass of up to 8 input
+ * rows. Work is split over OpenMP threads by pairs of blocks (32 outputs).
+ *
+ * Arithmetic: VDPBF16PS multiplies bfloat16 pairs exactly in float32 and adds
+ * both products to the float32 accumulator (denormal inputs and results are
+ * flushed to zero); the accumulator runs over k in order, one sum per output,
+ * whatever the row count or the thread split, so a row's result does not
+ * depend on the other rows of the call (a decode and the same position in a
+ * verify run give the same bits). The bias (float32) is added last, and the
+ * sum rounds to bfloat16 once, to nearest even (VCVTNEPS2BF16): the rounding
+ * rule of the oneDNN path it replaces.
+ *
+ * Layouts: x [T, K] with row stride ldx (elements), K even; blocked as above;
+ * bias [N] float32 or NULL; y [T, N] with row stride ldy.
+ * Returns 0, or -1 where this CPU or build has no AVX512-BF16 (nothing written).
+ */
+#include <stdint.h>
+#include <string.h>
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define HAVE_LINEAR_BF16 1
+#else
+#define HAVE_LINEAR_BF16 0
+#endif
+
+#define BLOCK_ROWS 16 /* output rows per blocked vector */
+#define ROW_GROUP 8   /* input rows per pass over the weight */
+
+int speculant_linear_bf16_available(void)
+{
+#if HAVE_LINEAR_BF16
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512f")
+        && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
+#else
+    return 0;
+#endif
+}
+
+#if HAVE_LINEAR_BF16
+#define TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
+
+/* Two blocks (32 outputs) for `rows` input rows; `rows` is a constant at each
+ * call site, so the accumulators stay in registers. */
+TARGET __attribute__((always_inline)) static inline void
+two_blocks(const int rows, const uint16_t *x, int64_t ldx, const uint16_t *w0, const uint16_t *w1, int64_t k2,
+           const float *bias, uint16_t *y, int64_t ldy, __mmask16 m0, __mmask16 m1)
+{
+    __m512 a0[ROW_GROUP], a1[ROW_GROUP];
+#pragma GCC unroll 8
+    for (int t = 0; t < rows; t++) {
+        a0[t] = _mm512_setzero_ps();
+        a1[t] = _mm512_setzero_ps();
+    }
+    for (int64_t kk = 0; kk < k2; kk++) {
+        __m512bh v0 = (__m512bh)_mm512_loadu_si512(w0 + kk * 2 * BLOCK_ROWS);
+        __m512bh v1 = (__m512bh)_mm512_loadu_si512(w1 + kk * 2 * BLOCK_ROWS);
+#pragma GCC unroll 8
+        for (int t = 0; t < rows; t++) {
+            int32_t pair;
+            memcpy(&pair, x + t * ldx + 2 * kk, sizeof pair);
+            __m512bh xb = (__m512bh)_mm512_set1_epi32(pair);
+            a0[t] = _mm512_dpbf16_ps(a0[t], v0, xb);
+            a1[t] = _mm512_dpbf16_ps(a1[t], v1, xb);
+        }
+    }
+    __m512 b0 = _mm512_setzero_ps(), b1 = _mm512_setzero_ps();
+    if (bias) {
+        b0 = _mm512_maskz_loadu_ps(m0, bias);
+        b1 = _mm512_maskz_loadu_ps(m1, bias + BLOCK_ROWS);
+    }
+#pragma GCC unroll 8
+    for (int t = 0; t < rows; t++) {
+        __m512 s0 = bias ? _mm512_add_ps(a0[t], b0) : a0[t];
+        __m512 s1 = bias ? _mm512_add_ps(a1[t], b1) : a1[t];
+        _mm256_mask_storeu_epi16(y + t * ldy, m0, (__m256i)_mm512_cvtneps_pbh(s0));
+        if (m1)
+            _mm256_mask_storeu_epi16(y + t * ldy + BLOCK_ROWS, m1, (__m256i)_mm512_cvtneps_pbh(s1));
+    }
+}
+
+static __mmask16 row_mask(int64_t remaining)
+{
+    return remaining >= BLOCK_ROWS ? (__mmask16)0xFFFF : remaining <= 0 ? 0 : (__mmask16)((1u << remaining) - 1);
+}
+
+TARGET static void block_pair(int64_t T, const uint16_t *x, int64_t ldx, const uint16_t *blocked, int64_t nblk,
+                              int64_t k2, const float *bias, int64_t N, int64_t pair, uint16_t *y, int64_t ldy)
+{
+    int64_t b = 2 * pair, n0 = b * BLOCK_ROWS;
+    const uint16_t *w0 = blocked + b * k2 * 2 * BLOCK_ROWS;
+    /* an odd last block pairs with itself; its second half is masked off */
+    const uint16_t *w1 = b + 1 < nblk ? w0 + k2 * 2 * BLOCK_ROWS : w0;
+    __mmask16 m0 = row_mask(N - n0), m1 = b + 1 < nblk ? row_mask(N - n0 - BLOCK_ROWS) : 0;
+    const float *bb = bias ? bias + n0 : NULL;
+    for (int64_t t0 = 0; t0 < T; t0 += ROW_GROUP) {
+        int64_t n = T - t0 < ROW_GROUP ? T - t0 : ROW_GROUP;
+        const uint16_t *xt = x + t0 * ldx;
+        uint16_t *yt = y + t0 * ldy + n0;
+        switch (n) {
+        case 1: two_blocks(1, xt, ldx, w0, w1, k2, bb, yt, ldy, m0, m1); break;
+        case 2: two_blocks(2, xt, ldx, w0, w1, k2, bb, yt, ldy, m0, m1); break;
+        case 3: two_blocks(3, xt, ldx, w0, w1, k2, bb, yt, ldy, m0, m1); break;
+        case 4: two_blocks(4, xt, ldx, w0, w1, k2, bb, yt, ldy, m0, m1); break;
+        case 5: two_blocks(5, xt, ldx, w0, w1, k2, bb, yt, ldy, m0, m1); break;
+        case 6: two_blocks(6, xt, ldx, w0, w1, k2, bb, yt, ldy, m0, m1); break;
+        case 7: two_blocks(7, xt, ldx, w0, w1, k2, bb, yt, ldy, m0, m1); break;
+        default: two_blocks(8, xt, ldx, w0, w1, k2, bb, yt, ldy, m0, m1); break;
+        }
+    }
+}
+#endif
+
+int speculant_linear_bf16(const uint16_t *x, int64_t T, int64_t ldx, const uint16_t *blocked, int64_t N,
+                          int64_t K, const float *bias, uint16_t *y, int64_t ldy)
+{
+#if HAVE_LINEAR_BF16
+    static int available = -1;
+    if (available < 0)
+        available = speculant_linear_bf16_available();
+    if (!available)
+        return -1;
+    int64_t nblk = (N + BLOCK_ROWS - 1) / BLOCK_ROWS, pairs = (nblk + 1) / 2, k2 = K / 2;
+#pragma omp parallel for schedule(static) if (pairs > 1)
+    for (int64_t p = 0; p < pairs; p++)
+        block_pair(T, x, ldx, blocked, nblk, k2, bias, N, p, y, ldy);
+    return 0;
+#else
+    (void)x; (void)T; (void)ldx; (void)blocked; (void)N; (void)K; (void)bias; (void)y; (void)ldy;
+    return -1;
+#endif
+}
