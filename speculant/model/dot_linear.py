@@ -88,19 +88,37 @@ class DotLinear(PackedLinear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: [..., in_features] bfloat16 -> [..., out_features]
+        rows = self._rows(x)  # [T, in]
+        out = torch.empty(rows.shape[0], self.out_features, dtype=torch.bfloat16)  # [T, out]
+        self._run(rows, None, out)
+        return out.view(*x.shape[:-1], self.out_features)
+
+    def add_into(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        # x: [T, in]; residual: [T, out], updated in place and returned
+        rows = self._rows(x)
+        if (residual.dtype != torch.bfloat16 or residual.shape != (rows.shape[0], self.out_features)
+                or residual.stride(-1) != 1):
+            return super().add_into(x, residual)
+        self._run(rows, residual, residual)
+        return residual
+
+    def _rows(self, x: torch.Tensor) -> torch.Tensor:
+        # x: [..., in] -> [T, in] with unit stride along features
         if x.dtype != torch.bfloat16:
             raise TypeError(f"DotLinear takes bfloat16 inputs, got {x.dtype} (cast the input or the model)")
-        rows = x.reshape(-1, self.in_features)  # [T, in]
-        if rows.stride(-1) != 1:
-            rows = rows.contiguous()
-        out = torch.empty(rows.shape[0], self.out_features, dtype=torch.bfloat16)  # [T, out]
-        if rows.shape[0]:
-            bias = None if self._bias32 is None else self._bias32.data_ptr()
-            rc = self._kernel(rows.data_ptr(), rows.shape[0], rows.stride(0), self.blocked_weight.data_ptr(),
-                              self.out_features, self.in_features, bias, out.data_ptr(), self.out_features)
-            if rc != 0:
-                raise RuntimeError(f"the bfloat16 dot-product kernel failed (code {rc}): no AVX512-BF16 here")
-        return out.view(*x.shape[:-1], self.out_features)
+        rows = x.reshape(-1, self.in_features)
+        return rows if rows.stride(-1) == 1 else rows.contiguous()
+
+    def _run(self, rows: torch.Tensor, residual: torch.Tensor | None, out: torch.Tensor) -> None:
+        # rows: [T, in]; residual: [T, out] or None; out: [T, out] (may be residual)
+        if not rows.shape[0]:
+            return
+        bias = None if self._bias32 is None else self._bias32.data_ptr()
+        res, ldr = (None, 0) if residual is None else (residual.data_ptr(), residual.stride(0))
+        rc = self._kernel(rows.data_ptr(), rows.shape[0], rows.stride(0), self.blocked_weight.data_ptr(),
+                          self.out_features, self.in_features, bias, res, ldr, out.data_ptr(), out.stride(0))
+        if rc != 0:
+            raise RuntimeError(f"the bfloat16 dot-product kernel failed (code {rc}): no AVX512-BF16 here")
 
     def repacked(self, weight: torch.Tensor, bias: torch.Tensor | None) -> DotLinear:
         return DotLinear(weight, bias)

@@ -48,6 +48,11 @@ class PackedLinear(nn.Module, ABC):
     def repacked(self, weight: torch.Tensor, bias: torch.Tensor | None) -> PackedLinear:
         """A new layer of the same kind and settings over another ``[out, in]`` weight."""
 
+    def add_into(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """``residual.add_(self(x))``, bit for bit (a kind may fuse the add into its kernel).
+        ``x``: ``[T, in_features]``; ``residual``: ``[T, out_features]``, updated and returned."""
+        return residual.add_(self.forward(x))
+
     def fast_call(self) -> Linear:
         """The cheapest exact callable for ``[T, in]`` inputs (no ``nn.Module.__call__``)."""
         return self.forward

@@ -8,6 +8,7 @@ pass, strided and leading-dim inputs, with and without bias, 1 and 2 threads):
   accumulation (bounded by K * 2^-23 * sum |w x|, the float32 round-off of a
   K-term sum) and the final rounding to bfloat16 (half an ulp, 2^-9 relative);
   a layout or indexing bug gives errors of order 1;
+* the fused residual add, bit for bit against torch's ``residual.add_(y)``;
 * row independence, bit for bit: a row's output is the same alone, inside any
   batch, or with another thread count (the property the engine's decode versus
   verify exactness rests on);
@@ -63,6 +64,9 @@ def test_accurate_and_rows_independent(n, k, rows, bias, threads, seed) -> None:
     if rows:
         _assert_accurate(y, x, w, b)
         assert torch.equal(torch.cat(alone), y)  # bit for bit: a row does not depend on the others
+    residual = torch.randn(rows, n, generator=torch.Generator().manual_seed(seed)).to(torch.bfloat16)
+    fused = layer.add_into(x, residual.clone())  # the add inside the kernel
+    assert torch.equal(fused, residual.add_(y))  # bit for bit what torch's bfloat16 add gives
 
 
 @needs_kernel

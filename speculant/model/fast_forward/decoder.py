@@ -7,7 +7,8 @@ arithmetic with the fewest operators: per layer the input norm, one q/k/v
 GEMM, rotary on q and k together from a cos/sin table indexed once per
 forward, the K/V write and paged attention through the runner's attention
 backend (the very call the reference path's seam makes), the output
-projection added in place to the residual, the post-attention norm, one
+projection added in place to the residual (fused into the linear kernel where
+the packed kind has that, bit for bit the same), the post-attention norm, one
 gate/up GEMM, ``silu(gate) * up``, the down projection added in place. It
 returns the final normed hidden states, where transformers' base model
 returns them, so the LM head, samplers and hidden-state proposers are
@@ -98,8 +99,8 @@ class FastDecoder:
             qk = (qk * cos).add_(rotated)  # [T, H_q + H_kv, D]
             v = qkv[:, qk_width:].view(num_tokens, -1, head_dim)
             out = attend(qk[:, :num_heads], qk[:, num_heads:], v, key_cache, value_cache, metadata, scaling)
-            hidden.add_(lw.o(out.reshape(num_tokens, num_heads * head_dim)))
+            lw.o_add(out.reshape(num_tokens, num_heads * head_dim), hidden)
             gate_up = lw.gate_up(lw.post_norm(hidden))  # [T, 2 I]
             act = F.silu(gate_up[:, :inter]).mul_(gate_up[:, inter:])
-            hidden.add_(lw.down(act))
+            lw.down_add(act, hidden)
         return self.final_norm(hidden)

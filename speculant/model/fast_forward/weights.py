@@ -27,16 +27,17 @@ from speculant.model.merged_linears import MergedSlice
 from speculant.model.packed_linear import PackedLinear
 
 Linear = Callable[[torch.Tensor], torch.Tensor]  # [T, in] -> [T, out]
+AddLinear = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # ([T, in], residual [T, out]) -> residual
 
 
 @dataclass(frozen=True, slots=True)
 class LayerWeights:
     input_norm: Linear  # [T, H] -> [T, H]
     qkv: Linear  # [T, H] -> [T, (H_q + 2 H_kv) * D]
-    o: Linear  # [T, H_q * D] -> [T, H]
+    o_add: AddLinear  # residual [T, H] += o([T, H_q * D])
     post_norm: Linear
     gate_up: Linear  # [T, H] -> [T, 2 I]
-    down: Linear  # [T, I] -> [T, H]
+    down_add: AddLinear  # residual [T, H] += down([T, I])
 
 
 class WeightsError(ValueError):
@@ -50,6 +51,15 @@ def linear_call(module: nn.Module) -> Linear:
     if type(module) is nn.Linear:
         return functools.partial(F.linear, weight=module.weight, bias=module.bias)
     raise WeightsError(f"projection {type(module).__name__} is neither nn.Linear nor a packed linear")
+
+
+def add_call(module: nn.Module) -> AddLinear:
+    """``residual.add_(module(x))`` in its cheapest exact form (fused into the
+    kernel where the packed kind has that)."""
+    if isinstance(module, PackedLinear):
+        return module.add_into
+    call = linear_call(module)
+    return lambda x, residual: residual.add_(call(x))
 
 
 def merged_call(modules: list[nn.Module]) -> Linear:
@@ -94,8 +104,8 @@ def layer_weights(layer: Any) -> LayerWeights:
     return LayerWeights(
         input_norm=norm_call(layer.input_layernorm),
         qkv=merged_call([attn.q_proj, attn.k_proj, attn.v_proj]),
-        o=linear_call(attn.o_proj),
+        o_add=add_call(attn.o_proj),
         post_norm=norm_call(layer.post_attention_layernorm),
         gate_up=merged_call([mlp.gate_proj, mlp.up_proj]),
-        down=linear_call(mlp.down_proj),
+        down_add=add_call(mlp.down_proj),
     )

@@ -21,8 +21,14 @@
  * sum rounds to bfloat16 once, to nearest even (VCVTNEPS2BF16): the rounding
  * rule of the oneDNN path it replaces.
  *
+ * With `residual` (fused residual add): y = residual + round(x W^T + bias),
+ * the sum of two bfloat16 numbers taken in float32 and rounded once more:
+ * bit for bit what `residual.add_(linear(x))` gives in torch. y may be
+ * residual itself (in place).
+ *
  * Layouts: x [T, K] with row stride ldx (elements), K even; blocked as above;
- * bias [N] float32 or NULL; y [T, N] with row stride ldy.
+ * bias [N] float32 or NULL; residual [T, N] with row stride ldr, or NULL;
+ * y [T, N] with row stride ldy.
  * Returns 0, or -1 where this CPU or build has no AVX512-BF16 (nothing written).
  */
 #include <stdint.h>
@@ -51,11 +57,24 @@ int speculant_linear_bf16_available(void)
 #if HAVE_LINEAR_BF16
 #define TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
 
+/* 16 bfloat16 numbers widened to float32 (exact). */
+TARGET static inline __m512 widen(__m256i v)
+{
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(v), 16));
+}
+
+/* a + b for bfloat16 vectors: the float32 sum rounded to bfloat16 (nearest even). */
+TARGET static inline __m256i add_bf16(__m256i a, __m256i b)
+{
+    return (__m256i)_mm512_cvtneps_pbh(_mm512_add_ps(widen(a), widen(b)));
+}
+
 /* Two blocks (32 outputs) for `rows` input rows; `rows` is a constant at each
  * call site, so the accumulators stay in registers. */
 TARGET __attribute__((always_inline)) static inline void
 two_blocks(const int rows, const uint16_t *x, int64_t ldx, const uint16_t *w0, const uint16_t *w1, int64_t k2,
-           const float *bias, uint16_t *y, int64_t ldy, __mmask16 m0, __mmask16 m1)
+           const float *bias, const uint16_t *res, int64_t ldr, uint16_t *y, int64_t ldy, __mmask16 m0,
+           __mmask16 m1)
 {
     __m512 a0[ROW_GROUP], a1[ROW_GROUP];
 #pragma GCC unroll 8
@@ -82,11 +101,15 @@ two_blocks(const int rows, const uint16_t *x, int64_t ldx, const uint16_t *w0, c
     }
 #pragma GCC unroll 8
     for (int t = 0; t < rows; t++) {
-        __m512 s0 = bias ? _mm512_add_ps(a0[t], b0) : a0[t];
-        __m512 s1 = bias ? _mm512_add_ps(a1[t], b1) : a1[t];
-        _mm256_mask_storeu_epi16(y + t * ldy, m0, (__m256i)_mm512_cvtneps_pbh(s0));
+        __m256i r0 = (__m256i)_mm512_cvtneps_pbh(bias ? _mm512_add_ps(a0[t], b0) : a0[t]);
+        __m256i r1 = (__m256i)_mm512_cvtneps_pbh(bias ? _mm512_add_ps(a1[t], b1) : a1[t]);
+        if (res) {
+            r0 = add_bf16(r0, _mm256_maskz_loadu_epi16(m0, res + t * ldr));
+            r1 = add_bf16(r1, _mm256_maskz_loadu_epi16(m1, res + t * ldr + BLOCK_ROWS));
+        }
+        _mm256_mask_storeu_epi16(y + t * ldy, m0, r0);
         if (m1)
-            _mm256_mask_storeu_epi16(y + t * ldy + BLOCK_ROWS, m1, (__m256i)_mm512_cvtneps_pbh(s1));
+            _mm256_mask_storeu_epi16(y + t * ldy + BLOCK_ROWS, m1, r1);
     }
 }
 
@@ -96,7 +119,8 @@ static __mmask16 row_mask(int64_t remaining)
 }
 
 TARGET static void block_pair(int64_t T, const uint16_t *x, int64_t ldx, const uint16_t *blocked, int64_t nblk,
-                              int64_t k2, const float *bias, int64_t N, int64_t pair, uint16_t *y, int64_t ldy)
+                              int64_t k2, const float *bias, const uint16_t *res, int64_t ldr, int64_t N,
+                              int64_t pair, uint16_t *y, int64_t ldy)
 {
     int64_t b = 2 * pair, n0 = b * BLOCK_ROWS;
     const uint16_t *w0 = blocked + b * k2 * 2 * BLOCK_ROWS;
@@ -108,22 +132,24 @@ TARGET static void block_pair(int64_t T, const uint16_t *x, int64_t ldx, const u
         int64_t n = T - t0 < ROW_GROUP ? T - t0 : ROW_GROUP;
         const uint16_t *xt = x + t0 * ldx;
         uint16_t *yt = y + t0 * ldy + n0;
+        const uint16_t *rt = res ? res + t0 * ldr + n0 : NULL;
         switch (n) {
-        case 1: two_blocks(1, xt, ldx, w0, w1, k2, bb, yt, ldy, m0, m1); break;
-        case 2: two_blocks(2, xt, ldx, w0, w1, k2, bb, yt, ldy, m0, m1); break;
-        case 3: two_blocks(3, xt, ldx, w0, w1, k2, bb, yt, ldy, m0, m1); break;
-        case 4: two_blocks(4, xt, ldx, w0, w1, k2, bb, yt, ldy, m0, m1); break;
-        case 5: two_blocks(5, xt, ldx, w0, w1, k2, bb, yt, ldy, m0, m1); break;
-        case 6: two_blocks(6, xt, ldx, w0, w1, k2, bb, yt, ldy, m0, m1); break;
-        case 7: two_blocks(7, xt, ldx, w0, w1, k2, bb, yt, ldy, m0, m1); break;
-        default: two_blocks(8, xt, ldx, w0, w1, k2, bb, yt, ldy, m0, m1); break;
+        case 1: two_blocks(1, xt, ldx, w0, w1, k2, bb, rt, ldr, yt, ldy, m0, m1); break;
+        case 2: two_blocks(2, xt, ldx, w0, w1, k2, bb, rt, ldr, yt, ldy, m0, m1); break;
+        case 3: two_blocks(3, xt, ldx, w0, w1, k2, bb, rt, ldr, yt, ldy, m0, m1); break;
+        case 4: two_blocks(4, xt, ldx, w0, w1, k2, bb, rt, ldr, yt, ldy, m0, m1); break;
+        case 5: two_blocks(5, xt, ldx, w0, w1, k2, bb, rt, ldr, yt, ldy, m0, m1); break;
+        case 6: two_blocks(6, xt, ldx, w0, w1, k2, bb, rt, ldr, yt, ldy, m0, m1); break;
+        case 7: two_blocks(7, xt, ldx, w0, w1, k2, bb, rt, ldr, yt, ldy, m0, m1); break;
+        default: two_blocks(8, xt, ldx, w0, w1, k2, bb, rt, ldr, yt, ldy, m0, m1); break;
         }
     }
 }
 #endif
 
 int speculant_linear_bf16(const uint16_t *x, int64_t T, int64_t ldx, const uint16_t *blocked, int64_t N,
-                          int64_t K, const float *bias, uint16_t *y, int64_t ldy)
+                          int64_t K, const float *bias, const uint16_t *residual, int64_t ldr, uint16_t *y,
+                          int64_t ldy)
 {
 #if HAVE_LINEAR_BF16
     static int available = -1;
@@ -134,10 +160,11 @@ int speculant_linear_bf16(const uint16_t *x, int64_t T, int64_t ldx, const uint1
     int64_t nblk = (N + BLOCK_ROWS - 1) / BLOCK_ROWS, pairs = (nblk + 1) / 2, k2 = K / 2;
 #pragma omp parallel for schedule(static) if (pairs > 1)
     for (int64_t p = 0; p < pairs; p++)
-        block_pair(T, x, ldx, blocked, nblk, k2, bias, N, p, y, ldy);
+        block_pair(T, x, ldx, blocked, nblk, k2, bias, residual, ldr, N, p, y, ldy);
     return 0;
 #else
-    (void)x; (void)T; (void)ldx; (void)blocked; (void)N; (void)K; (void)bias; (void)y; (void)ldy;
+    (void)x; (void)T; (void)ldx; (void)blocked; (void)N; (void)K; (void)bias; (void)residual; (void)ldr;
+    (void)y; (void)ldy;
     return -1;
 #endif
 }
