@@ -13,7 +13,10 @@ model's dtype before the weight multiplies it (what Llama-style norms do in
 bfloat16 and float16), first as torch's own reduced-precision ``rms_norm``
 (which computes in float32 and rounds once: one operator), then spelled out.
 Variants with another formula (Gemma's ``1 + weight``) fail every probe and
-keep their own forward.
+keep their own forward. For bfloat16 on the CPU the first candidates are a C
+kernel (``csrc/rms_norm.c``, one call instead of torch's eight operators) that
+follows ATen's float32 summation order; it too is taken only where the probe
+shows it bit-identical.
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ from typing import Protocol, TypeGuard
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from speculant.model.attention.cpu_kernel_build import load_kernel
 
 
 class _RMSNormLike(Protocol):
@@ -54,6 +59,40 @@ def _fused_rounded_forward(self: _RMSNormLike, hidden_states: torch.Tensor) -> t
     return self.weight * F.rms_norm(hidden_states, (self.weight.shape[0],), eps=self.variance_epsilon)
 
 
+def _c_kernel_form(lanes: int) -> Callable[[_RMSNormLike, torch.Tensor], torch.Tensor] | None:
+    """The C kernel (``csrc/rms_norm.c``) following ATen's float32 sum over vectors of
+    ``lanes`` floats, for bfloat16 norms; None where the kernel cannot be loaded."""
+    lib = load_kernel()
+    if lib is None:
+        return None
+    kernel = lib.speculant_rms_norm_bf16
+
+    def forward(self: _RMSNormLike, hidden_states: torch.Tensor) -> torch.Tensor:
+        # hidden_states: [..., H] bfloat16 -> [..., H]
+        width = self.weight.shape[0]
+        if hidden_states.dtype != torch.bfloat16 or hidden_states.device.type != "cpu":
+            return _fused_rounded_forward(self, hidden_states)
+        rows = hidden_states.reshape(-1, width)  # [T, H]
+        if rows.stride(-1) != 1:
+            rows = rows.contiguous()
+        out = torch.empty(rows.shape, dtype=torch.bfloat16)
+        kernel(rows.data_ptr(), rows.shape[0], rows.stride(0), self.weight.data_ptr(), width,
+               self.variance_epsilon, lanes, out.data_ptr(), width)
+        return out.view(hidden_states.shape)
+    forward.__name__ = f"_c_kernel_forward_{lanes}_lanes"
+    return forward
+
+
+def _forms(module: _RMSNormLike) -> list[Callable[[_RMSNormLike, torch.Tensor], torch.Tensor]]:
+    """The fused formulas to try, fastest first: the C kernel (bfloat16 CPU norms with a
+    contiguous weight; ATen's AVX-512 order first, then AVX2's), then torch's fused calls."""
+    forms: list[Callable[[_RMSNormLike, torch.Tensor], torch.Tensor]] = []
+    weight = module.weight
+    if weight.dtype == torch.bfloat16 and weight.device.type == "cpu" and weight.is_contiguous():
+        forms += [f for f in (_c_kernel_form(16), _c_kernel_form(8)) if f is not None]
+    return forms + list(FUSED_FORMS)
+
+
 FUSED_FORMS = (_fused_forward, _fused_rounded_forward, _fused_upcast_forward)
 
 
@@ -65,10 +104,10 @@ def _looks_like_rms_norm(module: nn.Module) -> TypeGuard[_RMSNormLike]:
 
 @torch.inference_mode()
 def _probe(module: _RMSNormLike, form: Callable[[_RMSNormLike, torch.Tensor], torch.Tensor]) -> bool:
-    """``form`` equals the module's own forward on random inputs of 1, 5 and 64 rows."""
+    """``form`` equals the module's own forward on random inputs of 1, 5, 64 and 512 rows."""
     gen = torch.Generator(device="cpu").manual_seed(0)
     hidden = module.weight.shape[0]
-    for shape in ((1, 1, hidden), (1, 5, hidden), (1, 64, hidden)):
+    for shape in ((1, 1, hidden), (1, 5, hidden), (1, 64, hidden), (1, 512, hidden)):
         x = (3 * torch.randn(*shape, generator=gen)).to(module.weight.device, module.weight.dtype)
         if not torch.equal(module(x), form(module, x)):
             return False
@@ -81,7 +120,7 @@ def fuse_rms_norms(model: nn.Module) -> tuple[int, int]:
     for module in model.modules():
         if not _looks_like_rms_norm(module):
             continue
-        form = next((f for f in FUSED_FORMS if _probe(module, f)), None)
+        form = next((f for f in _forms(module) if _probe(module, f)), None)
         if form is not None:
             module.forward = types.MethodType(form, module)
             fused += 1

@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch import nn
 
-from speculant.model.fused_norms import fuse_rms_norms
+from speculant.model.attention.cpu_kernel_build import kernel_status, load_kernel
+from speculant.model.fused_norms import _c_kernel_form, fuse_rms_norms
 from tiny_models import loaded_tiny_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -48,3 +52,37 @@ def test_other_formula_keeps_its_own_forward():
     assert fuse_rms_norms(model) == (0, 1)
     assert "forward" not in vars(model[0]) and torch.equal(model(x), want)
 
+
+
+KERNEL = load_kernel()
+needs_kernel = pytest.mark.skipif(KERNEL is None, reason=f"no C kernels here: {kernel_status()}")
+
+
+@needs_kernel
+def test_bf16_norms_take_the_c_kernel_and_stay_bit_identical(tmp_path):
+    model, ids = loaded_tiny_model("llama", tmp_path)
+    model = model.to(torch.bfloat16)
+    with torch.inference_mode():
+        before = model(input_ids=ids).logits
+        fuse_rms_norms(model)
+        after = model(input_ids=ids).logits
+    assert model.model.norm.forward.__name__.startswith("_c_kernel_forward_")
+    assert torch.equal(before, after)
+
+
+@needs_kernel
+@settings(max_examples=40, deadline=None)
+@given(width=st.sampled_from([8, 20, 64, 100, 576, 960, 2048, 4100]), rows=st.integers(1, 80),
+       eps=st.sampled_from([1e-6, 1e-5, 1e-2]), scale=st.sampled_from([1e-3, 1.0, 300.0]), seed=st.integers(0, 99))
+def test_c_kernel_equals_torch_bit_for_bit(width, rows, eps, scale, seed):
+    """What the probe accepts on its inputs holds over widths (cascade levels, leftover
+    vectors, a scalar tail), row counts, eps and magnitudes."""
+    norm = nn.Module()
+    gen = torch.Generator().manual_seed(seed)
+    norm.weight = nn.Parameter((torch.randn(width, generator=gen) * 0.5 + 1).to(torch.bfloat16), requires_grad=False)
+    norm.variance_epsilon = eps
+    x = (scale * torch.randn(rows, width, generator=gen)).to(torch.bfloat16)  # [T, H]
+    want = norm.weight * F.rms_norm(x, (width,), eps=eps)
+    forward = _c_kernel_form(16 if torch.backends.cpu.get_cpu_capability() == "AVX512" else 8)
+    assert forward is not None
+    assert torch.equal(forward(norm, x), want)
