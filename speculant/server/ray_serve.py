@@ -15,8 +15,8 @@ replica through a ``MetricsHub`` actor (``speculant.server.metrics_hub``).
 once every replica is up; ``undeploy`` removes both.
 
 ``SPECULANT_SERVE_KILL_FILE=PATH`` (fault injection for the tests): once PATH
-exists, one replica (whichever claims ``PATH.claimed`` first, where it
-writes how many requests it had in flight) exits abruptly.
+exists, one replica with requests in flight (whichever claims ``PATH.claimed``
+first, where it writes how many it had) exits abruptly.
 """
 
 from __future__ import annotations
@@ -111,6 +111,11 @@ class SpeculantReplica:
 
 def _die_when_flagged(path: str, state: ServerState) -> None:
     while not os.path.exists(path):
+        time.sleep(0.05)
+    # a replica dies with requests in flight (on a loaded machine the flag can come before they arrive)
+    while state.loop is None or state.loop.num_in_flight == 0:
+        if os.path.exists(path + ".claimed"):
+            return
         time.sleep(0.05)
     try:
         fd = os.open(path + ".claimed", os.O_CREAT | os.O_EXCL | os.O_WRONLY)

@@ -17,13 +17,15 @@ unchanged.
 Exactness: every rounding step is the reference's. Rotary is
 ``x * cos + rotate_half(x) * sin`` with ``rotate_half(x) * sin`` computed as
 ``roll(x, D/2) * sin_signed`` (``sin_signed`` = sin with its first half
-negated: ``(-a) * b == a * (-b)`` exactly), the residual adds round as
+negated: ``(-a) * b == a * (-b)`` exactly; in bfloat16 on the CPU one C call,
+``csrc/rotary.c``, with the same roundings), the residual adds round as
 ``residual + out`` does, and the cos/sin table holds the rotary module's own
 output for each position.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -31,6 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from speculant.interfaces import AttentionBackend
+from speculant.model.attention.cpu_kernel_build import load_kernel
 from speculant.model.fast_forward.plan import Plan, base_of
 from speculant.model.fast_forward.weights import LayerWeights, layer_weights, norm_call
 
@@ -67,6 +70,30 @@ class RotaryTable:
         return cos.unsqueeze(1), sin.unsqueeze(1)
 
 
+def _rotate_torch(qk: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, half: int) -> torch.Tensor:
+    # qk: [T, heads, D]; cos, sin (first half negated): [T, 1, D] -> [T, heads, D]
+    rotated = qk.roll(half, -1).mul_(sin)
+    return (qk * cos).add_(rotated)
+
+
+def rotary_call(like: torch.Tensor) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int], torch.Tensor]:
+    """Rotary for tensors like ``like``: the C kernel (``csrc/rotary.c``, the same
+    roundings in one call) for bfloat16 on the CPU where it loads, else torch's four operators."""
+    lib = load_kernel() if like.dtype == torch.bfloat16 and like.device.type == "cpu" else None
+    if lib is None:
+        return _rotate_torch
+    kernel = lib.speculant_rotary_bf16
+
+    def rotate(qk: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, half: int) -> torch.Tensor:
+        tokens, heads, dim = qk.shape
+        if qk.stride(2) != 1 or qk.stride(1) != dim or not (cos.is_contiguous() and sin.is_contiguous()):
+            return _rotate_torch(qk, cos, sin, half)
+        out = torch.empty(tokens, heads, dim, dtype=torch.bfloat16)
+        kernel(qk.data_ptr(), tokens, qk.stride(0), heads, dim, cos.data_ptr(), sin.data_ptr(), out.data_ptr())
+        return out
+    return rotate
+
+
 class FastDecoder:
     """The base model's forward for one flattened batch (see the module docstring)."""
 
@@ -80,6 +107,8 @@ class FastDecoder:
         self.qk_heads = plan.num_heads + plan.num_kv_heads
         self.qk_width = self.qk_heads * plan.head_dim
         self.half = plan.head_dim // 2
+        self.rotate = rotary_call(self.embed)
+
 
     def forward(self, token_ids: torch.Tensor,  # [T] long
                 positions: torch.Tensor,  # [T] long
@@ -89,14 +118,13 @@ class FastDecoder:
         plan = self.plan
         num_tokens, num_heads, head_dim = token_ids.shape[0], plan.num_heads, plan.head_dim
         qk_heads, qk_width, half, inter = self.qk_heads, self.qk_width, self.half, plan.intermediate_size
-        attend, scaling = backend.forward, plan.scaling
+        attend, scaling, rotate = backend.forward, plan.scaling, self.rotate
         cos, sin = self.rotary.lookup(positions)
         hidden = F.embedding(token_ids, self.embed)  # [T, H], the residual stream, updated in place
         for lw, key_cache, value_cache in zip(self.layers, key_caches, value_caches):
             qkv = lw.qkv(lw.input_norm(hidden))  # [T, (H_q + 2 H_kv) D]
             qk = qkv[:, :qk_width].view(num_tokens, qk_heads, head_dim)
-            rotated = qk.roll(half, -1).mul_(sin)
-            qk = (qk * cos).add_(rotated)  # [T, H_q + H_kv, D]
+            qk = rotate(qk, cos, sin, half)  # [T, H_q + H_kv, D]
             v = qkv[:, qk_width:].view(num_tokens, -1, head_dim)
             out = attend(qk[:, :num_heads], qk[:, num_heads:], v, key_cache, value_cache, metadata, scaling)
             lw.o_add(out.reshape(num_tokens, num_heads * head_dim), hidden)

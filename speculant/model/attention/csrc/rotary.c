@@ -1,0 +1,52 @@
+/* Rotary position embedding of bfloat16 query and key heads, CPU, bit for bit
+ * what the fast decoder's torch form computes:
+ *
+ *     out = round(round(x * cos) + round(roll(x, D/2) * sin_signed))
+ *
+ * (round: float32 to bfloat16, nearest even; sin_signed is sin with its first
+ * half negated, so roll(x, D/2) * sin_signed is rotate_half(x) * sin exactly).
+ * One call replaces four torch operators per layer.
+ *
+ * Layouts: x [T, heads, D] with token stride ldx (elements; heads contiguous
+ * inside a token, as in a slice of the fused q/k/v projection); cos, sin
+ * [T, D] contiguous (the table rows of the tokens' positions); out
+ * [T, heads, D] contiguous. D even.
+ */
+#include <stdint.h>
+#include <string.h>
+
+static inline float widen(uint16_t h)
+{
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+static inline uint16_t round_bf16(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    if ((u & 0x7fffffffu) > 0x7f800000u)
+        return (uint16_t)((u >> 16) | 0x40);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+void speculant_rotary_bf16(const uint16_t *x, int64_t T, int64_t ldx, int64_t heads, int64_t D,
+                           const uint16_t *cos, const uint16_t *sin, uint16_t *out)
+{
+    int64_t half = D / 2;
+    for (int64_t t = 0; t < T; t++) {
+        const uint16_t *c = cos + t * D, *s = sin + t * D;
+        for (int64_t h = 0; h < heads; h++) {
+            const uint16_t *row = x + t * ldx + h * D;
+            uint16_t *o = out + (t * heads + h) * D;
+            for (int64_t d = 0; d < D; d++) {
+                float a = widen(round_bf16(widen(row[d]) * widen(c[d])));
+                float b = widen(round_bf16(widen(row[(d + half) % D]) * widen(s[d])));
+                o[d] = round_bf16(a + b);
+            }
+        }
+    }
+}
