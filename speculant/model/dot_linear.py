@@ -116,7 +116,8 @@ class DotLinear(PackedLinear):
         bias = None if self._bias32 is None else self._bias32.data_ptr()
         res, ldr = (None, 0) if residual is None else (residual.data_ptr(), residual.stride(0))
         rc = self._kernel(rows.data_ptr(), rows.shape[0], rows.stride(0), self.blocked_weight.data_ptr(),
-                          self.out_features, self.in_features, bias, res, ldr, out.data_ptr(), out.stride(0))
+                          self.out_features, self.in_features, bias, res, ldr, out.data_ptr(), out.stride(0),
+                          torch.get_num_threads())
         if rc != 0:
             raise RuntimeError(f"the bfloat16 dot-product kernel failed (code {rc}): no AVX512-BF16 here")
 

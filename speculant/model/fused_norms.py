@@ -77,7 +77,7 @@ def _c_kernel_form(lanes: int) -> Callable[[_RMSNormLike, torch.Tensor], torch.T
             rows = rows.contiguous()
         out = torch.empty(rows.shape, dtype=torch.bfloat16)
         kernel(rows.data_ptr(), rows.shape[0], rows.stride(0), self.weight.data_ptr(), width,
-               self.variance_epsilon, lanes, out.data_ptr(), width)
+               self.variance_epsilon, lanes, out.data_ptr(), width, torch.get_num_threads())
         return out.view(hidden_states.shape)
     forward.__name__ = f"_c_kernel_forward_{lanes}_lanes"
     return forward

@@ -190,11 +190,11 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.speculant_kernel_isa.restype = ctypes.c_int
     lib.speculant_kernel_set_isa.argtypes = [ctypes.c_int]
     lib.speculant_kernel_set_isa.restype = ctypes.c_int
-    lib.speculant_linear_bf16.argtypes = [p, i64, i64, p, i64, i64, p, p, i64, p, i64]
+    lib.speculant_linear_bf16.argtypes = [p, i64, i64, p, i64, i64, p, p, i64, p, i64, ctypes.c_int]
     lib.speculant_linear_bf16.restype = ctypes.c_int
     lib.speculant_linear_bf16_available.argtypes = []
     lib.speculant_linear_bf16_available.restype = ctypes.c_int
-    lib.speculant_rms_norm_bf16.argtypes = [p, i64, i64, p, i64, ctypes.c_float, ctypes.c_int, p, i64]
+    lib.speculant_rms_norm_bf16.argtypes = [p, i64, i64, p, i64, ctypes.c_float, ctypes.c_int, p, i64, ctypes.c_int]
     lib.speculant_rms_norm_bf16.restype = ctypes.c_int
     lib.speculant_rotary_bf16.argtypes = [p, i64, i64, i64, i64, p, p, p]
     lib.speculant_rotary_bf16.restype = None

@@ -28,7 +28,8 @@
  *
  * Layouts: x [T, K] with row stride ldx (elements), K even; blocked as above;
  * bias [N] float32 or NULL; residual [T, N] with row stride ldr, or NULL;
- * y [T, N] with row stride ldy.
+ * y [T, N] with row stride ldy. `threads`: the OpenMP team size (torch's thread
+ * count, passed in: a thread other than the one that set it would not see it).
  * Returns 0, or -1 where this CPU or build has no AVX512-BF16 (nothing written).
  */
 #include <stdint.h>
@@ -149,7 +150,7 @@ TARGET static void block_pair(int64_t T, const uint16_t *x, int64_t ldx, const u
 
 int speculant_linear_bf16(const uint16_t *x, int64_t T, int64_t ldx, const uint16_t *blocked, int64_t N,
                           int64_t K, const float *bias, const uint16_t *residual, int64_t ldr, uint16_t *y,
-                          int64_t ldy)
+                          int64_t ldy, int threads)
 {
 #if HAVE_LINEAR_BF16
     static int available = -1;
@@ -158,13 +159,13 @@ int speculant_linear_bf16(const uint16_t *x, int64_t T, int64_t ldx, const uint1
     if (!available)
         return -1;
     int64_t nblk = (N + BLOCK_ROWS - 1) / BLOCK_ROWS, pairs = (nblk + 1) / 2, k2 = K / 2;
-#pragma omp parallel for schedule(static) if (pairs > 1)
+#pragma omp parallel for schedule(static) num_threads(threads) if (pairs > 1)
     for (int64_t p = 0; p < pairs; p++)
         block_pair(T, x, ldx, blocked, nblk, k2, bias, residual, ldr, N, p, y, ldy);
     return 0;
 #else
     (void)x; (void)T; (void)ldx; (void)blocked; (void)N; (void)K; (void)bias; (void)residual; (void)ldr;
-    (void)y; (void)ldy;
+    (void)y; (void)ldy; (void)threads;
     return -1;
 #endif
 }

@@ -18,7 +18,7 @@
  * cannot change them.
  *
  * Layouts: x [T, H] with row stride ldx; weight [H]; out [T, H] with row stride
- * ldo (may be x). Returns 0, or -1 for a lane count this code does not follow.
+ * ldo (may be x); `threads` is the OpenMP team size for long inputs. Returns 0, or -1 for a lane count this code does not follow.
  */
 #include <math.h>
 #include <stdint.h>
@@ -114,11 +114,11 @@ static float sum_squares(const uint16_t *x, int64_t H, int lanes)
 }
 
 int speculant_rms_norm_bf16(const uint16_t *x, int64_t T, int64_t ldx, const uint16_t *weight, int64_t H, float eps,
-                            int lanes, uint16_t *out, int64_t ldo)
+                            int lanes, uint16_t *out, int64_t ldo, int threads)
 {
     if (lanes != 4 && lanes != 8 && lanes != 16)
         return -1;
-#pragma omp parallel for schedule(static) if (T >= 64)
+#pragma omp parallel for schedule(static) num_threads(threads) if (T >= 64)
     for (int64_t t = 0; t < T; t++) {
         const uint16_t *row = x + t * ldx;
         float mean = sum_squares(row, H, lanes) / (float)H;
