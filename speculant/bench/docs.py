@@ -17,7 +17,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from speculant.bench.docs_fast_forward import fast_forward, fast_forward_headline
+from speculant.bench.docs_fast_forward import cpu_kernels, cpu_kernels_headline, fast_forward, fast_forward_headline
 from speculant.bench.docs_random import random_llama
 from speculant.bench.docs_ray import ray_scaling
 from speculant.bench.docs_structured import structured, structured_headline
@@ -42,7 +42,8 @@ Table = Callable[[Path], list[str]]
 def headline_rows(results: Path) -> list[str]:
     """The README's short table: one line per claim, each with its source (``docs_tables.headline``,
     then the fast decoder's and structured output's lines)."""
-    return headline(results) + fast_forward_headline(results) + structured_headline(results)
+    return (headline(results) + fast_forward_headline(results) + cpu_kernels_headline(results)
+            + structured_headline(results))
 
 
 BLOCKS: dict[str, Table] = {
@@ -57,6 +58,7 @@ BLOCKS: dict[str, Table] = {
     "random-llama": random_llama,
     "structured": structured,
     "fast-forward": fast_forward,
+    "cpu-kernels": cpu_kernels,
     "ray-scaling": ray_scaling,
 }
 """Block name -> the function that renders it. docs/benchmarks.md holds a

@@ -59,3 +59,47 @@ def fast_forward_headline(results: Path) -> list[str]:
             f"({data['options'].get('threads')} thread(s)) | {on['tokens_per_s']:.1f} vs {off['tokens_per_s']:.1f} "
             f"tok/s ({on['vs_off']:.2f}×; {_x(on.get('cpu_vs_off'))} on the CPU clock), {same} | {measured_on(data)} | "
             f"[fast forward](docs/benchmarks.md#results-fast-forward) |"]
+
+
+KERNELS_RESULT = "cpu_kernels_smollm2.json"
+KERNEL_SETS = {"onednn": "oneDNN linears, torch norms and rotary", "dot": "our bf16 linears (fused residual add)",
+               "all": "our linears, RMSNorm and rotary (the default)"}
+
+
+def cpu_kernels(results: Path) -> list[str]:
+    """Speculant's own bf16 CPU kernels switched on one by one (``benchmarks/cpu_kernels_bench.py``)."""
+    data = _load(results, KERNELS_RESULT)
+    if data is None:
+        return []
+    w = data["workload"]
+    out = [f"SmolLM2-135M bf16, fast decoder on, the chat prompts of examples/prompts/edit_tasks.txt, batch 1, "
+           f"greedy, EOS ignored, {w['max_tokens']} new tokens, {data['options'].get('threads')} thread(s), suffix at "
+           f"k = {w['k']}, median of {data['options'].get('repeats')} interleaved rounds; measured on "
+           f"{measured_on(data)}. bf16 outputs may part from the oneDNN row at a near-tie (the float32 sums run "
+           "in another order), and suffix then drafts from other text: compare speculative rows by step time.", "",
+           "| method | kernels | tok/s | vs oneDNN | output vs oneDNN | tokens per verify step |",
+           "|---|---|---|---|---|---|"]
+    for r in data["rows"]:
+        out.append(f"| {r['method']} | {KERNEL_SETS.get(r['kernels'], r['kernels'])} | {r['tokens_per_s']:.1f} | "
+                   f"{_x(r['vs_onednn'])} | {'identical' if r['same_tokens_as_onednn'] else 'parts at a near-tie'} | "
+                   f"{_num(r.get('mean_accepted_length'), 2)} |")
+    profile = data.get("step_profile_ms") or {}
+    if profile:
+        names = list(profile)
+        out += ["", "Milliseconds per decode step (one prompt, no speculation, wall clock):", "",
+                "| part | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+        for key, label in PARTS:
+            out.append(f"| {label} | " + " | ".join(_num(profile[n].get(key), 2) for n in names) + " |")
+        out.append("| **step** | " + " | ".join(f"**{_num(profile[n].get('step'), 2)}**" for n in names) + " |")
+    return out
+
+
+def cpu_kernels_headline(results: Path) -> list[str]:
+    data = _load(results, KERNELS_RESULT)
+    profile = (data or {}).get("step_profile_ms") or {}
+    before, after = profile.get("no_spec onednn"), profile.get("no_spec all")
+    if not (before and after):
+        return []
+    return [f"| SmolLM2-135M bf16 decode step on the CPU: oneDNN linears and torch norms/rotary vs Speculant's own "
+            f"kernels | {before['step']:.1f} → {after['step']:.1f} ms ({before['step'] / after['step']:.2f}×) | "
+            f"{measured_on(data)} | [cpu kernels](docs/benchmarks.md#results-cpu-kernels) |"]
