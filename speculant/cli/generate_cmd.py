@@ -36,7 +36,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="print results as JSON")
     p.add_argument("--verbose", action="store_true",
                    help="also print how each model runs: the forward path (model.fast_forward), "
-                        "with its build and probe times, or why transformers' modules run it")
+                        "with its build and probe times, or why transformers' modules run it, and the "
+                        "linear layers' kernel (model.linear_backend)")
     p.add_argument("--threads", type=int, default=None,
                    help="torch CPU threads (default: torch's choice, one per core)")
     p.set_defaults(func=run)
@@ -53,12 +54,15 @@ def _build(args, overrides: list[str]):
 
 def forward_paths(llm) -> list[str]:
     """One line per runner (the target, then any draft model): which forward path it takes."""
-    lines = [f"model.fast_forward: {llm.engine.runner.fast_forward.describe()}"]
+    runner = llm.engine.runner
+    lines = [f"model.fast_forward: {runner.fast_forward.describe()}",
+             f"model.linear_backend: {runner.linear_report.describe()}"]
     proposer = llm.engine.spec.proposer
     for part in getattr(proposer, "parts", [proposer]) if proposer is not None else []:
-        status = getattr(getattr(part, "runner", None), "fast_forward", None)
-        if status is not None:
-            lines.append(f"draft model.fast_forward: {status.describe()}")
+        draft = getattr(part, "runner", None)
+        if draft is not None:
+            lines.append(f"draft model.fast_forward: {draft.fast_forward.describe()}")
+            lines.append(f"draft model.linear_backend: {draft.linear_report.describe()}")
     return lines
 
 

@@ -87,6 +87,12 @@ class LinearPackReport:
     reason: str = ""
     """Why layers stayed on the default path; empty when every layer packed."""
 
+    def describe(self) -> str:
+        """One line for ``speculant generate --verbose``."""
+        packed = self.num_packed + self.num_already_packed
+        text = f"{self.backend} ({packed} layer(s) packed, {self.num_default} on F.linear; requested {self.requested!r})"
+        return text + (f"; {self.reason}" if self.reason else "")
+
     @property
     def extra_bytes(self) -> int:
         """Net memory added by packing: packed copies minus released dense weights."""
