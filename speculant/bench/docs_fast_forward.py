@@ -98,7 +98,7 @@ def cpu_kernels_headline(results: Path) -> list[str]:
     data = _load(results, KERNELS_RESULT)
     profile = (data or {}).get("step_profile_ms") or {}
     before, after = profile.get("no_spec onednn"), profile.get("no_spec all")
-    if not (before and after):
+    if data is None or not (before and after):
         return []
     return [f"| SmolLM2-135M bf16 decode step on the CPU: oneDNN linears and torch norms/rotary vs Speculant's own "
             f"kernels | {before['step']:.1f} → {after['step']:.1f} ms ({before['step'] / after['step']:.2f}×) | "

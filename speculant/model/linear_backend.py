@@ -90,7 +90,8 @@ class LinearPackReport:
     def describe(self) -> str:
         """One line for ``speculant generate --verbose``."""
         packed = self.num_packed + self.num_already_packed
-        text = f"{self.backend} ({packed} layer(s) packed, {self.num_default} on F.linear; requested {self.requested!r})"
+        text = (f"{self.backend} ({packed} layer(s) packed, {self.num_default} on F.linear; "
+                f"requested {self.requested!r})")
         return text + (f"; {self.reason}" if self.reason else "")
 
     @property
