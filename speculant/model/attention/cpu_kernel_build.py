@@ -1,5 +1,5 @@
 """Build and load the C kernels (``csrc/paged_attention.c``, ``csrc/kv_write.c``,
-``csrc/linear_bf16.c``, ``csrc/rms_norm.c``, ``csrc/rotary.c``: one library).
+``csrc/linear_bf16.c``, ``csrc/rms_norm.c``, ``csrc/rotary.c``, ``csrc/silu_mul.c``: one library).
 
 The kernel is compiled on first use with the system C compiler (``$CC``, else
 ``cc``) for this machine (``-march=native``) and cached by a hash of the
@@ -39,7 +39,8 @@ from pathlib import Path
 import torch  # also loads torch's libgomp before the kernel needs it
 
 SOURCES = [Path(__file__).with_name("csrc") / name for name in (
-    "paged_attention.c", "kv_write.c", "linear_bf16.c", "rms_norm.c", "rotary.c")]
+    "paged_attention.c", "kv_write.c", "linear_bf16.c", "rms_norm.c", "rotary.c",
+    "silu_mul.c")]
 FLAGS = ["-O3", "-fPIC", "-shared", "-fopenmp", "-fno-math-errno", "-std=c11"]
 NATIVE = "-march=native"
 DIGEST_SUFFIX = ".sha256"
@@ -198,6 +199,8 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.speculant_rms_norm_bf16.restype = ctypes.c_int
     lib.speculant_rotary_bf16.argtypes = [p, i64, i64, i64, i64, p, p, p]
     lib.speculant_rotary_bf16.restype = None
+    lib.speculant_silu_mul_bf16.argtypes = [p, i64, i64, i64, p, p]
+    lib.speculant_silu_mul_bf16.restype = None
     return lib
 
 

@@ -94,6 +94,34 @@ def rotary_call(like: torch.Tensor) -> Callable[[torch.Tensor, torch.Tensor, tor
     return rotate
 
 
+
+def _silu_mul_torch(gate_up: torch.Tensor, inter: int) -> torch.Tensor:
+    # gate_up: [T, 2 I] -> silu(gate) * up [T, I]
+    return F.silu(gate_up[:, :inter]).mul_(gate_up[:, inter:])
+
+
+def silu_mul_call(like: torch.Tensor, inter: int) -> Callable[[torch.Tensor, int], torch.Tensor]:
+    """``silu(gate) * up`` for tensors like ``like``: for bfloat16 on the CPU one C call
+    (``csrc/silu_mul.c``) with silu read from a table that torch's own ``F.silu`` filled over all
+    65,536 bfloat16 values, so the bits are torch's; else torch's two operators. Taken only for
+    widths that torch's vectorised loops cover without a scalar tail (multiples of 64), which
+    could round differently from the table."""
+    lib = load_kernel() if like.dtype == torch.bfloat16 and like.device.type == "cpu" else None
+    if lib is None or inter % 64:
+        return _silu_mul_torch
+    kernel = lib.speculant_silu_mul_bf16
+    table = F.silu(torch.arange(-(1 << 15), 1 << 15, dtype=torch.int32).to(torch.int16).view(torch.bfloat16))
+    table = table.view(torch.int16).roll(-(1 << 15)).contiguous()  # indexed by the gate's 16 bits, unsigned
+
+    def silu_mul(gate_up: torch.Tensor, inter: int) -> torch.Tensor:
+        if gate_up.stride(1) != 1 or gate_up.dtype != torch.bfloat16 or gate_up.shape[1] != 2 * inter:
+            return _silu_mul_torch(gate_up, inter)
+        out = torch.empty(gate_up.shape[0], inter, dtype=torch.bfloat16)
+        kernel(gate_up.data_ptr(), gate_up.shape[0], gate_up.stride(0), inter, table.data_ptr(), out.data_ptr())
+        return out
+    return silu_mul
+
+
 class FastDecoder:
     """The base model's forward for one flattened batch (see the module docstring)."""
 
@@ -108,6 +136,7 @@ class FastDecoder:
         self.qk_width = self.qk_heads * plan.head_dim
         self.half = plan.head_dim // 2
         self.rotate = rotary_call(self.embed)
+        self.silu_mul = silu_mul_call(self.embed, plan.intermediate_size)
 
 
     def forward(self, token_ids: torch.Tensor,  # [T] long
@@ -118,7 +147,7 @@ class FastDecoder:
         plan = self.plan
         num_tokens, num_heads, head_dim = token_ids.shape[0], plan.num_heads, plan.head_dim
         qk_heads, qk_width, half, inter = self.qk_heads, self.qk_width, self.half, plan.intermediate_size
-        attend, scaling, rotate = backend.forward, plan.scaling, self.rotate
+        attend, scaling, rotate, silu_mul = backend.forward, plan.scaling, self.rotate, self.silu_mul
         cos, sin = self.rotary.lookup(positions)
         hidden = F.embedding(token_ids, self.embed)  # [T, H], the residual stream, updated in place
         for lw, key_cache, value_cache in zip(self.layers, key_caches, value_caches):
@@ -129,6 +158,6 @@ class FastDecoder:
             out = attend(qk[:, :num_heads], qk[:, num_heads:], v, key_cache, value_cache, metadata, scaling)
             lw.o_add(out.reshape(num_tokens, num_heads * head_dim), hidden)
             gate_up = lw.gate_up(lw.post_norm(hidden))  # [T, 2 I]
-            act = F.silu(gate_up[:, :inter]).mul_(gate_up[:, inter:])
+            act = silu_mul(gate_up, inter)  # [T, I]
             lw.down_add(act, hidden)
         return self.final_norm(hidden)

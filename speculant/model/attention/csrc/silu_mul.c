@@ -1,0 +1,44 @@
+/* The gated MLP's activation for bfloat16, CPU: act = round(silu(gate) * up), with
+ * silu(gate) already rounded to bfloat16, i.e. bit for bit torch's
+ * `F.silu(gate).mul_(up)` on bfloat16 tensors.
+ *
+ * A bfloat16 gate has 65,536 possible values, so silu is a table the caller fills
+ * once from torch's own F.silu over all of them (`table[bits] = silu(bits)`): the
+ * same bits as torch by construction, whatever exp torch uses. The product of
+ * two bfloat16 numbers is exact in float32 and rounds once, as torch's mul does.
+ * One call replaces two operators per layer.
+ *
+ * Layouts: gate_up [T, 2 I] with row stride ld (gate the first I columns, up the
+ * next I); table [65536]; out [T, I] contiguous.
+ */
+#include <stdint.h>
+#include <string.h>
+
+static inline float widen(uint16_t h)
+{
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+static inline uint16_t round_bf16(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    if ((u & 0x7fffffffu) > 0x7f800000u)
+        return (uint16_t)((u >> 16) | 0x40);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+void speculant_silu_mul_bf16(const uint16_t *gate_up, int64_t T, int64_t ld, int64_t I, const uint16_t *table,
+                             uint16_t *out)
+{
+    for (int64_t t = 0; t < T; t++) {
+        const uint16_t *g = gate_up + t * ld, *u = g + I;
+        uint16_t *o = out + t * I;
+        for (int64_t i = 0; i < I; i++)
+            o[i] = round_bf16(widen(table[g[i]]) * widen(u[i]));
+    }
+}
