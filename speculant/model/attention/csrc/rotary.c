@@ -33,6 +33,12 @@ static inline uint16_t round_bf16(float f)
     return (uint16_t)(u >> 16);
 }
 
+/* round(round(x * c) + round(partner * s)) */
+static inline uint16_t rotate_one(uint16_t x, uint16_t partner, uint16_t c, uint16_t s)
+{
+    return round_bf16(widen(round_bf16(widen(x) * widen(c))) + widen(round_bf16(widen(partner) * widen(s))));
+}
+
 void speculant_rotary_bf16(const uint16_t *x, int64_t T, int64_t ldx, int64_t heads, int64_t D,
                            const uint16_t *cos, const uint16_t *sin, uint16_t *out)
 {
@@ -42,11 +48,12 @@ void speculant_rotary_bf16(const uint16_t *x, int64_t T, int64_t ldx, int64_t he
         for (int64_t h = 0; h < heads; h++) {
             const uint16_t *row = x + t * ldx + h * D;
             uint16_t *o = out + (t * heads + h) * D;
-            for (int64_t d = 0; d < D; d++) {
-                float a = widen(round_bf16(widen(row[d]) * widen(c[d])));
-                float b = widen(round_bf16(widen(row[(d + half) % D]) * widen(s[d])));
-                o[d] = round_bf16(a + b);
-            }
+            /* element d pairs with d + D/2 (first half) or d - D/2 (second half): two plain
+             * loops the compiler vectorises, where an index modulo D would not be */
+            for (int64_t d = 0; d < half; d++)
+                o[d] = rotate_one(row[d], row[d + half], c[d], s[d]);
+            for (int64_t d = half; d < D; d++)
+                o[d] = rotate_one(row[d], row[d - half], c[d], s[d]);
         }
     }
 }
