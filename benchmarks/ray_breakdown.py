@@ -132,7 +132,7 @@ def main() -> None:
     bench = harness.start("ray_breakdown", args)
     import ray
 
-    from speculant.batch import command
+    from speculant.engine import llm_engine
 
     t = args.threads
     tmp = Path(tempfile.mkdtemp(prefix="ray-breakdown-"))
@@ -145,7 +145,7 @@ def main() -> None:
              "ray_Tx1": ["--ray", "--replicas", str(t), "--cpus-per-replica", "1"]}
     local_steps: list = []
     built: list[float] = []
-    engine_cls = command.LLMEngine
+    engine_cls = llm_engine.LLMEngine
 
     def local_engine(*a, **k):
         engine = engine_cls(*a, **k)
@@ -153,7 +153,7 @@ def main() -> None:
         traced_steps(engine, local_steps)
         return engine
 
-    command.LLMEngine = local_engine
+    llm_engine.LLMEngine = local_engine  # the local job imports it when it runs
     TracedPredictor.trace_dir = str(tmp / "traces")
     ray_job.Predictor = TracedPredictor
     warm = tmp / "warm.jsonl"

@@ -22,10 +22,13 @@ from __future__ import annotations
 import threading
 from collections import deque
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from speculant.batch.lines import InputLine
 from speculant.batch.runner import DONE, BatchRunner, Done, Record
-from speculant.engine.llm_engine import LLMEngine
+
+if TYPE_CHECKING:  # imported by the Ray driver, which runs no engine
+    from speculant.engine.llm_engine import LLMEngine
 
 
 @dataclass

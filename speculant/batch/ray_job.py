@@ -42,13 +42,10 @@ import warnings
 from collections.abc import Iterator
 from typing import Any
 
-import torch
-
 from speculant.batch.engine_loop import EngineLoop
 from speculant.batch.lines import InputLine
 from speculant.batch.runner import Record
 from speculant.config.models import EngineConfig
-from speculant.engine.llm_engine import LLMEngine
 
 MAX_RESTARTS = 3
 """Restarts of one actor, and retries of one batch, before the job fails."""
@@ -62,6 +59,10 @@ class Predictor:
     several threads at once, every call feeding the one ``EngineLoop``."""
 
     def __init__(self, config: EngineConfig, source: str, threads: int) -> None:
+        import torch  # in the actor only: the driver runs no engine, and loads neither torch nor transformers
+
+        from speculant.engine.llm_engine import LLMEngine
+
         torch.set_num_threads(threads)
         self.loop = EngineLoop(LLMEngine(config, source=source))
         self.lock = threading.Lock()

@@ -16,11 +16,13 @@ class.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from speculant.batch.lines import BadLine, InputLine, LineId, to_request
 from speculant.batch.output import error_record, result_record
-from speculant.engine.llm_engine import LLMEngine
+
+if TYPE_CHECKING:  # the Ray driver imports this module and runs no engine: it loads neither torch nor transformers
+    from speculant.engine.llm_engine import LLMEngine
 
 Record = dict[str, Any]
 
