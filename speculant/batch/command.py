@@ -14,15 +14,12 @@ import json
 import sys
 from collections.abc import Iterator
 
-import torch
-
 from speculant.batch import job
 from speculant.batch.lines import InputLine
 from speculant.batch.ray_job import RayJob  # imports Ray only when a Ray job runs
 from speculant.batch.runner import BatchRunner, Record
 from speculant.config.compat import build_config
 from speculant.config.models import ConfigError, EngineConfig, apply_overrides, read_config
-from speculant.engine.llm_engine import LLMEngine
 
 
 def engine_config(args: argparse.Namespace) -> tuple[EngineConfig, str]:
@@ -47,6 +44,10 @@ def batch_command(args: argparse.Namespace) -> int:
         run: job.Source = RayJob(config, source, args.replicas, args.cpus_per_replica, args.ray_batch_size).run
     else:
         def run(lines: list[InputLine]) -> Iterator[tuple[int, Record]]:
+            import torch  # here only: a --ray driver runs no engine (its start skips ~3 s of imports)
+
+            from speculant.engine.llm_engine import LLMEngine
+
             if args.threads is not None:
                 torch.set_num_threads(args.threads)
             return BatchRunner(LLMEngine(config, source=source)).run(lines)

@@ -37,37 +37,46 @@ from __future__ import annotations
 import json
 import math
 import os
+import threading
 import warnings
 from collections.abc import Iterator
 from typing import Any
 
-import torch
-
+from speculant.batch.engine_loop import EngineLoop
 from speculant.batch.lines import InputLine
-from speculant.batch.runner import BatchRunner, Record
+from speculant.batch.runner import Record
 from speculant.config.models import EngineConfig
-from speculant.engine.llm_engine import LLMEngine
 
 MAX_RESTARTS = 3
 """Restarts of one actor, and retries of one batch, before the job fails."""
+MAX_CALLS = 64
+"""Batches one actor holds at most (its threads), whatever the batch size."""
 KILL_ENV = "SPECULANT_BATCH_KILL_AFTER"
 
 
 class Predictor:
-    """One Ray Data actor: an engine built once, then batches of lines in, records out."""
+    """One Ray Data actor: an engine built once, then batches of lines in, records out; called from
+    several threads at once, every call feeding the one ``EngineLoop``."""
 
     def __init__(self, config: EngineConfig, source: str, threads: int) -> None:
+        import torch  # in the actor only: the driver runs no engine, and loads neither torch nor transformers
+
+        from speculant.engine.llm_engine import LLMEngine
+
         torch.set_num_threads(threads)
-        self.runner = BatchRunner(LLMEngine(config, source=source))
+        self.loop = EngineLoop(LLMEngine(config, source=source))
+        self.lock = threading.Lock()
         self.num_done = 0
         self.kill_after, self.kill_flag = _kill_setting(os.environ.get(KILL_ENV))
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, list]:
         lines = [InputLine(int(n), str(t)) for n, t in zip(batch["number"], batch["text"])]
-        records = sorted(self.runner.run(lines), key=lambda pair: pair[0])
-        self.num_done += len(lines)
-        if self.kill_after is not None and self.num_done >= self.kill_after and _claim(self.kill_flag):
-            os._exit(1)  # as abrupt as a lost node: no cleanup, the batch is not returned
+        records = sorted(self.loop.run(lines), key=lambda pair: pair[0])
+        with self.lock:
+            self.num_done += len(lines)
+            kill = self.kill_after is not None and self.num_done >= self.kill_after and _claim(self.kill_flag)
+        if kill:
+            os._exit(1)  # as abrupt as a lost node: no cleanup, none of its batches is returned
         return {"number": [n for n, _ in records], "record": [json.dumps(r, ensure_ascii=False) for _, r in records]}
 
 
@@ -105,8 +114,10 @@ class RayJob:
                  batch_size: int | None = None) -> None:
         self.config, self.source = config, source
         self.replicas, self.cpus_per_replica = replicas, cpus_per_replica
-        # what the local runner keeps in flight: an actor's engine batches as fully as the local one
-        self.batch_size = batch_size or 2 * config.scheduler.max_num_seqs
+        in_flight = 2 * config.scheduler.max_num_seqs  # what the local runner (and each actor's) keeps running
+        self.batch_size = batch_size or max(1, config.scheduler.max_num_seqs // 2)
+        # batches an actor holds: enough to keep its engine's in-flight window full, plus one queued behind
+        self.calls_per_actor = min(MAX_CALLS, math.ceil(in_flight / self.batch_size) + 1)
 
     def run(self, lines: list[InputLine]) -> Iterator[tuple[int, Record]]:
         if not lines:
@@ -117,13 +128,17 @@ class RayJob:
         connect()
         DataContext.get_current().enable_progress_bars = False  # the job has its own bar
         items = [{"number": line.number, "text": line.text} for line in lines]
+        # one block per batch; map_batches(batch_size=None) hands each block over whole, as one call
         source = ray.data.from_items(items, override_num_blocks=math.ceil(len(items) / self.batch_size))
         with warnings.catch_warnings():
             # Ray 2.60 takes actor options only as (deprecated) **ray_remote_args; a later Ray that names
             # them takes the same call
             warnings.filterwarnings("ignore", message=".*ray_remote_args.*", category=DeprecationWarning)
+            pool = ActorPoolStrategy(size=self.replicas, max_tasks_in_flight_per_actor=self.calls_per_actor,
+                                     max_concurrent_calls_per_actor=self.calls_per_actor,
+                                     enable_true_multi_threading=True)
             ds = source.map_batches(
-                Predictor, batch_size=self.batch_size, compute=ActorPoolStrategy(size=self.replicas),
+                Predictor, batch_size=None, compute=pool,
                 num_cpus=self.cpus_per_replica, max_restarts=MAX_RESTARTS, max_task_retries=MAX_RESTARTS,
                 fn_constructor_kwargs={"config": self.config, "source": self.source,
                                        "threads": max(1, math.ceil(self.cpus_per_replica))})

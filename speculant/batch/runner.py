@@ -5,22 +5,33 @@ the engine (twice ``scheduler.max_num_seqs`` by default, so the scheduler
 always has the next ones waiting while memory stays bounded for any file
 length), steps it, and yields ``(line number, record)`` as each request
 finishes: in finishing order, which ``OrderedWriter`` turns back into input
-order. A line that cannot run (``BadLine``, or a prompt the engine refuses:
-too long, bad token) yields its error record at once; a request the engine
-fails is an error record too; the other lines are unaffected. The local job
-and each Ray actor run the same class.
+order (``serve(take)`` does the same with lines that arrive while it runs:
+``EngineLoop``'s one engine fed by several callers). A line that cannot run
+(``BadLine``, or a prompt the engine refuses: too long, bad token) yields its
+error record at once; a request the engine fails is an error record too; the
+other lines are unaffected. The local job and each Ray actor run the same
+class.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any
 
 from speculant.batch.lines import BadLine, InputLine, LineId, to_request
 from speculant.batch.output import error_record, result_record
-from speculant.engine.llm_engine import LLMEngine
+
+if TYPE_CHECKING:  # the Ray driver imports this module and runs no engine: it loads neither torch nor transformers
+    from speculant.engine.llm_engine import LLMEngine
 
 Record = dict[str, Any]
+
+
+class Done:
+    """What ``BatchRunner.serve``'s ``take`` returns when no line will follow."""
+
+
+DONE = Done()
 
 
 class BatchRunner:
@@ -33,13 +44,21 @@ class BatchRunner:
 
     def run(self, lines: Iterable[InputLine]) -> Iterator[tuple[int, Record]]:
         pending = iter(lines)
+        return self.serve(lambda wait: next(pending, DONE))
+
+    def serve(self, take: Callable[[bool], InputLine | None | Done]) -> Iterator[tuple[int, Record]]:
+        """``run`` over lines that arrive while it runs: ``take(wait)`` gives the next line, None when
+        there is none yet (only when ``wait`` is False: the engine has work, so the runner must not
+        block), or ``DONE`` when there will be no more."""
         in_flight: dict[str, tuple[int, LineId]] = {}  # engine request id -> (line number, line id)
         more = True
         try:
             while more or in_flight:
                 while more and len(in_flight) < self.max_in_flight:
-                    line = next(pending, None)
+                    line = take(not in_flight)
                     if line is None:
+                        break
+                    if isinstance(line, Done):
                         more = False
                         break
                     rejected = self._add(line, in_flight)

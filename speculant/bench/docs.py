@@ -19,7 +19,7 @@ from pathlib import Path
 
 from speculant.bench.docs_fast_forward import cpu_kernels, cpu_kernels_headline, fast_forward, fast_forward_headline
 from speculant.bench.docs_random import random_llama
-from speculant.bench.docs_ray import ray_scaling
+from speculant.bench.docs_ray import ray_breakdown, ray_scaling
 from speculant.bench.docs_structured import structured, structured_headline
 from speculant.bench.docs_tables import (
     eagle_rounds,
@@ -60,6 +60,7 @@ BLOCKS: dict[str, Table] = {
     "fast-forward": fast_forward,
     "cpu-kernels": cpu_kernels,
     "ray-scaling": ray_scaling,
+    "ray-breakdown": ray_breakdown,
 }
 """Block name -> the function that renders it. docs/benchmarks.md holds a
 ``tables`` block that gathers every block but the headline, each under its

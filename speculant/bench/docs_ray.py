@@ -43,3 +43,35 @@ def ray_scaling(results: Path) -> list[str]:
             f"response ids, every text equal to `LLM.generate`: {'yes' if v['all_equal_llm_generate'] else 'no'} "
             f"({v['streams_wall_s']:.1f} s for all; deploying took {v['deploy_s']:.0f} s)."]
     return out
+
+
+def ray_breakdown(results: Path) -> list[str]:
+    """Where `speculant batch --ray`'s extra time goes: the same job traced locally and in each actor"""
+    path = results / "ray_breakdown.json"
+    if not path.exists():
+        return []
+    data = json.loads(path.read_text(encoding="utf-8"))
+    s, env = data["summary"], data.get("environment", {})
+    t = s["total_threads"]
+    out = [f"`ray_breakdown.json`: the `ray_scaling.py` job ({s['prompts']} prompts, {s['max_tokens']} tokens each) "
+           f"once per run, engine steps timed in the driver or in each actor; measured on {measured_on(data)} "
+           f"(load average {(env.get('load_avg') or ['?'])[0]} at the start).", "",
+           "| run | wall | start to engine ready (actor process up + imports, engine load) | engine steps "
+           "| requests running per step | steps with < 16 running | engine idle | CPU of the driver and Ray's processes |",
+           "|---|---|---|---|---|---|---|---|"]
+    for name, row in s["modes"].items():
+        label = _label(name.replace("T", str(t)), t)
+        cpu = row["cpu_s"]
+        ray_cpu = sum(v for k, v in cpu.items() if k in ("driver", "raylet", "gcs_server", "ray_other"))
+        if name == "local":
+            out.append(f"| {label} | {row['wall_s']:.1f} s | {row['load_s']:.1f} s | {row['steps']} "
+                       f"| {row['mean_running']} | {row['tail_steps']} | – | – |")
+            continue
+        actors = row["actors"]
+        idle = " / ".join(f"{a['idle_s']:.1f} s" for a in actors)
+        ready = ", ".join(f"{a['to_actor_init_s']:.1f} + {a['engine_load_s']:.1f} s" for a in actors)
+        out.append(f"| {label} | {row['wall_s']:.1f} s | {ready} | {' + '.join(str(a['steps']) for a in actors)} "
+                   f"| {' / '.join(str(a['mean_running']) for a in actors)} "
+                   f"| {' + '.join(str(a['tail_steps']) for a in actors)} "
+                   f"| {idle} | {ray_cpu:.1f} s |")
+    return out
