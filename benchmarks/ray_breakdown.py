@@ -6,9 +6,11 @@ steps timed in every run: locally in this process; on Ray inside each actor
 (a subclass of ``Predictor``, sent to the workers by value, that writes its
 trace to a file). For each run it reports:
 
-* ``load_s``: job start to the engine built (on Ray: to the first actor's
-  engine built, which includes the actor's process start and imports, split
-  into ``to_actor_init_s`` and ``engine_load_s``);
+* ``load_s``: job start to the engine built (on Ray, per actor: job start to
+  its constructor running, ``to_actor_init_s``: Ray Data's start and the
+  actor's scheduling; then ``engine_load_s``: the actor's imports of torch
+  and transformers and its engine load);
+* ``torch_threads``: torch's threads in the thread that steps the engine;
 * ``steps``, ``step_s`` (the sum of engine step times), ``mean_running``
   (requests running per step) and ``tail_steps`` (steps with fewer than half
   of ``max_num_seqs`` running: an engine that is not kept fed);
@@ -38,11 +40,16 @@ from speculant.batch import ray_job
 from speculant.batch.ray_job import Predictor
 
 
-def traced_steps(engine, steps: list) -> None:
-    """Time ``engine.step`` calls into ``steps``: (start, end, running, waiting) each."""
+def traced_steps(engine, steps: list, steps_threads: list) -> None:
+    """Time ``engine.step`` calls into ``steps``: (start, end, running, waiting) each; note torch's threads
+    in the stepping thread in ``steps_threads``."""
     step = engine.step
 
     def timed():
+        if not steps:  # the threads torch uses in the stepping thread (an actor steps in its own thread)
+            import torch
+
+            steps_threads.append(torch.get_num_threads())
         occ = engine.occupancy()
         t = time.time()
         out = step()
@@ -56,11 +63,11 @@ class TracedPredictor(Predictor):
     trace_dir = ""  # set in the driver before the job: sent with the class
 
     def __init__(self, *args, **kwargs) -> None:
-        self.trace = {"pid": os.getpid(), "init_enter": time.time(), "calls": [], "steps": [],
+        self.trace = {"pid": os.getpid(), "init_enter": time.time(), "calls": [], "steps": [], "threads": [],
                       "process_start": psutil.Process().create_time()}
         super().__init__(*args, **kwargs)
         self.trace["init_done"] = time.time()
-        traced_steps(self.engine, self.trace["steps"])
+        traced_steps(self.engine, self.trace["steps"], self.trace["threads"])
 
     @property
     def engine(self):
@@ -112,7 +119,7 @@ def actor_report(trace: dict, t0: float, t_end: float, max_num_seqs: int) -> dic
     return {"to_actor_process_s": round(trace["process_start"] - t0, 1),
             "to_actor_init_s": round(trace["init_enter"] - t0, 1),
             "engine_load_s": round(trace["init_done"] - trace["init_enter"], 1),
-            "batches": [n for _, _, n in calls], "work_span_s": round(span, 1),
+            "batches": [n for _, _, n in calls], "work_span_s": round(span, 1), "torch_threads": trace["threads"],
             "idle_s": round(span - sum(e - s for s, e, _, _ in trace["steps"]), 1),
             "after_s": round(t_end - (calls[-1][1] if calls else t_end), 1),
             **step_stats(trace["steps"], max_num_seqs)}
@@ -144,13 +151,14 @@ def main() -> None:
              "ray_1xT": ["--ray", "--replicas", "1", "--cpus-per-replica", str(t)],
              "ray_Tx1": ["--ray", "--replicas", str(t), "--cpus-per-replica", "1"]}
     local_steps: list = []
+    local_threads: list = []
     built: list[float] = []
     engine_cls = llm_engine.LLMEngine
 
     def local_engine(*a, **k):
         engine = engine_cls(*a, **k)
         built.append(time.time())
-        traced_steps(engine, local_steps)
+        traced_steps(engine, local_steps, local_threads)
         return engine
 
     llm_engine.LLMEngine = local_engine  # the local job imports it when it runs
@@ -165,6 +173,7 @@ def main() -> None:
     report, outputs = {}, {}
     for name in args.modes:
         local_steps.clear()
+        local_threads.clear()
         built.clear()
         trace_dir = Path(TracedPredictor.trace_dir)
         trace_dir.mkdir(exist_ok=True)
@@ -180,7 +189,7 @@ def main() -> None:
         row = {"wall_s": summary["wall_s"], "cpu_s": cpu}
         if name == "local":
             last = local_steps[-1][1]
-            row.update(load_s=round(built[0] - t0, 1), after_s=round(t_end - last, 1),
+            row.update(load_s=round(built[0] - t0, 1), after_s=round(t_end - last, 1), torch_threads=local_threads[:1],
                        **step_stats(local_steps, max_num_seqs))
         else:
             row["actors"] = [actor_report(tr, t0, t_end, max_num_seqs) for tr in traces]

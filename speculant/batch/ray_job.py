@@ -1,12 +1,28 @@
 """``speculant batch --ray``: the same job over Ray Data, one engine per actor.
 
 The lines to run become a dataset (``from_items``, one row per line: its
-number and raw text), ``map_batches`` hands them to a pool of ``Predictor``
-actors (``ActorPoolStrategy(size=replicas)``, ``num_cpus`` each), each of
-which builds its own engine once and runs every batch through
-``BatchRunner``, exactly as the local job does; the records come back as
-rows (number, record as JSON text) and ``job.write`` puts them in input
-order. Greedy lines therefore give the same records as a local run.
+number and raw text; one block per batch), ``map_batches`` hands the blocks to
+a pool of ``Predictor`` actors (``ActorPoolStrategy(size=replicas)``,
+``num_cpus`` each), each of which builds its own engine once; the records come
+back as rows (number, record as JSON text) and ``job.write`` puts them in
+input order. Greedy lines give the same records as a local run.
+
+An actor's engine is kept fed across batches: Ray calls an actor from several
+threads at once (``max_concurrent_calls_per_actor``, true multi-threading),
+each call queues its batch into the actor's one ``EngineLoop`` (one thread
+stepping the engine with ``BatchRunner``, as the local job does) and returns
+when its own records are in. An actor holds enough batches to fill its
+engine's in-flight window (twice ``scheduler.max_num_seqs``) plus one, so a
+batch's last requests run beside the next batch's first ones instead of
+alone: the engine runs as many requests per step as a local one. Batches are
+``max_num_seqs / 2`` lines by default: small enough to spread a job evenly
+over several actors, and the engine does not see their edges. (Before, an
+actor ran one batch to the end before taking the next: 41% more engine steps
+than the local run on the benchmark job; the Ray path was 44-55% slower.)
+
+The driver runs no engine and loads neither torch nor transformers; each
+actor does, once, when it starts (its process, imports and engine load are
+Ray's remaining fixed cost: ``benchmarks/ray_breakdown.py``).
 
 Why not ``read_json``: pyarrow's JSON reader fails the whole read on one
 malformed line and infers one schema for every line (``stop`` a string on
@@ -14,13 +30,7 @@ one line and a list on the next is an error), while here a bad line must
 become an error record and nothing else. The driver already reads the file
 (to skip the lines a rerun has answered), so it hands Ray the raw lines.
 
-An actor runs one batch at a time, so a batch should fill its engine: by
-default it is what the local runner keeps in flight (twice
-``scheduler.max_num_seqs``); smaller batches leave the engine running fewer
-requests per step, which costs throughput (measured: batches of 16 against 32
-running locally made a 384-token job ~30% slower).
-
-A killed actor: Ray restarts it (``max_restarts``) and retries the batch it
+A killed actor: Ray restarts it (``max_restarts``) and retries the batches it
 held (``max_task_retries``); a batch's records are returned only when all of
 it is done, so a batch is either redone whole or delivered once. Both are
 bounded (``MAX_RESTARTS``), so an engine that dies on every start fails the
@@ -28,7 +38,7 @@ job instead of looping; the output then holds every line before the first
 one missing, and a rerun finishes it.
 
 ``SPECULANT_BATCH_KILL_AFTER=N:PATH`` (fault injection for the tests): the
-first actor to have run N lines exits abruptly before returning its batch,
+first actor to have run N lines exits abruptly before returning its batches,
 once per job (whoever creates PATH first).
 """
 

@@ -56,21 +56,24 @@ def ray_breakdown(results: Path) -> list[str]:
     out = [f"`ray_breakdown.json`: the `ray_scaling.py` job ({s['prompts']} prompts, {s['max_tokens']} tokens each) "
            f"once per run, engine steps timed in the driver or in each actor; measured on {measured_on(data)} "
            f"(load average {(env.get('load_avg') or ['?'])[0]} at the start).", "",
-           "| run | wall | start to engine ready (actor process up + imports, engine load) | engine steps "
-           "| requests running per step | steps with < 16 running | engine idle | CPU of the driver and Ray's processes |",
-           "|---|---|---|---|---|---|---|---|"]
+           "| run | wall | start to engine ready (Ray: actor up + its imports and engine load) "
+           "| engine steps | ms per step "
+           "| requests running per step | steps with < 16 running | engine idle "
+           "| CPU of the driver and Ray's processes |",
+           "|---|---|---|---|---|---|---|---|---|"]
     for name, row in s["modes"].items():
         label = _label(name.replace("T", str(t)), t)
         cpu = row["cpu_s"]
         ray_cpu = sum(v for k, v in cpu.items() if k in ("driver", "raylet", "gcs_server", "ray_other"))
         if name == "local":
             out.append(f"| {label} | {row['wall_s']:.1f} s | {row['load_s']:.1f} s | {row['steps']} "
-                       f"| {row['mean_running']} | {row['tail_steps']} | – | – |")
+                       f"| {row['mean_step_ms']} | {row['mean_running']} | {row['tail_steps']} | – | – |")
             continue
         actors = row["actors"]
         idle = " / ".join(f"{a['idle_s']:.1f} s" for a in actors)
         ready = ", ".join(f"{a['to_actor_init_s']:.1f} + {a['engine_load_s']:.1f} s" for a in actors)
         out.append(f"| {label} | {row['wall_s']:.1f} s | {ready} | {' + '.join(str(a['steps']) for a in actors)} "
+                   f"| {' / '.join(str(a['mean_step_ms']) for a in actors)} "
                    f"| {' / '.join(str(a['mean_running']) for a in actors)} "
                    f"| {' + '.join(str(a['tail_steps']) for a in actors)} "
                    f"| {idle} | {ray_cpu:.1f} s |")

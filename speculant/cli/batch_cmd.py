@@ -36,9 +36,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     ray.add_argument("--cpus-per-replica", type=float, default=1.0,
                      help="CPUs Ray reserves for each engine; its torch threads are this rounded up (default: 1)")
     ray.add_argument("--ray-batch-size", type=int, default=None,
-                     help="lines handed to an actor at a time, which its engine batches together (a killed actor's "
-                          "batch is redone whole; default: 2 x scheduler.max_num_seqs, what one local engine keeps "
-                          "in flight)")
+                     help="lines Ray hands an actor per call; an actor holds several at once and its engine runs "
+                          "them all together, so this sets how evenly a job spreads over the actors (a killed "
+                          "actor's batches are redone whole; default: scheduler.max_num_seqs / 2)")
     p.set_defaults(func=run)
 
 
