@@ -34,15 +34,20 @@ def fast_forward(results: Path) -> list[str]:
                    f"{_num(r.get('mean_accepted_length'), 2)} |")
     out += ["", "The CPU clock counts the process's CPU time (all threads): time descheduled by the "
                 "machine's other jobs is left out, so it is the steadier comparison here."]
-    profile = data.get("step_profile_ms") or {}
-    if profile:
-        names = list(profile)
-        out += ["", "Milliseconds per bf16 decode step (one prompt, no speculation, wall clock, so on a loaded "
-                "machine inflated alike for both paths):", "",
-                "| part | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
-        for key, label in PARTS:
-            out.append(f"| {label} | " + " | ".join(_num(profile[n].get(key), 2) for n in names) + " |")
-        out.append("| **step** | " + " | ".join(f"**{_num(profile[n].get('step'), 2)}**" for n in names) + " |")
+    return out + profile_table(data.get("step_profile_ms") or {},
+                               "Milliseconds per bf16 decode step (one prompt, no speculation, wall clock, so on a "
+                               "loaded machine inflated alike for both paths):")
+
+
+def profile_table(profile: dict[str, dict[str, float]], intro: str) -> list[str]:
+    """Milliseconds per step, one column per row of the benchmark (empty without a profile)."""
+    if not profile:
+        return []
+    names = list(profile)
+    out = ["", intro, "", "| part | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+    for key, label in PARTS:
+        out.append(f"| {label} | " + " | ".join(_num(profile[n].get(key), 2) for n in names) + " |")
+    out.append("| **step** | " + " | ".join(f"**{_num(profile[n].get('step'), 2)}**" for n in names) + " |")
     return out
 
 
@@ -83,15 +88,8 @@ def cpu_kernels(results: Path) -> list[str]:
         out.append(f"| {r['method']} | {KERNEL_SETS.get(r['kernels'], r['kernels'])} | {r['tokens_per_s']:.1f} | "
                    f"{_x(r['vs_onednn'])} | {'identical' if r['same_tokens_as_onednn'] else 'parts at a near-tie'} | "
                    f"{_num(r.get('mean_accepted_length'), 2)} |")
-    profile = data.get("step_profile_ms") or {}
-    if profile:
-        names = list(profile)
-        out += ["", "Milliseconds per decode step (one prompt, no speculation, wall clock):", "",
-                "| part | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
-        for key, label in PARTS:
-            out.append(f"| {label} | " + " | ".join(_num(profile[n].get(key), 2) for n in names) + " |")
-        out.append("| **step** | " + " | ".join(f"**{_num(profile[n].get('step'), 2)}**" for n in names) + " |")
-    return out
+    return out + profile_table(data.get("step_profile_ms") or {},
+                               "Milliseconds per decode step (one prompt, no speculation, wall clock):")
 
 
 def cpu_kernels_headline(results: Path) -> list[str]:

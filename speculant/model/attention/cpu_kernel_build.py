@@ -41,6 +41,8 @@ import torch  # also loads torch's libgomp before the kernel needs it
 SOURCES = [Path(__file__).with_name("csrc") / name for name in (
     "paged_attention.c", "kv_write.c", "linear_bf16.c", "rms_norm.c", "rotary.c",
     "silu_mul.c")]
+HEADERS = [Path(__file__).with_name("csrc") / "bf16.h"]
+"""Included by the sources: part of the build's cache key, not compiled on their own."""
 FLAGS = ["-O3", "-fPIC", "-shared", "-fopenmp", "-fno-math-errno", "-std=c11"]
 NATIVE = "-march=native"
 DIGEST_SUFFIX = ".sha256"
@@ -77,7 +79,8 @@ def _compiler_version(cc: str) -> str:
 
 def library_name(cc: str) -> str:
     """File name of the build for this source, flags, compiler and CPU."""
-    key = hashlib.sha256(b"\0".join([*(src.read_bytes() for src in SOURCES), " ".join(FLAGS + [NATIVE]).encode(),
+    key = hashlib.sha256(b"\0".join([*(src.read_bytes() for src in SOURCES + HEADERS),
+                                     " ".join(FLAGS + [NATIVE]).encode(),
                                      _compiler_version(cc).encode(), _cpu_signature().encode(),
                                      platform.machine().encode()])).hexdigest()[:16]
     return f"paged_attention-{key}.so"
@@ -197,6 +200,8 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.speculant_linear_bf16_available.restype = ctypes.c_int
     lib.speculant_rms_norm_bf16.argtypes = [p, i64, i64, p, i64, ctypes.c_float, ctypes.c_int, p, i64, ctypes.c_int]
     lib.speculant_rms_norm_bf16.restype = ctypes.c_int
+    lib.speculant_sum_squares_bf16.argtypes = [p, i64, i64, i64, ctypes.c_int, p]
+    lib.speculant_sum_squares_bf16.restype = ctypes.c_int
     lib.speculant_rotary_bf16.argtypes = [p, i64, i64, i64, i64, p, p, p]
     lib.speculant_rotary_bf16.restype = None
     lib.speculant_silu_mul_bf16.argtypes = [p, i64, i64, i64, p, p]

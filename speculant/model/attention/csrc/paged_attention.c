@@ -42,6 +42,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bf16.h"
+
 enum { DT_F32 = 0, DT_BF16 = 1, DT_F16 = 2 };
 
 #ifdef __FLT16_MAX__
@@ -136,16 +138,6 @@ static const float *row_f32(const void *base, int64_t offset, int dtype, int64_t
         scratch[d] = (float)s[d];
 #endif
     return scratch;
-}
-
-static uint16_t round_bf16(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    if ((u & 0x7fffffffu) > 0x7f800000u)        /* NaN stays a (quiet) NaN */
-        return (uint16_t)((u >> 16) | 0x40u);
-    u += 0x7fffu + ((u >> 16) & 1u);             /* round to nearest, ties to even */
-    return (uint16_t)(u >> 16);
 }
 
 /* Write float32 `src` [D] as row `offset` of `base`, rounded to the dtype. */

@@ -11,40 +11,26 @@
  * This follows ATen's vectorised inner sum (ReduceOps SumKernel: vectors of `lanes`
  * floats, four interleaved vector accumulators with its cascade of levels, the
  * leftover vectors into the first, the four merged in order, then the scalar tail
- * and the lanes added one by one). `lanes` is the Vectorized<float> width of the
- * torch build's CPU path (16 for AVX-512, 8 for AVX2); the caller finds it by a
- * probe that must give exactly the module's own output, and uses torch where none
- * does. Squares of bfloat16 numbers are exact in float32, so a fused multiply-add
- * cannot change them.
+ * and the lanes added one by one). `lanes` is the vector width torch's sum follows
+ * for the row width (8 on the torch 2.13 CPU build here, AVX-512 host included); the
+ * caller finds it by comparing speculant_sum_squares_bf16 with torch's own float32
+ * sums, then probes the output, and uses torch where neither holds. Squares of
+ * bfloat16 numbers are exact in float32, so a fused multiply-add cannot change them.
  *
  * Layouts: x [T, H] with row stride ldx; weight [H]; out [T, H] with row stride
- * ldo (may be x); `threads` is the OpenMP team size for long inputs. Returns 0, or -1 for a lane count this code does not follow.
+ * ldo (may be x); `threads` is the OpenMP team size for long inputs. Returns 0, or -1
+ * for a lane count this code does not follow.
  */
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
 
+#include "bf16.h"
+
 #define MAX_LANES 16
 #define ILP 4
 #define LEVELS 4
 
-static inline float widen(uint16_t h)
-{
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-
-static inline uint16_t round_bf16(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    if ((u & 0x7fffffffu) > 0x7f800000u)
-        return (uint16_t)((u >> 16) | 0x40); /* NaN stays NaN */
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
 
 static int ceil_log2(int64_t n)
 {
@@ -111,6 +97,17 @@ static float sum_squares(const uint16_t *x, int64_t H, int lanes)
     for (int l = 0; l < lanes; l++)
         total += part[l];
     return total;
+}
+
+/* The float32 sums of squares of T rows in the order above (sums [T]): what the caller
+ * compares with torch's own to find the lane count torch follows. */
+int speculant_sum_squares_bf16(const uint16_t *x, int64_t T, int64_t ldx, int64_t H, int lanes, float *sums)
+{
+    if (lanes != 4 && lanes != 8 && lanes != 16)
+        return -1;
+    for (int64_t t = 0; t < T; t++)
+        sums[t] = sum_squares(x + t * ldx, H, lanes);
+    return 0;
 }
 
 int speculant_rms_norm_bf16(const uint16_t *x, int64_t T, int64_t ldx, const uint16_t *weight, int64_t H, float eps,

@@ -15,23 +15,8 @@
 #include <stdint.h>
 #include <string.h>
 
-static inline float widen(uint16_t h)
-{
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
+#include "bf16.h"
 
-static inline uint16_t round_bf16(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    if ((u & 0x7fffffffu) > 0x7f800000u)
-        return (uint16_t)((u >> 16) | 0x40);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
 
 /* round(round(x * c) + round(partner * s)) */
 static inline uint16_t rotate_one(uint16_t x, uint16_t partner, uint16_t c, uint16_t s)
