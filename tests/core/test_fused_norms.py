@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 from speculant.model.attention.cpu_kernel_build import kernel_status, load_kernel
-from speculant.model.fused_norms import _c_kernel_form, fuse_rms_norms
+from speculant.model.fused_norms import _c_kernel_form, fuse_rms_norms, torch_sum_lanes
 from tiny_models import loaded_tiny_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -71,18 +71,21 @@ def test_bf16_norms_take_the_c_kernel_and_stay_bit_identical(tmp_path):
 
 
 @needs_kernel
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=80, deadline=None)
 @given(width=st.sampled_from([8, 20, 64, 100, 576, 960, 2048, 4100]), rows=st.integers(1, 80),
        eps=st.sampled_from([1e-6, 1e-5, 1e-2]), scale=st.sampled_from([1e-3, 1.0, 300.0]), seed=st.integers(0, 99))
 def test_c_kernel_equals_torch_bit_for_bit(width, rows, eps, scale, seed):
-    """What the probe accepts on its inputs holds over widths (cascade levels, leftover
-    vectors, a scalar tail), row counts, eps and magnitudes."""
+    """With the summation order settled on torch's own float32 sums, the output is torch's over
+    widths (cascade levels, leftover vectors, a scalar tail), row counts, eps and magnitudes
+    (an order taken from the output alone once passed a probe and failed one row in hundreds)."""
     norm = nn.Module()
     gen = torch.Generator().manual_seed(seed)
     norm.weight = nn.Parameter((torch.randn(width, generator=gen) * 0.5 + 1).to(torch.bfloat16), requires_grad=False)
     norm.variance_epsilon = eps
     x = (scale * torch.randn(rows, width, generator=gen)).to(torch.bfloat16)  # [T, H]
     want = norm.weight * F.rms_norm(x, (width,), eps=eps)
-    forward = _c_kernel_form(16 if torch.backends.cpu.get_cpu_capability() == "AVX512" else 8)
+    lanes = torch_sum_lanes(width)
+    assert lanes is not None, f"no lane count gives torch's sums of squares at width {width}"
+    forward = _c_kernel_form(lanes)
     assert forward is not None
     assert torch.equal(forward(norm, x), want)
