@@ -9,8 +9,10 @@ without speculation and with suffix at k = 8, each under three kernel sets:
   operators (what ran before these kernels);
 * ``dot``: the linears on ``csrc/linear_bf16.c`` (``linear_backend =
   "avx512_bf16"``, with the residual add fused), norms and rotary as before;
-* ``all``: the default (``auto``): the dot-product linears plus the C RMSNorm
-  and rotary.
+* ``all``: the dot-product linears plus the C RMSNorm, rotary and silu, called
+  operator by operator from the fast decoder's Python loop;
+* ``fused``: the default: the same kernels, every layer of a decode or verify
+  forward in one C call (``csrc/decoder_bf16.c``, ``fast_forward/fused_layers.py``).
 
 All rows load in one process and run interleaved round by round; every row's
 tokens must equal the ``onednn`` row's (the kernels round as the operators
@@ -32,7 +34,7 @@ from fast_forward_bench import StepProfile, chat_ids
 
 import harness
 
-KERNEL_SETS = ("onednn", "dot", "all")
+KERNEL_SETS = ("onednn", "dot", "all", "fused")
 METHODS = ("no_spec", "suffix")
 
 
@@ -57,11 +59,17 @@ def build(target: str, kernels: str, method: str, k: int):
 
     model_dir = resolve_model_source(target, None, "bfloat16", option="--target")
     spec = {"proposer": method, "num_speculative_tokens": k} if method != "no_spec" else None
-    backend = {"onednn": "onednn", "dot": "avx512_bf16", "all": "auto"}[kernels]
-    context = contextlib.nullcontext() if kernels == "all" else torch_norms_and_rotary()
+    backend = {"onednn": "onednn", "dot": "avx512_bf16", "all": "auto", "fused": "auto"}[kernels]
+    context = contextlib.nullcontext() if kernels in ("all", "fused") else torch_norms_and_rotary()
     with context:
-        return build_llm(str(model_dir), Method(method, spec), 1, "bfloat16", "cpu", fast_forward="on",
-                         linear_backend=backend)
+        llm = build_llm(str(model_dir), Method(method, spec), 1, "bfloat16", "cpu", fast_forward="on",
+                        linear_backend=backend)
+    decoder = llm.engine.runner.fast_forward.decoder
+    if kernels == "fused" and decoder.fused is None:
+        raise SystemExit(f"the fused layers do not run here: {decoder.fused_reason}")
+    if kernels != "fused":
+        decoder.fused = None  # the per-operator loop
+    return llm
 
 
 def main() -> None:

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 
 from speculant.batch.lines import InputLine
 from speculant.batch.runner import DONE, BatchRunner, Done, Record
+from speculant.engine.openmp_pool import release_openmp_pool
 
 if TYPE_CHECKING:  # imported by the Ray driver, which runs no engine
     from speculant.engine.llm_engine import LLMEngine
@@ -47,6 +48,7 @@ class EngineLoop:
         self._closed = False
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._serve, name="speculant-engine-loop", daemon=True)
+        release_openmp_pool()  # the loading thread's OpenMP pool would slow every region of the loop's (openmp_pool)
         self._thread.start()
 
     def run(self, lines: list[InputLine]) -> list[tuple[int, Record]]:

@@ -80,6 +80,7 @@ def _c_kernel_form(lanes: int) -> Callable[[_RMSNormLike, torch.Tensor], torch.T
                self.variance_epsilon, lanes, out.data_ptr(), width, torch.get_num_threads())
         return out.view(hidden_states.shape)
     forward.__name__ = f"_c_kernel_forward_{lanes}_lanes"
+    forward.c_kernel_lanes = lanes  # type: ignore[attr-defined]  # read by fast_forward/fused_layers.py
     return forward
 
 

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 
 from speculant.config.sampling_params import SamplingParams
 from speculant.engine.llm_engine import LLMEngine
+from speculant.engine.openmp_pool import release_openmp_pool
 from speculant.engine.request import RequestOutput
 
 logger = logging.getLogger(__name__)
@@ -88,6 +89,9 @@ class EngineLoop:
         return len(self._streams)
 
     def start(self) -> None:
+        """Start stepping; call it from the thread that loaded the engine, which gives its
+        OpenMP pool back (``openmp_pool``: two pools would slow every parallel region)."""
+        release_openmp_pool()
         self._thread.start()
 
     async def submit(self, prompt: str | list[int], params: SamplingParams) -> RequestStream:

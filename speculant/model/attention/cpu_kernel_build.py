@@ -1,5 +1,6 @@
 """Build and load the C kernels (``csrc/paged_attention.c``, ``csrc/kv_write.c``,
-``csrc/linear_bf16.c``, ``csrc/rms_norm.c``, ``csrc/rotary.c``, ``csrc/silu_mul.c``: one library).
+``csrc/linear_bf16.c``, ``csrc/rms_norm.c``, ``csrc/rotary.c``, ``csrc/silu_mul.c``,
+``csrc/decoder_bf16.c``: one library).
 
 The kernel is compiled on first use with the system C compiler (``$CC``, else
 ``cc``) for this machine (``-march=native``) and cached by a hash of the
@@ -40,8 +41,8 @@ import torch  # also loads torch's libgomp before the kernel needs it
 
 SOURCES = [Path(__file__).with_name("csrc") / name for name in (
     "paged_attention.c", "kv_write.c", "linear_bf16.c", "rms_norm.c", "rotary.c",
-    "silu_mul.c")]
-HEADERS = [Path(__file__).with_name("csrc") / "bf16.h"]
+    "silu_mul.c", "decoder_bf16.c")]
+HEADERS = [Path(__file__).with_name("csrc") / name for name in ("bf16.h", "kernels.h")]
 """Included by the sources: part of the build's cache key, not compiled on their own."""
 FLAGS = ["-O3", "-fPIC", "-shared", "-fopenmp", "-fno-math-errno", "-std=c11"]
 NATIVE = "-march=native"
@@ -206,6 +207,14 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.speculant_rotary_bf16.restype = None
     lib.speculant_silu_mul_bf16.argtypes = [p, i64, i64, i64, p, p]
     lib.speculant_silu_mul_bf16.restype = None
+    f32, i32 = ctypes.c_float, ctypes.c_int
+    lib.speculant_decoder_bf16.argtypes = [p, i64, p, i64, i64, i64, i64, i64, i64, f32, i32, p, p, p, i64, p, p, p,
+                                           i64, p, i64, i64, f32, p, p, i32]
+    lib.speculant_decoder_bf16.restype = ctypes.c_int
+    lib.speculant_decoder_scratch_elems.argtypes = [i64] * 6
+    lib.speculant_decoder_scratch_elems.restype = i64
+    lib.speculant_decoder_layer_fields.argtypes = []
+    lib.speculant_decoder_layer_fields.restype = ctypes.c_int
     return lib
 
 

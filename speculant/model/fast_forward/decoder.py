@@ -34,6 +34,7 @@ from torch import nn
 
 from speculant.interfaces import AttentionBackend
 from speculant.model.attention.cpu_kernel_build import load_kernel
+from speculant.model.fast_forward.fused_layers import FusedLayers, silu_table
 from speculant.model.fast_forward.plan import Plan, base_of
 from speculant.model.fast_forward.weights import LayerWeights, layer_weights, norm_call
 
@@ -110,8 +111,7 @@ def silu_mul_call(like: torch.Tensor, inter: int) -> Callable[[torch.Tensor, int
     if lib is None or inter % 64:
         return _silu_mul_torch
     kernel = lib.speculant_silu_mul_bf16
-    table = F.silu(torch.arange(-(1 << 15), 1 << 15, dtype=torch.int32).to(torch.int16).view(torch.bfloat16))
-    table = table.view(torch.int16).roll(-(1 << 15)).contiguous()  # indexed by the gate's 16 bits, unsigned
+    table = silu_table()
 
     def silu_mul(gate_up: torch.Tensor, inter: int) -> torch.Tensor:
         if gate_up.stride(1) != 1 or gate_up.dtype != torch.bfloat16 or gate_up.shape[1] != 2 * inter:
@@ -137,7 +137,8 @@ class FastDecoder:
         self.half = plan.head_dim // 2
         self.rotate = rotary_call(self.embed)
         self.silu_mul = silu_mul_call(self.embed, plan.intermediate_size)
-
+        # every layer in one C call where all its pieces are our C kernels (fused_layers.py)
+        self.fused, self.fused_reason = FusedLayers.build(base, plan)
 
     def forward(self, token_ids: torch.Tensor,  # [T] long
                 positions: torch.Tensor,  # [T] long
@@ -150,6 +151,9 @@ class FastDecoder:
         attend, scaling, rotate, silu_mul = backend.forward, plan.scaling, self.rotate, self.silu_mul
         cos, sin = self.rotary.lookup(positions)
         hidden = F.embedding(token_ids, self.embed)  # [T, H], the residual stream, updated in place
+        if self.fused is not None and self.fused.takes(backend, metadata, key_caches):
+            self.fused.run(hidden, cos, sin, metadata, key_caches, value_caches)
+            return self.final_norm(hidden)
         for lw, key_cache, value_cache in zip(self.layers, key_caches, value_caches):
             qkv = lw.qkv(lw.input_norm(hidden))  # [T, (H_q + 2 H_kv) D]
             qk = qkv[:, :qk_width].view(num_tokens, qk_heads, head_dim)

@@ -57,8 +57,10 @@ class FastForwardStatus:
 
     def describe(self) -> str:
         if self.decoder is not None:
+            fused = self.decoder.fused_reason
+            layers = "all layers in one C call" if fused is None else f"layer by layer: not fused, {fused}"
             return (f"fast decoder ({self.decoder.plan.spec.model_type}; built in {self.build_s:.3f} s, "
-                    f"probe {self.probe_s:.3f} s, deviation {self.deviation:.2g})")
+                    f"probe {self.probe_s:.3f} s, deviation {self.deviation:.2g}; {layers})")
         return f"transformers' modules ({self.reason})"
 
 

@@ -34,6 +34,8 @@
  */
 #include <stdint.h>
 #include <string.h>
+
+#include "kernels.h"
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
 #define HAVE_LINEAR_BF16 1
@@ -119,7 +121,7 @@ static __mmask16 row_mask(int64_t remaining)
     return remaining >= BLOCK_ROWS ? (__mmask16)0xFFFF : remaining <= 0 ? 0 : (__mmask16)((1u << remaining) - 1);
 }
 
-TARGET static void block_pair(int64_t T, const uint16_t *x, int64_t ldx, const uint16_t *blocked, int64_t nblk,
+TARGET void speculant_linear_bf16_pair(int64_t T, const uint16_t *x, int64_t ldx, const uint16_t *blocked, int64_t nblk,
                               int64_t k2, const float *bias, const uint16_t *res, int64_t ldr, int64_t N,
                               int64_t pair, uint16_t *y, int64_t ldy)
 {
@@ -146,6 +148,14 @@ TARGET static void block_pair(int64_t T, const uint16_t *x, int64_t ldx, const u
         }
     }
 }
+#else
+void speculant_linear_bf16_pair(int64_t T, const uint16_t *x, int64_t ldx, const uint16_t *blocked, int64_t nblk,
+                                int64_t k2, const float *bias, const uint16_t *res, int64_t ldr, int64_t N,
+                                int64_t pair, uint16_t *y, int64_t ldy)
+{ /* never called: speculant_linear_bf16_available() is 0 on this build */
+    (void)T; (void)x; (void)ldx; (void)blocked; (void)nblk; (void)k2; (void)bias; (void)res; (void)ldr; (void)N;
+    (void)pair; (void)y; (void)ldy;
+}
 #endif
 
 int speculant_linear_bf16(const uint16_t *x, int64_t T, int64_t ldx, const uint16_t *blocked, int64_t N,
@@ -161,7 +171,7 @@ int speculant_linear_bf16(const uint16_t *x, int64_t T, int64_t ldx, const uint1
     int64_t nblk = (N + BLOCK_ROWS - 1) / BLOCK_ROWS, pairs = (nblk + 1) / 2, k2 = K / 2;
 #pragma omp parallel for schedule(static) num_threads(threads) if (pairs > 1)
     for (int64_t p = 0; p < pairs; p++)
-        block_pair(T, x, ldx, blocked, nblk, k2, bias, residual, ldr, N, p, y, ldy);
+        speculant_linear_bf16_pair(T, x, ldx, blocked, nblk, k2, bias, residual, ldr, N, p, y, ldy);
     return 0;
 #else
     (void)x; (void)T; (void)ldx; (void)blocked; (void)N; (void)K; (void)bias; (void)residual; (void)ldr;

@@ -43,6 +43,7 @@
 #include <string.h>
 
 #include "bf16.h"
+#include "kernels.h"
 
 enum { DT_F32 = 0, DT_BF16 = 1, DT_F16 = 2 };
 
@@ -158,9 +159,9 @@ static void store_row(void *base, int64_t offset, int dtype, const float *src, i
     }
 }
 
-static int attend(const void *q, const void *k_cache, const void *v_cache, void *out, int dtype,
-                  int64_t row0, int64_t n_query, int64_t start, const int64_t *table,
-                  int64_t kv_head, int64_t H, int64_t H_kv, int64_t D, int64_t block_size, float scale)
+int speculant_attend_task(const void *q, const void *k_cache, const void *v_cache, void *out, int dtype,
+                          int64_t row0, int64_t n_query, int64_t start, const int64_t *table, int64_t kv_head,
+                          int64_t H, int64_t H_kv, int64_t D, int64_t block_size, float scale)
 {
     const int64_t G = H / H_kv;            /* query heads per K/V head */
     const int64_t R = n_query * G;          /* rows r = i * G + g */
@@ -260,7 +261,7 @@ int speculant_paged_attention(int dtype, const void *q, const void *k_cache, con
     for (int64_t t = 0; t < tasks; t++) {
         const int64_t b = span_ids[t / H_kv];
         const int64_t row0 = cu_query_lens[b];
-        if (attend(q, k_cache, v_cache, out, dtype, row0, cu_query_lens[b + 1] - row0, starts[b],
+        if (speculant_attend_task(q, k_cache, v_cache, out, dtype, row0, cu_query_lens[b + 1] - row0, starts[b],
                    block_tables + b * max_blocks, t % H_kv, H, H_kv, D, block_size, scale) != 0) {
 #pragma omp atomic write
             status = -1;

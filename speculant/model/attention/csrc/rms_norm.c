@@ -26,6 +26,7 @@
 #include <string.h>
 
 #include "bf16.h"
+#include "kernels.h"
 
 #define MAX_LANES 16
 #define ILP 4
@@ -110,13 +111,10 @@ int speculant_sum_squares_bf16(const uint16_t *x, int64_t T, int64_t ldx, int64_
     return 0;
 }
 
-int speculant_rms_norm_bf16(const uint16_t *x, int64_t T, int64_t ldx, const uint16_t *weight, int64_t H, float eps,
-                            int lanes, uint16_t *out, int64_t ldo, int threads)
+void speculant_rms_norm_rows(const uint16_t *x, int64_t t0, int64_t t1, int64_t ldx, const uint16_t *weight,
+                             int64_t H, float eps, int lanes, uint16_t *out, int64_t ldo)
 {
-    if (lanes != 4 && lanes != 8 && lanes != 16)
-        return -1;
-#pragma omp parallel for schedule(static) num_threads(threads) if (T >= 64)
-    for (int64_t t = 0; t < T; t++) {
+    for (int64_t t = t0; t < t1; t++) {
         const uint16_t *row = x + t * ldx;
         float mean = sum_squares(row, H, lanes) / (float)H;
         float r = 1.0f / sqrtf(mean + eps);
@@ -126,5 +124,15 @@ int speculant_rms_norm_bf16(const uint16_t *x, int64_t T, int64_t ldx, const uin
             o[h] = round_bf16(widen(weight[h]) * widen(y));
         }
     }
+}
+
+int speculant_rms_norm_bf16(const uint16_t *x, int64_t T, int64_t ldx, const uint16_t *weight, int64_t H, float eps,
+                            int lanes, uint16_t *out, int64_t ldo, int threads)
+{
+    if (lanes != 4 && lanes != 8 && lanes != 16)
+        return -1;
+#pragma omp parallel for schedule(static) num_threads(threads) if (T >= 64)
+    for (int64_t t = 0; t < T; t++)
+        speculant_rms_norm_rows(x, t, t + 1, ldx, weight, H, eps, lanes, out, ldo);
     return 0;
 }

@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "bf16.h"
+#include "kernels.h"
 
 
 /* round(round(x * c) + round(partner * s)) */
@@ -24,11 +25,11 @@ static inline uint16_t rotate_one(uint16_t x, uint16_t partner, uint16_t c, uint
     return round_bf16(widen(round_bf16(widen(x) * widen(c))) + widen(round_bf16(widen(partner) * widen(s))));
 }
 
-void speculant_rotary_bf16(const uint16_t *x, int64_t T, int64_t ldx, int64_t heads, int64_t D,
+void speculant_rotary_rows(const uint16_t *x, int64_t t0, int64_t t1, int64_t ldx, int64_t heads, int64_t D,
                            const uint16_t *cos, const uint16_t *sin, uint16_t *out)
 {
     int64_t half = D / 2;
-    for (int64_t t = 0; t < T; t++) {
+    for (int64_t t = t0; t < t1; t++) {
         const uint16_t *c = cos + t * D, *s = sin + t * D;
         for (int64_t h = 0; h < heads; h++) {
             const uint16_t *row = x + t * ldx + h * D;
@@ -41,4 +42,10 @@ void speculant_rotary_bf16(const uint16_t *x, int64_t T, int64_t ldx, int64_t he
                 o[d] = rotate_one(row[d], row[d - half], c[d], s[d]);
         }
     }
+}
+
+void speculant_rotary_bf16(const uint16_t *x, int64_t T, int64_t ldx, int64_t heads, int64_t D,
+                           const uint16_t *cos, const uint16_t *sin, uint16_t *out)
+{
+    speculant_rotary_rows(x, 0, T, ldx, heads, D, cos, sin, out);
 }

@@ -15,15 +15,21 @@
 #include <string.h>
 
 #include "bf16.h"
+#include "kernels.h"
 
+
+void speculant_silu_mul_cols(const uint16_t *gate_up, int64_t t, int64_t ld, int64_t I, int64_t i0, int64_t i1,
+                             const uint16_t *table, uint16_t *out)
+{
+    const uint16_t *g = gate_up + t * ld, *u = g + I;
+    uint16_t *o = out + t * I;
+    for (int64_t i = i0; i < i1; i++)
+        o[i] = round_bf16(widen(table[g[i]]) * widen(u[i]));
+}
 
 void speculant_silu_mul_bf16(const uint16_t *gate_up, int64_t T, int64_t ld, int64_t I, const uint16_t *table,
                              uint16_t *out)
 {
-    for (int64_t t = 0; t < T; t++) {
-        const uint16_t *g = gate_up + t * ld, *u = g + I;
-        uint16_t *o = out + t * I;
-        for (int64_t i = 0; i < I; i++)
-            o[i] = round_bf16(widen(table[g[i]]) * widen(u[i]));
-    }
+    for (int64_t t = 0; t < T; t++)
+        speculant_silu_mul_cols(gate_up, t, ld, I, 0, I, table, out);
 }

@@ -1,0 +1,33 @@
+/* Row-level pieces of the C kernels, shared with the fused decoder layers
+ * (decoder_bf16.c), which runs them inside one OpenMP parallel region. Each
+ * computes exactly what its kernel's public entry point computes for the
+ * same rows, so the fused forward and the per-operator one give the same bits.
+ */
+#ifndef SPECULANT_KERNELS_H
+#define SPECULANT_KERNELS_H
+#include <stdint.h>
+
+/* rms_norm.c: rows [t0, t1) of weight * rms_norm(x); lanes 4, 8 or 16 (checked by the caller). */
+void speculant_rms_norm_rows(const uint16_t *x, int64_t t0, int64_t t1, int64_t ldx, const uint16_t *weight,
+                             int64_t H, float eps, int lanes, uint16_t *out, int64_t ldo);
+
+/* rotary.c: tokens [t0, t1) of the rotation (out [T, heads, D] contiguous). */
+void speculant_rotary_rows(const uint16_t *x, int64_t t0, int64_t t1, int64_t ldx, int64_t heads, int64_t D,
+                           const uint16_t *cos, const uint16_t *sin, uint16_t *out);
+
+/* silu_mul.c: columns [i0, i1) of row t (out row stride I). */
+void speculant_silu_mul_cols(const uint16_t *gate_up, int64_t t, int64_t ld, int64_t I, int64_t i0, int64_t i1,
+                             const uint16_t *table, uint16_t *out);
+
+/* linear_bf16.c: the 32 outputs of block pair `pair` for all T rows (see the file's header);
+ * only on CPUs where speculant_linear_bf16_available() says so. */
+int speculant_linear_bf16_available(void);
+void speculant_linear_bf16_pair(int64_t T, const uint16_t *x, int64_t ldx, const uint16_t *blocked, int64_t nblk,
+                                int64_t k2, const float *bias, const uint16_t *res, int64_t ldr, int64_t N,
+                                int64_t pair, uint16_t *y, int64_t ldy);
+
+/* paged_attention.c: one (span, K/V head) task; 0, or -1 when its scratch allocation failed. */
+int speculant_attend_task(const void *q, const void *k_cache, const void *v_cache, void *out, int dtype,
+                          int64_t row0, int64_t n_query, int64_t start, const int64_t *table, int64_t kv_head,
+                          int64_t H, int64_t H_kv, int64_t D, int64_t block_size, float scale);
+#endif
