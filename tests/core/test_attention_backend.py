@@ -317,7 +317,7 @@ def test_the_kernel_picks_the_bf16_dot_path_where_the_cpu_has_it(kernel_path):
 
 
 @pytest.mark.parametrize("path", ["portable", "avx512_bf16"])
-@pytest.mark.parametrize("head_dim", [8, 16, 40, 64], ids=lambda d: f"d{d}")
+@pytest.mark.parametrize("head_dim", [8, 16, 40, 64, 128, 264], ids=lambda d: f"d{d}")
 @pytest.mark.parametrize("num_kv_heads", [4, 2, 1], ids=["mha", "gqa2", "mqa1"])
 @pytest.mark.parametrize("block_size", [1, 4, 16], ids=lambda b: f"block{b}")
 @pytest.mark.parametrize("input_layout", INPUT_LAYOUTS)
@@ -326,7 +326,8 @@ def test_both_bf16_kernel_paths_round_once_to_nearest(kernel_path, path, layout,
                                                       num_kv_heads, head_dim):
     """Each instruction path of the kernel stays within half an ulp of float64
     attention over the stored bfloat16 inputs; head dims below, at a multiple
-    of and between multiples of VDPBF16PS's 32 lanes (the masked tail)."""
+    of and between multiples of VDPBF16PS's 32 lanes (the masked tail), and past the vectorised
+    task's 256 (the portable task then runs)."""
     if path == "avx512_bf16" and not _cpu_has_avx512_bf16():
         pytest.skip("this CPU has no AVX512-BF16 (the Intel hosts here); the portable path is walked")
     assert kernel_path(path) == path

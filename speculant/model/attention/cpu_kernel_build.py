@@ -1,6 +1,6 @@
 """Build and load the C kernels (``csrc/paged_attention.c``, ``csrc/kv_write.c``,
 ``csrc/linear_bf16.c``, ``csrc/rms_norm.c``, ``csrc/rotary.c``, ``csrc/silu_mul.c``,
-``csrc/decoder_bf16.c``: one library).
+``csrc/decoder_bf16.c``, ``csrc/attention_bf16.c``: one library).
 
 The kernel is compiled on first use with the system C compiler (``$CC``, else
 ``cc``) for this machine (``-march=native``) and cached by a hash of the
@@ -41,7 +41,7 @@ import torch  # also loads torch's libgomp before the kernel needs it
 
 SOURCES = [Path(__file__).with_name("csrc") / name for name in (
     "paged_attention.c", "kv_write.c", "linear_bf16.c", "rms_norm.c", "rotary.c",
-    "silu_mul.c", "decoder_bf16.c")]
+    "silu_mul.c", "decoder_bf16.c", "attention_bf16.c")]
 HEADERS = [Path(__file__).with_name("csrc") / name for name in ("bf16.h", "kernels.h")]
 """Included by the sources: part of the build's cache key, not compiled on their own."""
 FLAGS = ["-O3", "-fPIC", "-shared", "-fopenmp", "-fno-math-errno", "-std=c11"]

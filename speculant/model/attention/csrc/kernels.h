@@ -30,4 +30,9 @@ void speculant_linear_bf16_pair(int64_t T, const uint16_t *x, int64_t ldx, const
 int speculant_attend_task(const void *q, const void *k_cache, const void *v_cache, void *out, int dtype,
                           int64_t row0, int64_t n_query, int64_t start, const int64_t *table, int64_t kv_head,
                           int64_t H, int64_t H_kv, int64_t D, int64_t block_size, float scale);
+
+/* attention_bf16.c: the same task for bfloat16 on AVX512-BF16; -2 where it does not apply. */
+int speculant_attend_task_bf16(const uint16_t *q, const uint16_t *k_cache, const uint16_t *v_cache, uint16_t *out,
+                               int64_t row0, int64_t n_query, int64_t start, const int64_t *table, int64_t kv_head,
+                               int64_t H, int64_t H_kv, int64_t D, int64_t block_size, float scale);
 #endif

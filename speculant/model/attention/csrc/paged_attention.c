@@ -16,10 +16,12 @@
  * a verify span give the same bits.
  *
  * bfloat16 on CPUs with AVX512-BF16 (chosen at run time from cpuid): the
- * query-key dot products run on VDPBF16PS straight from the stored bfloat16
+ * task is attention_bf16.c's vectorised one (head sizes up to 256; scores of 16
+ * keys at a time, a vector exp, values widened in registers), else the
+ * query-key dot products below run on VDPBF16PS straight from the stored bfloat16
  * rows. Its products of two bfloat16 numbers are exact in float32 and it
  * accumulates in float32 (denormal inputs and results flushed to zero), so the
- * scores are the same float32 sums in another order; softmax and the weighted
+ * scores are the same float32 sums in another order; there softmax and the weighted
  * sum of values are the portable path's. speculant_kernel_set_isa(0) forces the
  * portable path (tests walk both).
  *
@@ -163,6 +165,14 @@ int speculant_attend_task(const void *q, const void *k_cache, const void *v_cach
                           int64_t row0, int64_t n_query, int64_t start, const int64_t *table, int64_t kv_head,
                           int64_t H, int64_t H_kv, int64_t D, int64_t block_size, float scale)
 {
+#if HAVE_BF16_DOT_BUILD
+    if (dtype == DT_BF16 && speculant_kernel_isa() == 1) {  /* attention_bf16.c: the vectorised task */
+        const int status = speculant_attend_task_bf16(q, k_cache, v_cache, out, row0, n_query, start, table,
+                                                      kv_head, H, H_kv, D, block_size, scale);
+        if (status != -2)
+            return status;
+    }
+#endif
     const int64_t G = H / H_kv;            /* query heads per K/V head */
     const int64_t R = n_query * G;          /* rows r = i * G + g */
     const int64_t n = start + n_query;      /* keys visible to the last query token */

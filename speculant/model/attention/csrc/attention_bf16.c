@@ -1,0 +1,189 @@
+/* One (span, K/V head) attention task over bfloat16 storage on AVX512-BF16:
+ * the vectorised form of paged_attention.c's task for that dtype.
+ *
+ * Same arithmetic contract (float32 throughout, one rounding of the output):
+ *   scores  16 keys at a time: each key's q.k as 16 VDPBF16PS partial sums
+ *           (exact bf16 products, float32 accumulation), the 16 keys' partials
+ *           then summed by one transpose-and-add tree, so a key's score is a fixed
+ *           sum of its own partials whatever the other keys or rows;
+ *   softmax the max, then exp(s - max) by a vector exp (range reduction by ln 2,
+ *           a degree-7 polynomial, VSCALEFPS: within about an ulp of expf), summed
+ *           in 16 lanes and the lanes in a fixed order, then one reciprocal;
+ *   values  acc += p * v for the visible keys in order (fused multiply-add),
+ *           the value row widened in registers.
+ * A row's result depends only on its own query and its visible keys (the
+ * partition into 16-key blocks starts at key 0 for every row), so a decode and
+ * the same position inside a verify span give the same bits.
+ *
+ * Returns 0, -1 when the scratch allocation failed, -2 where this task is not one
+ * this path takes (head_dim over MAX_D): the caller runs the portable task.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels.h"
+
+#define MAX_D 256
+#define KEYS 16
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define TARGET __attribute__((target("avx512f,avx512bw,avx512dq,avx512bf16")))
+
+/* lane u of the result = the sum of the 16 lanes of x[u] (a fixed tree per lane). */
+TARGET static inline __m512 transpose_sum(const __m512 x[KEYS])
+{
+    __m512 c[4];
+    for (int g = 0; g < 4; g++) {
+        const __m512 *s = x + 4 * g;
+        __m512 a = _mm512_add_ps(_mm512_unpacklo_ps(s[0], s[1]), _mm512_unpackhi_ps(s[0], s[1]));
+        __m512 b = _mm512_add_ps(_mm512_unpacklo_ps(s[2], s[3]), _mm512_unpackhi_ps(s[2], s[3]));
+        __m512d ad = _mm512_castps_pd(a), bd = _mm512_castps_pd(b);
+        c[g] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(ad, bd)),
+                             _mm512_castpd_ps(_mm512_unpackhi_pd(ad, bd)));
+    }
+    /* c[g]: in each 128-bit quarter q, lane p holds a partial sum of key 4 g + p */
+    __m512 f01 = _mm512_add_ps(_mm512_shuffle_f32x4(c[0], c[1], 0x88), _mm512_shuffle_f32x4(c[0], c[1], 0xDD));
+    __m512 f23 = _mm512_add_ps(_mm512_shuffle_f32x4(c[2], c[3], 0x88), _mm512_shuffle_f32x4(c[2], c[3], 0xDD));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(f01, f23, 0x88), _mm512_shuffle_f32x4(f01, f23, 0xDD));
+}
+
+/* e^x for x <= 0 (lanes below -104 give 0, as expf does in float32). */
+TARGET static inline __m512 exp_nonpositive(__m512 x)
+{
+    x = _mm512_max_ps(x, _mm512_set1_ps(-104.0f));
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);   /* x - n ln2, ln2 in two parts */
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.0f / 5040.0f);                       /* sum_k r^k / k!, k <= 7 */
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(p, n);
+}
+
+TARGET static inline __m512 widen16(const uint16_t *src, __mmask16 m)
+{
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, src)), 16));
+}
+
+static inline const uint16_t *key_row(const uint16_t *cache, const int64_t *table, int64_t j, int64_t block_size,
+                                      int64_t H_kv, int64_t kv_head, int64_t D)
+{
+    return cache + ((table[j / block_size] * block_size + j % block_size) * H_kv + kv_head) * D;
+}
+
+TARGET int speculant_attend_task_bf16(const uint16_t *q, const uint16_t *k_cache, const uint16_t *v_cache,
+                                      uint16_t *out, int64_t row0, int64_t n_query, int64_t start,
+                                      const int64_t *table, int64_t kv_head, int64_t H, int64_t H_kv, int64_t D,
+                                      int64_t block_size, float scale)
+{
+    if (D > MAX_D)
+        return -2;
+    const int64_t G = H / H_kv, R = n_query * G, n = start + n_query;
+    const int64_t n_pad = (n + KEYS - 1) / KEYS * KEYS, chunks = (D + 31) / 32, vecs = (D + 15) / 16;
+    /* scores [R, n_pad] | acc [R, vecs * 16] | the span's query rows [R, D] (read before out is written) */
+    float *scores = aligned_alloc(64, sizeof(float) * (size_t)(R * n_pad + R * vecs * 16) + 64);
+    uint16_t *qrows = malloc(sizeof(uint16_t) * (size_t)(R * D));
+    if (!scores || !qrows) {
+        free(scores);
+        free(qrows);
+        return -1;
+    }
+    float *acc = scores + R * n_pad;
+    for (int64_t i = 0; i < n_query; i++)
+        memcpy(qrows + i * G * D, q + ((row0 + i) * H + kv_head * G) * D, sizeof(uint16_t) * (size_t)(G * D));
+    __mmask32 tail32 = (D % 32) ? (__mmask32)((1ull << (D % 32)) - 1) : (__mmask32)0xFFFFFFFFu;
+    const __m512 vscale = _mm512_set1_ps(scale);
+
+    for (int64_t r = 0; r < R; r++) {
+        const uint16_t *qr = qrows + r * D;
+        const int64_t visible = start + r / G + 1;      /* keys 0 .. visible - 1 */
+        float *row = scores + r * n_pad;
+        __m512 mx = _mm512_set1_ps(-INFINITY);
+        for (int64_t j0 = 0; j0 < visible; j0 += KEYS) {
+            __m512 part[KEYS];
+            for (int u = 0; u < KEYS; u++) {
+                const int64_t j = j0 + u < visible ? j0 + u : visible - 1;  /* past the end: any visible key */
+                const uint16_t *k = key_row(k_cache, table, j, block_size, H_kv, kv_head, D);
+                __m512 a = _mm512_setzero_ps();
+                for (int64_t c = 0; c < chunks; c++) {
+                    __mmask32 m = c + 1 < chunks ? (__mmask32)0xFFFFFFFFu : tail32;
+                    a = _mm512_dpbf16_ps(a, (__m512bh)_mm512_maskz_loadu_epi16(m, qr + 32 * c),
+                                         (__m512bh)_mm512_maskz_loadu_epi16(m, k + 32 * c));
+                }
+                part[u] = a;
+            }
+            const int64_t valid = visible - j0 < KEYS ? visible - j0 : KEYS;
+            const __mmask16 vm = (__mmask16)((1u << valid) - 1);
+            __m512 s = _mm512_mul_ps(transpose_sum(part), vscale);
+            _mm512_store_ps(row + j0, s);
+            mx = _mm512_mask_max_ps(mx, vm, mx, s);
+        }
+        const __m512 m = _mm512_set1_ps(_mm512_reduce_max_ps(mx));
+        __m512 sum = _mm512_setzero_ps();
+        for (int64_t j0 = 0; j0 < visible; j0 += KEYS) {
+            const int64_t valid = visible - j0 < KEYS ? visible - j0 : KEYS;
+            const __mmask16 vm = (__mmask16)((1u << valid) - 1);
+            __m512 e = _mm512_maskz_mov_ps(vm, exp_nonpositive(_mm512_sub_ps(_mm512_load_ps(row + j0), m)));
+            _mm512_store_ps(row + j0, e);
+            sum = _mm512_add_ps(sum, e);
+        }
+        float lanes[16], total = 0.0f;
+        _mm512_storeu_ps(lanes, sum);
+        for (int l = 0; l < 16; l++)
+            total += lanes[l];
+        const __m512 inv = _mm512_set1_ps(1.0f / total);
+        for (int64_t j0 = 0; j0 < visible; j0 += KEYS)
+            _mm512_store_ps(row + j0, _mm512_mul_ps(_mm512_load_ps(row + j0), inv));
+    }
+
+    memset(acc, 0, sizeof(float) * (size_t)(R * vecs * 16));
+    const __mmask16 tail16 = (D % 16) ? (__mmask16)((1u << (D % 16)) - 1) : (__mmask16)0xFFFF;
+    for (int64_t j = 0; j < n; j++) {
+        const uint16_t *v = key_row(v_cache, table, j, block_size, H_kv, kv_head, D);
+        __m512 vv[MAX_D / 16];
+        for (int64_t c = 0; c < vecs; c++)
+            vv[c] = widen16(v + 16 * c, c + 1 < vecs ? (__mmask16)0xFFFF : tail16);
+        for (int64_t r = 0; r < R; r++) {
+            if (j >= start + r / G + 1)
+                continue;                                  /* not visible to this row */
+            const float p = scores[r * n_pad + j];
+            if (p == 0.0f)
+                continue;
+            const __m512 pv = _mm512_set1_ps(p);
+            float *a = acc + r * vecs * 16;
+            for (int64_t c = 0; c < vecs; c++)
+                _mm512_store_ps(a + 16 * c, _mm512_fmadd_ps(pv, vv[c], _mm512_load_ps(a + 16 * c)));
+        }
+    }
+    for (int64_t r = 0; r < R; r++) {
+        const int64_t i = r / G, g = r % G;
+        uint16_t *o = out + ((row0 + i) * H + kv_head * G + g) * D;
+        const float *a = acc + r * vecs * 16;
+        for (int64_t c = 0; c < vecs; c++) {
+            __mmask16 m = c + 1 < vecs ? (__mmask16)0xFFFF : tail16;
+            _mm256_mask_storeu_epi16(o + 16 * c, m, (__m256i)_mm512_cvtneps_pbh(_mm512_load_ps(a + 16 * c)));
+        }
+    }
+    free(scores);
+    free(qrows);
+    return 0;
+}
+#else
+int speculant_attend_task_bf16(const uint16_t *q, const uint16_t *k_cache, const uint16_t *v_cache,
+                               uint16_t *out, int64_t row0, int64_t n_query, int64_t start, const int64_t *table,
+                               int64_t kv_head, int64_t H, int64_t H_kv, int64_t D, int64_t block_size, float scale)
+{
+    (void)q; (void)k_cache; (void)v_cache; (void)out; (void)row0; (void)n_query; (void)start; (void)table;
+    (void)kv_head; (void)H; (void)H_kv; (void)D; (void)block_size; (void)scale;
+    return -2;
+}
+#endif
