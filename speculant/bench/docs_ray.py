@@ -24,7 +24,8 @@ def ray_scaling(results: Path) -> list[str]:
     s, env = data["summary"], data.get("environment", {})
     load = (env.get("load_avg") or ["?"])[0]
     out = [f"`ray_scaling.json`: {s['prompts']} prompts, greedy, the demo pair (`examples/demo.toml`), "
-           f"{s['total_threads']} torch thread(s) in all, engine loading included, median of "
+           f"{s['total_threads']} torch thread(s) in all, each job run as {s.get('jobs_run_as', 'this process')}, "
+           f"engine loading included, median of "
            f"{data['options'].get('repeats', 1)} alternating rounds; measured on {measured_on(data)}, a shared "
            f"machine (load average {load} at the start).", "",
            "| tokens per prompt | run | job wall time | Ray's cost | records identical to local |",
