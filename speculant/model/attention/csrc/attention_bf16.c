@@ -1,5 +1,6 @@
-/* One (span, K/V head) attention task over bfloat16 storage on AVX512-BF16:
- * the vectorised form of paged_attention.c's task for that dtype.
+/* One attention task over bfloat16 storage on AVX512-BF16 (a span, a K/V head and
+ * query heads g0 .. g0 + gn - 1 of its group): the vectorised form of
+ * paged_attention.c's task for that dtype.
  *
  * Same arithmetic contract (float32 throughout, one rounding of the output):
  *   scores  16 keys at a time: each key's q.k as 16 VDPBF16PS partial sums
@@ -10,10 +11,12 @@
  *           a degree-7 polynomial, VSCALEFPS: within about an ulp of expf), summed
  *           in 16 lanes and the lanes in a fixed order, then one reciprocal;
  *   values  acc += p * v for the visible keys in order (fused multiply-add),
- *           the value row widened in registers.
+ *           a row at a time, its accumulators and the widened value rows in registers.
  * A row's result depends only on its own query and its visible keys (the
  * partition into 16-key blocks starts at key 0 for every row), so a decode and
- * the same position inside a verify span give the same bits.
+ * the same position inside a verify span give the same bits, whatever slice of
+ * the group a task takes. Key and value rows are found through one offset per
+ * key, filled once per task by walking the block table (no division per key).
  *
  * Returns 0, -1 when the scratch allocation failed, -2 where this task is not one
  * this path takes (head_dim over MAX_D): the caller runs the portable task.
@@ -74,56 +77,101 @@ TARGET static inline __m512 widen16(const uint16_t *src, __mmask16 m)
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, src)), 16));
 }
 
-static inline const uint16_t *key_row(const uint16_t *cache, const int64_t *table, int64_t j, int64_t block_size,
-                                      int64_t H_kv, int64_t kv_head, int64_t D)
+/* offsets[j] = the element offset of key j's row of head kv_head in a cache, for j < n */
+static inline void key_offsets(int64_t *offsets, int64_t n, const int64_t *table, int64_t block_size, int64_t H_kv,
+                               int64_t kv_head, int64_t D)
 {
-    return cache + ((table[j / block_size] * block_size + j % block_size) * H_kv + kv_head) * D;
+    for (int64_t j0 = 0, b = 0; j0 < n; j0 += block_size, b++) {
+        const int64_t base = (table[b] * block_size * H_kv + kv_head) * D, end = n - j0 < block_size ? n - j0 : block_size;
+        for (int64_t u = 0; u < end; u++)
+            offsets[j0 + u] = base + u * H_kv * D;
+    }
+}
+
+/* lane u: q.k_{j0 + u} for the 16 keys j0 .. j0 + 15 (past `visible`: the last visible key's), each
+ * as `chunks` VDPBF16PS partial sums of 32 features then the transpose-and-add tree. */
+TARGET __attribute__((always_inline)) static inline __m512
+score_tile(const int chunks, const __m512bh *qv, const uint16_t *k_cache, const int64_t *offsets, int64_t j0,
+           int64_t visible, __mmask32 tail32)
+{
+    __m512 part[KEYS];
+    for (int u = 0; u < KEYS; u++) {
+        const uint16_t *k = k_cache + offsets[j0 + u < visible ? j0 + u : visible - 1];
+        __m512 a = _mm512_setzero_ps();
+        for (int c = 0; c < chunks; c++)
+            a = _mm512_dpbf16_ps(a, qv[c], (__m512bh)_mm512_maskz_loadu_epi16(
+                                     c + 1 < chunks ? (__mmask32)0xFFFFFFFFu : tail32, k + 32 * c));
+        part[u] = a;
+    }
+    return transpose_sum(part);
+}
+
+/* o [D] = sum over keys j < visible, in order, of p[j] * v_j (keys with p[j] == 0 left out),
+ * accumulated in float32 by fused multiply-adds and rounded to bfloat16 once. */
+TARGET __attribute__((always_inline)) static inline void
+weighted_values(const int vecs, const float *p, int64_t visible, const uint16_t *v_cache, const int64_t *offsets,
+                __mmask16 tail16, uint16_t *o)
+{
+    __m512 acc[MAX_D / 16];
+    for (int c = 0; c < vecs; c++)
+        acc[c] = _mm512_setzero_ps();
+    for (int64_t j = 0; j < visible; j++) {
+        if (p[j] == 0.0f)
+            continue;
+        const __m512 pv = _mm512_set1_ps(p[j]);
+        const uint16_t *v = v_cache + offsets[j];
+        for (int c = 0; c < vecs; c++)
+            acc[c] = _mm512_fmadd_ps(pv, widen16(v + 16 * c, c + 1 < vecs ? (__mmask16)0xFFFF : tail16), acc[c]);
+    }
+    for (int c = 0; c < vecs; c++)
+        _mm256_mask_storeu_epi16(o + 16 * c, c + 1 < vecs ? (__mmask16)0xFFFF : tail16,
+                                 (__m256i)_mm512_cvtneps_pbh(acc[c]));
 }
 
 TARGET int speculant_attend_task_bf16(const uint16_t *q, const uint16_t *k_cache, const uint16_t *v_cache,
                                       uint16_t *out, int64_t row0, int64_t n_query, int64_t start,
-                                      const int64_t *table, int64_t kv_head, int64_t H, int64_t H_kv, int64_t D,
-                                      int64_t block_size, float scale)
+                                      const int64_t *table, int64_t kv_head, int64_t g0, int64_t gn, int64_t H,
+                                      int64_t H_kv, int64_t D, int64_t block_size, float scale)
 {
     if (D > MAX_D)
         return -2;
-    const int64_t G = H / H_kv, R = n_query * G, n = start + n_query;
+    /* rows r = i * gn + (g - g0) for query token i and query head kv_head * G + g */
+    const int64_t G = H / H_kv, R = n_query * gn, n = start + n_query;
     const int64_t n_pad = (n + KEYS - 1) / KEYS * KEYS, chunks = (D + 31) / 32, vecs = (D + 15) / 16;
-    /* scores [R, n_pad] | acc [R, vecs * 16] | the span's query rows [R, D] (read before out is written) */
-    float *scores = aligned_alloc(64, sizeof(float) * (size_t)(R * n_pad + R * vecs * 16) + 64);
-    uint16_t *qrows = malloc(sizeof(uint16_t) * (size_t)(R * D));
+    /* scores [R, n_pad] (floats) | the task's query rows [R, D] (read before out is written) | key row
+     * offsets [n] */
+    float *scores = aligned_alloc(64, sizeof(float) * (size_t)(R * n_pad) + 64);
+    uint16_t *qrows = malloc(sizeof(uint16_t) * (size_t)(R * D) + sizeof(int64_t) * (size_t)n + 8);
     if (!scores || !qrows) {
         free(scores);
         free(qrows);
         return -1;
     }
-    float *acc = scores + R * n_pad;
+    int64_t *offsets = (int64_t *)(void *)(qrows + (R * D + 3) / 4 * 4);
+    key_offsets(offsets, n, table, block_size, H_kv, kv_head, D);
     for (int64_t i = 0; i < n_query; i++)
-        memcpy(qrows + i * G * D, q + ((row0 + i) * H + kv_head * G) * D, sizeof(uint16_t) * (size_t)(G * D));
+        memcpy(qrows + i * gn * D, q + ((row0 + i) * H + kv_head * G + g0) * D, sizeof(uint16_t) * (size_t)(gn * D));
     __mmask32 tail32 = (D % 32) ? (__mmask32)((1ull << (D % 32)) - 1) : (__mmask32)0xFFFFFFFFu;
     const __m512 vscale = _mm512_set1_ps(scale);
 
     for (int64_t r = 0; r < R; r++) {
         const uint16_t *qr = qrows + r * D;
-        const int64_t visible = start + r / G + 1;      /* keys 0 .. visible - 1 */
+        const int64_t visible = start + r / gn + 1;     /* keys 0 .. visible - 1 */
         float *row = scores + r * n_pad;
         __m512 mx = _mm512_set1_ps(-INFINITY);
+        __m512bh qv[MAX_D / 32];
+        for (int64_t c = 0; c < chunks; c++)
+            qv[c] = (__m512bh)_mm512_maskz_loadu_epi16(c + 1 < chunks ? (__mmask32)0xFFFFFFFFu : tail32, qr + 32 * c);
         for (int64_t j0 = 0; j0 < visible; j0 += KEYS) {
-            __m512 part[KEYS];
-            for (int u = 0; u < KEYS; u++) {
-                const int64_t j = j0 + u < visible ? j0 + u : visible - 1;  /* past the end: any visible key */
-                const uint16_t *k = key_row(k_cache, table, j, block_size, H_kv, kv_head, D);
-                __m512 a = _mm512_setzero_ps();
-                for (int64_t c = 0; c < chunks; c++) {
-                    __mmask32 m = c + 1 < chunks ? (__mmask32)0xFFFFFFFFu : tail32;
-                    a = _mm512_dpbf16_ps(a, (__m512bh)_mm512_maskz_loadu_epi16(m, qr + 32 * c),
-                                         (__m512bh)_mm512_maskz_loadu_epi16(m, k + 32 * c));
-                }
-                part[u] = a;
+            __m512 dots;
+            switch (chunks) {   /* a constant count keeps the query in registers */
+            case 2: dots = score_tile(2, qv, k_cache, offsets, j0, visible, tail32); break;
+            case 4: dots = score_tile(4, qv, k_cache, offsets, j0, visible, tail32); break;
+            default: dots = score_tile((int)chunks, qv, k_cache, offsets, j0, visible, tail32); break;
             }
             const int64_t valid = visible - j0 < KEYS ? visible - j0 : KEYS;
             const __mmask16 vm = (__mmask16)((1u << valid) - 1);
-            __m512 s = _mm512_mul_ps(transpose_sum(part), vscale);
+            __m512 s = _mm512_mul_ps(dots, vscale);
             _mm512_store_ps(row + j0, s);
             mx = _mm512_mask_max_ps(mx, vm, mx, s);
         }
@@ -145,32 +193,16 @@ TARGET int speculant_attend_task_bf16(const uint16_t *q, const uint16_t *k_cache
             _mm512_store_ps(row + j0, _mm512_mul_ps(_mm512_load_ps(row + j0), inv));
     }
 
-    memset(acc, 0, sizeof(float) * (size_t)(R * vecs * 16));
     const __mmask16 tail16 = (D % 16) ? (__mmask16)((1u << (D % 16)) - 1) : (__mmask16)0xFFFF;
-    for (int64_t j = 0; j < n; j++) {
-        const uint16_t *v = key_row(v_cache, table, j, block_size, H_kv, kv_head, D);
-        __m512 vv[MAX_D / 16];
-        for (int64_t c = 0; c < vecs; c++)
-            vv[c] = widen16(v + 16 * c, c + 1 < vecs ? (__mmask16)0xFFFF : tail16);
-        for (int64_t r = 0; r < R; r++) {
-            if (j >= start + r / G + 1)
-                continue;                                  /* not visible to this row */
-            const float p = scores[r * n_pad + j];
-            if (p == 0.0f)
-                continue;
-            const __m512 pv = _mm512_set1_ps(p);
-            float *a = acc + r * vecs * 16;
-            for (int64_t c = 0; c < vecs; c++)
-                _mm512_store_ps(a + 16 * c, _mm512_fmadd_ps(pv, vv[c], _mm512_load_ps(a + 16 * c)));
-        }
-    }
     for (int64_t r = 0; r < R; r++) {
-        const int64_t i = r / G, g = r % G;
+        const int64_t i = r / gn, g = g0 + r % gn;
         uint16_t *o = out + ((row0 + i) * H + kv_head * G + g) * D;
-        const float *a = acc + r * vecs * 16;
-        for (int64_t c = 0; c < vecs; c++) {
-            __mmask16 m = c + 1 < vecs ? (__mmask16)0xFFFF : tail16;
-            _mm256_mask_storeu_epi16(o + 16 * c, m, (__m256i)_mm512_cvtneps_pbh(_mm512_load_ps(a + 16 * c)));
+        const float *p = scores + r * n_pad;
+        const int64_t visible = start + i + 1;
+        switch (vecs) {     /* a constant count keeps the accumulators in registers */
+        case 4: weighted_values(4, p, visible, v_cache, offsets, tail16, o); break;
+        case 8: weighted_values(8, p, visible, v_cache, offsets, tail16, o); break;
+        default: weighted_values((int)vecs, p, visible, v_cache, offsets, tail16, o); break;
         }
     }
     free(scores);
@@ -180,10 +212,11 @@ TARGET int speculant_attend_task_bf16(const uint16_t *q, const uint16_t *k_cache
 #else
 int speculant_attend_task_bf16(const uint16_t *q, const uint16_t *k_cache, const uint16_t *v_cache,
                                uint16_t *out, int64_t row0, int64_t n_query, int64_t start, const int64_t *table,
-                               int64_t kv_head, int64_t H, int64_t H_kv, int64_t D, int64_t block_size, float scale)
+                               int64_t kv_head, int64_t g0, int64_t gn, int64_t H, int64_t H_kv, int64_t D,
+                               int64_t block_size, float scale)
 {
     (void)q; (void)k_cache; (void)v_cache; (void)out; (void)row0; (void)n_query; (void)start; (void)table;
-    (void)kv_head; (void)H; (void)H_kv; (void)D; (void)block_size; (void)scale;
+    (void)kv_head; (void)g0; (void)gn; (void)H; (void)H_kv; (void)D; (void)block_size; (void)scale;
     return -2;
 }
 #endif

@@ -79,7 +79,9 @@ int speculant_decoder_bf16(const int64_t *layers, int64_t L, uint16_t *hidden, i
     for (int64_t t = 0; t < T; t++)
         if (slot_mapping[t] < 0 || slot_mapping[t] >= num_slots)
             return -3;
-    const int64_t qkv_n = (Hq + 2 * Hkv) * D, qk_heads = Hq + Hkv, kv_row = Hkv * D, tasks = n_spans * Hkv;
+    const int64_t qkv_n = (Hq + 2 * Hkv) * D, qk_heads = Hq + Hkv, kv_row = Hkv * D, G = Hq / Hkv;
+    const int64_t slices = speculant_attend_slices(n_spans * Hkv, G, threads), per = (G + slices - 1) / slices;
+    const int64_t tasks = n_spans * Hkv * slices;
     uint16_t *normed = scratch;                     /* [T, H] */
     uint16_t *qkv = normed + T * H;                 /* [T, qkv_n] */
     uint16_t *qk = qkv + T * qkv_n;                 /* [T, qk_heads, D] rotated */
@@ -111,12 +113,13 @@ int speculant_decoder_bf16(const int64_t *layers, int64_t L, uint16_t *hidden, i
             memcpy(attn + t * Hq * D, qk + t * qk_heads * D, sizeof(uint16_t) * Hq * D);
 #pragma omp for schedule(dynamic)
         for (int64_t task = 0; task < tasks; task++) {
-            const int64_t b = span_ids[task / Hkv], row0 = cu_query_lens[b];
+            const int64_t b = span_ids[task / (Hkv * slices)], row0 = cu_query_lens[b], g0 = task % slices * per;
             /* in place: each task reads its own query rows before it writes them, and no other
-             * task touches them (rows of span b, query heads of K/V head task % Hkv) */
-            if (speculant_attend_task(attn, k_cache, v_cache, attn, DT_BF16, row0, cu_query_lens[b + 1] - row0,
-                                      starts[b], block_tables + b * max_blocks, task % Hkv, Hq, Hkv, D,
-                                      block_size, scale) != 0) {
+             * task touches them (rows of span b, its query heads of K/V head task / slices % Hkv) */
+            if (g0 < G && speculant_attend_task(attn, k_cache, v_cache, attn, DT_BF16, row0,
+                                                cu_query_lens[b + 1] - row0, starts[b],
+                                                block_tables + b * max_blocks, task / slices % Hkv, g0,
+                                                G - g0 < per ? G - g0 : per, Hq, Hkv, D, block_size, scale) != 0) {
 #pragma omp atomic write
                 status = -1;
             }

@@ -26,13 +26,20 @@ void speculant_linear_bf16_pair(int64_t T, const uint16_t *x, int64_t ldx, const
                                 int64_t k2, const float *bias, const uint16_t *res, int64_t ldr, int64_t N,
                                 int64_t pair, uint16_t *y, int64_t ldy);
 
-/* paged_attention.c: one (span, K/V head) task; 0, or -1 when its scratch allocation failed. */
+/* paged_attention.c: how many slices of query heads to cut each of `tasks` (span, K/V head) pairs
+ * into (at most G, the group size) so that `threads` threads have about four tasks each. */
+int speculant_attend_slices(int64_t tasks, int64_t G, int threads);
+
+/* paged_attention.c: one task: a span, a K/V head and its group's query heads g0 .. g0 + gn - 1;
+ * 0, or -1 when its scratch allocation failed. */
 int speculant_attend_task(const void *q, const void *k_cache, const void *v_cache, void *out, int dtype,
                           int64_t row0, int64_t n_query, int64_t start, const int64_t *table, int64_t kv_head,
-                          int64_t H, int64_t H_kv, int64_t D, int64_t block_size, float scale);
+                          int64_t g0, int64_t gn, int64_t H, int64_t H_kv, int64_t D, int64_t block_size,
+                          float scale);
 
 /* attention_bf16.c: the same task for bfloat16 on AVX512-BF16; -2 where it does not apply. */
 int speculant_attend_task_bf16(const uint16_t *q, const uint16_t *k_cache, const uint16_t *v_cache, uint16_t *out,
                                int64_t row0, int64_t n_query, int64_t start, const int64_t *table, int64_t kv_head,
-                               int64_t H, int64_t H_kv, int64_t D, int64_t block_size, float scale);
+                               int64_t g0, int64_t gn, int64_t H, int64_t H_kv, int64_t D, int64_t block_size,
+                               float scale);
 #endif

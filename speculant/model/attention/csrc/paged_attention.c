@@ -4,8 +4,12 @@
  * One call covers every selected span of a forward. A task is one (span, K/V
  * head) pair: it reads each visible key and value of that head exactly once
  * and uses it for all query rows of the span and all query heads of the group
- * (grouped-query attention without repeating K/V). Query token i of a span
- * starting at position `start` sees keys 0 .. start + i (bottom-right causal).
+ * (grouped-query attention without repeating K/V). Where those pairs are too
+ * few to keep the threads busy (a decode of one sequence: as many tasks as K/V
+ * heads), each pair is cut into slices of its group's query heads
+ * (speculant_attend_slices); rows are independent, so the bits do not change.
+ * Query token i of a span starting at position `start` sees keys 0 .. start + i
+ * (bottom-right causal).
  *
  * Arithmetic is float32 whatever the storage dtype: a bfloat16/float16 row is
  * widened when read (exactly), scores, softmax and the weighted sum of values
@@ -161,20 +165,29 @@ static void store_row(void *base, int64_t offset, int dtype, const float *src, i
     }
 }
 
+int speculant_attend_slices(int64_t tasks, int64_t G, int threads)
+{
+    int64_t slices = 1;
+    while (slices < G && tasks * slices < 4 * (int64_t)threads)
+        slices++;
+    return (int)slices;
+}
+
 int speculant_attend_task(const void *q, const void *k_cache, const void *v_cache, void *out, int dtype,
                           int64_t row0, int64_t n_query, int64_t start, const int64_t *table, int64_t kv_head,
-                          int64_t H, int64_t H_kv, int64_t D, int64_t block_size, float scale)
+                          int64_t g0, int64_t gn, int64_t H, int64_t H_kv, int64_t D, int64_t block_size,
+                          float scale)
 {
 #if HAVE_BF16_DOT_BUILD
     if (dtype == DT_BF16 && speculant_kernel_isa() == 1) {  /* attention_bf16.c: the vectorised task */
         const int status = speculant_attend_task_bf16(q, k_cache, v_cache, out, row0, n_query, start, table,
-                                                      kv_head, H, H_kv, D, block_size, scale);
+                                                      kv_head, g0, gn, H, H_kv, D, block_size, scale);
         if (status != -2)
             return status;
     }
 #endif
-    const int64_t G = H / H_kv;            /* query heads per K/V head */
-    const int64_t R = n_query * G;          /* rows r = i * G + g */
+    const int64_t G = H / H_kv;             /* query heads per K/V head */
+    const int64_t R = n_query * gn;         /* rows r = i * gn + (g - g0) */
     const int64_t n = start + n_query;      /* keys visible to the last query token */
     /* scores [R, n] | acc [R, D] | queries [R, D] as float32 | one widened K/V row [D] */
     float *scores = malloc(sizeof(float) * (size_t)(R * n + 2 * R * D + D));
@@ -183,24 +196,21 @@ int speculant_attend_task(const void *q, const void *k_cache, const void *v_cach
     float *acc = scores + R * n;
     float *qf = acc + R * D;
     float *kv_row = qf + R * D;
+#define QHEAD(r) (kv_head * G + g0 + (r) % gn)  /* the query head of row r */
 
-    for (int64_t i = 0; i < n_query; i++)
-        for (int64_t g = 0; g < G; g++) {
-            const int64_t r = i * G + g;
-            const float *src = row_f32(q, ((row0 + i) * H + kv_head * G + g) * D, dtype, D, qf + r * D);
-            if (src != qf + r * D)
-                memcpy(qf + r * D, src, sizeof(float) * (size_t)D);
-        }
+    for (int64_t r = 0; r < R; r++) {
+        const float *src = row_f32(q, ((row0 + r / gn) * H + QHEAD(r)) * D, dtype, D, qf + r * D);
+        if (src != qf + r * D)
+            memcpy(qf + r * D, src, sizeof(float) * (size_t)D);
+    }
 #if HAVE_BF16_DOT_BUILD
     if (dtype == DT_BF16 && speculant_kernel_isa() == 1) {
         const uint16_t *q16 = (const uint16_t *)q, *k16 = (const uint16_t *)k_cache;
         for (int64_t j = 0; j < n; j++) {
             const uint16_t *k = k16 + ((table[j / block_size] * block_size + j % block_size) * H_kv + kv_head) * D;
-            for (int64_t r = 0; r < R; r++) {
-                const int64_t i = r / G, g = r % G;
-                scores[r * n + j] = j > start + i ? -INFINITY
-                    : dot_bf16(q16 + ((row0 + i) * H + kv_head * G + g) * D, k, D) * scale;
-            }
+            for (int64_t r = 0; r < R; r++)
+                scores[r * n + j] = j > start + r / gn ? -INFINITY
+                    : dot_bf16(q16 + ((row0 + r / gn) * H + QHEAD(r)) * D, k, D) * scale;
         }
     } else
 #endif
@@ -208,7 +218,7 @@ int speculant_attend_task(const void *q, const void *k_cache, const void *v_cach
         const float *k = row_f32(k_cache, ((table[j / block_size] * block_size + j % block_size) * H_kv + kv_head) * D,
                                  dtype, D, kv_row);
         for (int64_t r = 0; r < R; r++) {
-            if (j > start + r / G) {
+            if (j > start + r / gn) {
                 scores[r * n + j] = -INFINITY;
                 continue;
             }
@@ -222,7 +232,7 @@ int speculant_attend_task(const void *q, const void *k_cache, const void *v_cach
     }
     for (int64_t r = 0; r < R; r++) {       /* softmax over the visible keys of each row */
         float *row = scores + r * n;
-        const int64_t visible = start + r / G + 1;
+        const int64_t visible = start + r / gn + 1;
         float m = row[0];
         for (int64_t j = 1; j < visible; j++)
             m = row[j] > m ? row[j] : m;
@@ -251,9 +261,9 @@ int speculant_attend_task(const void *q, const void *k_cache, const void *v_cach
                 a[d] += p * v[d];
         }
     }
-    for (int64_t i = 0; i < n_query; i++)
-        for (int64_t g = 0; g < G; g++)
-            store_row(out, ((row0 + i) * H + kv_head * G + g) * D, dtype, acc + (i * G + g) * D, D);
+    for (int64_t r = 0; r < R; r++)
+        store_row(out, ((row0 + r / gn) * H + QHEAD(r)) * D, dtype, acc + r * D, D);
+#undef QHEAD
     free(scores);
     return 0;
 }
@@ -266,13 +276,15 @@ int speculant_paged_attention(int dtype, const void *q, const void *k_cache, con
     if (dtype < 0 || dtype > DT_F16 || !(speculant_kernel_dtypes() & (1 << dtype)))
         return -2;
     int status = 0;
-    const int64_t tasks = n_spans * H_kv;
+    const int64_t G = H / H_kv, slices = speculant_attend_slices(n_spans * H_kv, G, threads);
+    const int64_t per = (G + slices - 1) / slices, tasks = n_spans * H_kv * slices;
 #pragma omp parallel for schedule(dynamic) num_threads(threads) if (tasks > 1)
     for (int64_t t = 0; t < tasks; t++) {
-        const int64_t b = span_ids[t / H_kv];
+        const int64_t b = span_ids[t / (H_kv * slices)], kv_head = t / slices % H_kv, g0 = t % slices * per;
         const int64_t row0 = cu_query_lens[b];
-        if (speculant_attend_task(q, k_cache, v_cache, out, dtype, row0, cu_query_lens[b + 1] - row0, starts[b],
-                   block_tables + b * max_blocks, t % H_kv, H, H_kv, D, block_size, scale) != 0) {
+        if (g0 < G && speculant_attend_task(q, k_cache, v_cache, out, dtype, row0, cu_query_lens[b + 1] - row0,
+                                            starts[b], block_tables + b * max_blocks, kv_head, g0,
+                                            G - g0 < per ? G - g0 : per, H, H_kv, D, block_size, scale) != 0) {
 #pragma omp atomic write
             status = -1;
         }
