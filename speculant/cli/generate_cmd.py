@@ -56,7 +56,8 @@ def forward_paths(llm) -> list[str]:
     """One line per runner (the target, then any draft model): which forward path it takes."""
     runner = llm.engine.runner
     lines = [f"model.fast_forward: {runner.fast_forward.describe()}",
-             f"model.linear_backend: {runner.linear_report.describe()}"]
+             f"model.linear_backend: {runner.linear_report.describe()}",
+             f"memory: {runner.huge_pages.describe()}"]
     proposer = llm.engine.spec.proposer
     for part in getattr(proposer, "parts", [proposer]) if proposer is not None else []:
         draft = getattr(part, "runner", None)

@@ -25,6 +25,7 @@ from speculant.model.fast_forward.decoder import FastDecoder
 from speculant.model.fast_forward.setup import FastForwardStatus, select_fast_forward
 from speculant.model.fused_norms import fuse_rms_norms
 from speculant.model.gguf_source import resolve_model_source
+from speculant.model.huge_pages import place_packed_weights
 from speculant.model.kv_cache import BlockManager
 from speculant.model.linear_backend import pack_linear_layers
 from speculant.model.loading import (
@@ -114,6 +115,7 @@ class ModelRunner:
         with torch.inference_mode():
             report = pack_linear_layers(self.model, backend, dense_max_rows=dense_max_rows)
             self.merged_linear_groups = merge_sibling_linears(self.model)
+            self.huge_pages = place_packed_weights(self.model)
             return report
 
     def _hidden_source(self) -> torch.nn.Module:

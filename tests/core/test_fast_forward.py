@@ -176,6 +176,7 @@ def test_generate_verbose_says_which_path_ran(zoo, capsys):
     assert main(["generate", "--model", str(zoo("llama")), "--verbose", "--max-tokens", "2", "hello"]) == 0
     out = capsys.readouterr().out
     assert "model.fast_forward: fast decoder (llama; built in " in out and "probe " in out
+    assert "memory: packed weights on normal pages: no packed bfloat16 weights" in out  # a float32 model
     assert "model.linear_backend: onednn (15 layer(s) packed, 0 on F.linear; requested 'auto')" in out or \
         not torch.backends.mkldnn.is_available()
     assert main(["generate", "--model", str(zoo("qwen3")), "--verbose", "--max-tokens", "2", "hello"]) == 0
