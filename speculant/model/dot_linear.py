@@ -3,7 +3,7 @@
 ``DotLinear`` runs ``y = x W^T (+ b)`` through ``csrc/linear_bf16.c``: the
 weight is re-laid out once into blocks of 16 output rows by 2 input features
 (``blocked_weight``), and one VDPBF16PS multiplies a block by a broadcast
-input pair, so the weight streams from memory once per 8 input rows with no
+input pair, so the weight streams from memory once per 12 input rows with no
 horizontal sums. At decode and verify sizes a linear layer is that stream; on
 the 2-core AMD EPYC here the kernel ran one-row GEMVs of SmolLM2's shapes
 1.7x faster than oneDNN's packed bfloat16 path and matched it from 64 rows on

@@ -9,7 +9,7 @@
  *
  * (rows past N are zero), so one instruction multiplies 16 output rows by one
  * broadcast pair of input features and accumulates 16 outputs in float32: no
- * horizontal sums, and each weight byte is read once per pass of up to 8 input
+ * horizontal sums, and each weight byte is read once per pass of up to 12 input
  * rows. Work is split over OpenMP threads by pairs of blocks (32 outputs).
  *
  * Arithmetic: VDPBF16PS multiplies bfloat16 pairs exactly in float32 and adds
@@ -44,7 +44,7 @@
 #endif
 
 #define BLOCK_ROWS 16 /* output rows per blocked vector */
-#define ROW_GROUP 8   /* input rows per pass over the weight */
+#define ROW_GROUP 12  /* input rows per pass over the weight (2 x 12 accumulators + 3 fit 32 registers) */
 
 int speculant_linear_bf16_available(void)
 {
@@ -80,7 +80,7 @@ two_blocks(const int rows, const uint16_t *x, int64_t ldx, const uint16_t *w0, c
            __mmask16 m1)
 {
     __m512 a0[ROW_GROUP], a1[ROW_GROUP];
-#pragma GCC unroll 8
+#pragma GCC unroll 12
     for (int t = 0; t < rows; t++) {
         a0[t] = _mm512_setzero_ps();
         a1[t] = _mm512_setzero_ps();
@@ -88,7 +88,7 @@ two_blocks(const int rows, const uint16_t *x, int64_t ldx, const uint16_t *w0, c
     for (int64_t kk = 0; kk < k2; kk++) {
         __m512bh v0 = (__m512bh)_mm512_loadu_si512(w0 + kk * 2 * BLOCK_ROWS);
         __m512bh v1 = (__m512bh)_mm512_loadu_si512(w1 + kk * 2 * BLOCK_ROWS);
-#pragma GCC unroll 8
+#pragma GCC unroll 12
         for (int t = 0; t < rows; t++) {
             int32_t pair;
             memcpy(&pair, x + t * ldx + 2 * kk, sizeof pair);
@@ -102,7 +102,7 @@ two_blocks(const int rows, const uint16_t *x, int64_t ldx, const uint16_t *w0, c
         b0 = _mm512_maskz_loadu_ps(m0, bias);
         b1 = _mm512_maskz_loadu_ps(m1, bias + BLOCK_ROWS);
     }
-#pragma GCC unroll 8
+#pragma GCC unroll 12
     for (int t = 0; t < rows; t++) {
         __m256i r0 = (__m256i)_mm512_cvtneps_pbh(bias ? _mm512_add_ps(a0[t], b0) : a0[t]);
         __m256i r1 = (__m256i)_mm512_cvtneps_pbh(bias ? _mm512_add_ps(a1[t], b1) : a1[t]);
@@ -144,7 +144,11 @@ TARGET void speculant_linear_bf16_pair(int64_t T, const uint16_t *x, int64_t ldx
         case 5: two_blocks(5, xt, ldx, w0, w1, k2, bb, rt, ldr, yt, ldy, m0, m1); break;
         case 6: two_blocks(6, xt, ldx, w0, w1, k2, bb, rt, ldr, yt, ldy, m0, m1); break;
         case 7: two_blocks(7, xt, ldx, w0, w1, k2, bb, rt, ldr, yt, ldy, m0, m1); break;
-        default: two_blocks(8, xt, ldx, w0, w1, k2, bb, rt, ldr, yt, ldy, m0, m1); break;
+        case 8: two_blocks(8, xt, ldx, w0, w1, k2, bb, rt, ldr, yt, ldy, m0, m1); break;
+        case 9: two_blocks(9, xt, ldx, w0, w1, k2, bb, rt, ldr, yt, ldy, m0, m1); break;
+        case 10: two_blocks(10, xt, ldx, w0, w1, k2, bb, rt, ldr, yt, ldy, m0, m1); break;
+        case 11: two_blocks(11, xt, ldx, w0, w1, k2, bb, rt, ldr, yt, ldy, m0, m1); break;
+        default: two_blocks(12, xt, ldx, w0, w1, k2, bb, rt, ldr, yt, ldy, m0, m1); break;
         }
     }
 }
