@@ -94,13 +94,17 @@ def huge_page_arena(nbytes: int) -> tuple[torch.Tensor | None, str | None]:
     return arena, None
 
 
+def packed_dot_layers(model: nn.Module) -> list[DotLinear]:
+    """Every ``DotLinear`` of ``model`` once, the merged GEMMs behind sibling slices included."""
+    found = [m._shared.merged if isinstance(m, MergedSlice) else m for m in model.modules()]
+    return list({id(m): m for m in found if isinstance(m, DotLinear)}.values())
+
+
 def place_packed_weights(model: nn.Module) -> HugePagePlacement:
     """Move every ``DotLinear`` blocked weight of ``model`` (merged sibling projections' included)
     into one huge-page arena (see the module docstring). Call after packing and merging, before
     anything records weight addresses."""
-    found = [m._shared.merged if isinstance(m, MergedSlice) else m for m in model.modules()]
-    layers = list({id(m): m for m in found if isinstance(m, DotLinear) and m.blocked_weight.device.type == "cpu"}
-                  .values())  # a merged layer stands behind each of its slices
+    layers = [m for m in packed_dot_layers(model) if m.blocked_weight.device.type == "cpu"]
     weights: dict[int, torch.Tensor] = {}
     for layer in layers:
         weights.setdefault(layer.blocked_weight.data_ptr(), layer.blocked_weight)

@@ -12,10 +12,15 @@ import pytest
 import torch
 
 from speculant.model import huge_pages
-from speculant.model.dot_linear import DotLinear, dot_linear_unavailable_reason
-from speculant.model.huge_pages import HUGE_PAGE, huge_pages_unavailable_reason, place_packed_weights
+from speculant.model.dot_linear import dot_linear_unavailable_reason
+from speculant.model.huge_pages import (
+    HUGE_PAGE,
+    huge_pages_unavailable_reason,
+    packed_dot_layers,
+    place_packed_weights,
+)
 from speculant.model.linear_backend import pack_linear_layers
-from speculant.model.merged_linears import MergedSlice, merge_sibling_linears
+from speculant.model.merged_linears import merge_sibling_linears
 from tiny_models import loaded_tiny_model
 
 DOT_REASON = dot_linear_unavailable_reason(torch.zeros(16, 16, dtype=torch.bfloat16))
@@ -32,11 +37,6 @@ def _packed(arch: str, tmp_path):
     return model, ids
 
 
-def _dot_layers(model) -> list[DotLinear]:
-    found = [m._shared.merged if isinstance(m, MergedSlice) else m for m in model.modules()]
-    return list({id(m): m for m in found if isinstance(m, DotLinear)}.values())
-
-
 @needs_kernel
 @needs_thp
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
@@ -44,10 +44,10 @@ def test_moving_weights_keeps_logits_and_puts_every_weight_in_one_aligned_arena(
     model, ids = _packed(arch, tmp_path)
     with torch.inference_mode():
         want = model(input_ids=ids).logits
-        before = [layer.blocked_weight.clone() for layer in _dot_layers(model)]
+        before = [layer.blocked_weight.clone() for layer in packed_dot_layers(model)]
         placement = place_packed_weights(model)
         got = model(input_ids=ids).logits
-    layers = _dot_layers(model)
+    layers = packed_dot_layers(model)
     assert placement.reason is None and torch.equal(got, want)
     assert all(torch.equal(layer.blocked_weight, w) for layer, w in zip(layers, before))
     spans = sorted((m.blocked_weight.data_ptr(), m.blocked_weight.numel() * 2) for m in layers)
@@ -64,11 +64,11 @@ def test_moving_weights_keeps_logits_and_puts_every_weight_in_one_aligned_arena(
 @needs_kernel
 def test_disabled_or_missing_huge_pages_move_nothing(tmp_path, monkeypatch):
     model, _ = _packed("llama", tmp_path)
-    pointers = [layer.blocked_weight.data_ptr() for layer in _dot_layers(model)]
+    pointers = [layer.blocked_weight.data_ptr() for layer in packed_dot_layers(model)]
     monkeypatch.setenv("SPECULANT_HUGE_PAGES", "0")
     placement = place_packed_weights(model)
     assert placement.bytes_placed == 0 and placement.reason == "disabled by SPECULANT_HUGE_PAGES=0"
-    assert [layer.blocked_weight.data_ptr() for layer in _dot_layers(model)] == pointers
+    assert [layer.blocked_weight.data_ptr() for layer in packed_dot_layers(model)] == pointers
     assert placement.describe() == "packed weights on normal pages: disabled by SPECULANT_HUGE_PAGES=0"
 
 
