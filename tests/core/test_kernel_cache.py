@@ -55,7 +55,7 @@ def kernel_works(lib) -> bool:
     backend._lib = lib
     spans = [QuerySpan([0], 3, [7], [0])]
     meta = backend.build_metadata(SpanTensors.build(spans, 4, torch.device("cpu")))
-    assert isinstance(meta, CpuKernelMetadata) and meta.kernel_ids.tolist() == [0]  # the C path, not torch's
+    assert isinstance(meta, CpuKernelMetadata) and meta.pieces.ids.tolist() == [0]  # the C path, not torch's
     gen = torch.Generator().manual_seed(0)
     kc, vc = torch.randn(1, 4, 1, 8, generator=gen), torch.randn(1, 4, 1, 8, generator=gen)
     q, k, v = (torch.randn(1, n, 8, generator=gen) for n in (2, 1, 1))

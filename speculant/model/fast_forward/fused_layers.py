@@ -11,9 +11,8 @@ layers inside one parallel region, so its bits are the per-operator loop's.
 
 ``FusedLayers.build`` says why it cannot take a model (the per-operator loop
 then runs, as before); ``takes`` says whether one forward's batch qualifies:
-the runner's ``cpu_kernel`` backend with every span on the kernel (spans of
-at most ``MAX_KERNEL_QUERY`` tokens: decodes and verify runs) and contiguous
-bfloat16 caches. A prefill chunk takes the per-operator loop.
+the runner's ``cpu_kernel`` backend (which takes every span, prefill chunks
+cut into pieces) and contiguous bfloat16 caches.
 """
 
 from __future__ import annotations
@@ -113,7 +112,7 @@ class FusedLayers:
 
     def takes(self, backend: Any, metadata: Any, key_caches: list[torch.Tensor]) -> bool:
         """Whether this forward's batch runs here (see the module docstring)."""
-        if not isinstance(metadata, CpuKernelMetadata) or metadata.other or not metadata.kernel_ids.numel():
+        if not isinstance(metadata, CpuKernelMetadata) or not metadata.pieces.ids.numel():
             return False
         cache = key_caches[0]
         return cache.dtype == torch.bfloat16 and cache.is_contiguous() and getattr(backend, "_lib", None) is not None
@@ -133,7 +132,7 @@ class FusedLayers:
             metadata: CpuKernelMetadata,
             key_caches: list[torch.Tensor], value_caches: list[torch.Tensor]) -> None:
         self._bind_caches(key_caches, value_caches)
-        plan, spans, ids = self.plan, metadata.spans, metadata.kernel_ids
+        plan, pieces = self.plan, metadata.pieces
         num_tokens, cache = hidden.shape[0], key_caches[0]
         _, block_size, num_kv, head_dim = cache.shape
         scratch = torch.empty(self._scratch_elems(num_tokens, self.hidden, plan.num_heads, num_kv, head_dim,
@@ -142,8 +141,8 @@ class FusedLayers:
             self.table.data_ptr(), self.table.shape[0], hidden.data_ptr(), num_tokens, self.hidden,
             plan.num_heads, num_kv, head_dim, plan.intermediate_size, self.eps, self.lanes, cos.data_ptr(),
             sin.data_ptr(), metadata.slot_mapping.data_ptr(), cache.shape[0] * block_size,
-            spans.cu_query_lens.data_ptr(), spans.starts.data_ptr(), spans.block_tables.data_ptr(),
-            spans.block_tables.shape[1], ids.data_ptr(), ids.numel(), block_size, plan.scaling,
+            pieces.cu_query_lens.data_ptr(), pieces.starts.data_ptr(), pieces.block_tables.data_ptr(),
+            pieces.block_tables.shape[1], pieces.ids.data_ptr(), pieces.ids.numel(), block_size, plan.scaling,
             self._silu.data_ptr(), scratch.data_ptr(), torch.get_num_threads())
         if status != 0:
             raise RuntimeError(f"the fused bfloat16 decoder layers failed: {STATUS.get(status, status)}")
