@@ -37,6 +37,7 @@ from speculant.server.body_limit import DEFAULT_MAX_REQUEST_BYTES, BodyLimit
 from speculant.server.engine_loop import EngineLoop, QueueFull
 from speculant.server.errors import APIError, install_handlers
 from speculant.server.metrics import ServerMetrics
+from speculant.server.open_requests import OpenRequestCount, OpenRequests
 from speculant.server.prompt_limit import PromptLimit
 from speculant.server.protocol import (
     ChatCompletionRequest,
@@ -73,10 +74,12 @@ class ServerState:
     loop: EngineLoop | None = None
     prompt_limit: PromptLimit | None = None
     created: int = field(default_factory=lambda: int(time.time()))
+    open_requests: OpenRequestCount = field(default_factory=OpenRequestCount)
+    """API requests held, arrival to last byte (``open_requests.py``)."""
     metrics: ServerMetrics = field(init=False)
 
     def __post_init__(self) -> None:
-        self.metrics = ServerMetrics(lambda: self.engine, lambda: self.loop)
+        self.metrics = ServerMetrics(lambda: self.engine, lambda: self.loop, self.open_requests)
 
     def load_now(self) -> None:
         """Load in this thread, before the app starts (a Ray Serve replica takes no request before it is
@@ -136,8 +139,9 @@ def build_app(state: ServerState) -> FastAPI:
     app.state.speculant = state
     install_handlers(app)
     app.add_middleware(BodyLimit, max_bytes=state.max_request_bytes)
-    if state.api_keys:  # added last: runs first
+    if state.api_keys:
         app.add_middleware(ApiKeyAuth, keys=state.api_keys, metrics_public=state.metrics_public)
+    app.add_middleware(OpenRequests, count=state.open_requests)  # added last: runs first
 
     @app.get("/health")
     def health() -> dict[str, str]:

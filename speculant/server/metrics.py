@@ -2,7 +2,8 @@
 
 Counted by the server: requests by finish reason, prompt and generated
 tokens, step time (a histogram observed by the engine thread), requests
-handed to the engine. Read from the engine at scrape time: queue length, running requests, KV blocks in use, and
+handed to the engine, API requests open (arrival to last byte, ``open_requests.py``). Read from the engine
+at scrape time: queue length, running requests, KV blocks in use, and
 the speculation counters vLLM users know (drafts, draft tokens, accepted
 tokens, accepted tokens per draft position, mean acceptance length), plus
 the proposer faults and failed requests the engine contained, and the prefix
@@ -30,6 +31,7 @@ from prometheus_client.registry import Collector
 
 from speculant.engine.llm_engine import LLMEngine
 from speculant.server.engine_loop import EngineLoop
+from speculant.server.open_requests import OpenRequestCount
 
 disable_created_metrics()  # no *_created series: counters here start with the process
 
@@ -37,7 +39,8 @@ STEP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.
 
 
 class ServerMetrics:
-    def __init__(self, engine: Callable[[], LLMEngine | None], loop: Callable[[], EngineLoop | None]) -> None:
+    def __init__(self, engine: Callable[[], LLMEngine | None], loop: Callable[[], EngineLoop | None],
+                 open_requests: OpenRequestCount | None = None) -> None:
         self.registry = CollectorRegistry()
         ProcessCollector(registry=self.registry)
         self.requests = Counter("speculant_requests", "Requests answered, by finish reason (stop, length, "
@@ -49,7 +52,7 @@ class ServerMetrics:
                                          "requests", registry=self.registry)
         self.step_seconds = Histogram("speculant_step_seconds", "Wall time of one engine step",
                                       buckets=STEP_BUCKETS, registry=self.registry)
-        self.registry.register(_EngineCollector(engine, loop))
+        self.registry.register(_EngineCollector(engine, loop, open_requests or OpenRequestCount()))
 
     def finished(self, reason: str, num_prompt_tokens: int = 0, num_output_tokens: int = 0) -> None:
         self.requests.labels(finish_reason=reason).inc()
@@ -63,11 +66,15 @@ class ServerMetrics:
 class _EngineCollector(Collector):
     """Engine state, read when scraped (nothing is copied in between)."""
 
-    def __init__(self, engine: Callable[[], LLMEngine | None], loop: Callable[[], EngineLoop | None]) -> None:
+    def __init__(self, engine: Callable[[], LLMEngine | None], loop: Callable[[], EngineLoop | None],
+                 open_requests: OpenRequestCount) -> None:
         self.engine = engine
         self.loop = loop
+        self.open_requests = open_requests
 
     def collect(self) -> Iterator[Metric]:
+        yield GaugeMetricFamily("speculant_requests_open", "API requests this server holds, from their arrival "
+                                "to the last byte of their answer", value=self.open_requests.value)
         loop = self.loop()
         yield GaugeMetricFamily("speculant_requests_queued", "Requests admitted that have not had their first "
                                 "step yet (bounded by --max-queued)", value=loop.num_queued if loop else 0)

@@ -13,13 +13,16 @@ draft position) are per replica and sum across replicas:
 ``sum by (position) (speculant_spec_accepted_tokens_per_position_total)`` is
 the cluster's count. Gauges and ratios (``speculant_spec_mean_acceptance_length``,
 the prefix-cache hit rate) are per replica and must not be summed; divide the
-summed counters instead. A replica that died keeps its last report (its
-counts happened), under its own label; its replacement starts from zero under
-a new one.
+summed counters instead. A replica that died keeps its last report's counters
+(its counts happened), under its own label, while its gauges (requests open
+and running, KV blocks, memory) leave the exposition once its report is older
+than ``STALE_S``: it holds nothing now, and a sum of gauges over replicas must
+not count it. Its replacement starts from zero under a new label.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -27,6 +30,8 @@ from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
 REPORT_INTERVAL_S = 1.0
+STALE_S = 5 * REPORT_INTERVAL_S
+"""A report this old is a dead replica's: its gauges are dropped."""
 HUB_NAMESPACE = "speculant"
 
 
@@ -35,12 +40,17 @@ class MetricsHub:
 
     def __init__(self) -> None:
         self.reports: dict[str, list[Metric]] = {}
+        self.times: dict[str, float] = {}  # replica -> time.monotonic() of its last report
 
     def report(self, replica: str, families: list[Metric]) -> None:
         self.reports[replica] = families
+        self.times[replica] = time.monotonic()
 
     def snapshot(self) -> dict[str, list[Metric]]:
-        return self.reports
+        """Every replica's last report, less the gauges of those that stopped reporting."""
+        now = time.monotonic()
+        return {r: families if now - self.times[r] <= STALE_S else [f for f in families if f.type != "gauge"]
+                for r, families in self.reports.items()}
 
 
 def exposition(reports: dict[str, list[Metric]]) -> bytes:

@@ -15,8 +15,9 @@ replica through a ``MetricsHub`` actor (``speculant.server.metrics_hub``).
 once every replica is up; ``undeploy`` removes both.
 
 ``SPECULANT_SERVE_KILL_FILE=PATH`` (fault injection for the tests): once PATH
-exists, one replica with requests in flight (whichever claims ``PATH.claimed``
-first, where it writes how many it had) exits abruptly.
+exists, one replica holding API requests, none new for ``KILL_QUIET_S`` (whichever
+claims ``PATH.claimed`` first, where it writes how many it held: ``open_requests.py``)
+exits abruptly.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ logger = logging.getLogger(__name__)
 
 APP_NAME = "speculant"
 KILL_ENV = "SPECULANT_SERVE_KILL_FILE"
+KILL_QUIET_S = 0.3
 
 
 @dataclass(frozen=True)
@@ -110,19 +112,28 @@ class SpeculantReplica:
 
 
 def _die_when_flagged(path: str, state: ServerState) -> None:
+    """Once ``path`` exists: wait until this replica holds requests and none has arrived for
+    ``KILL_QUIET_S`` (a burst sent at once has landed: none is still on its way here), then claim
+    ``path.claimed``, write how many requests are open and exit abruptly. What a replica holds counts
+    from arrival to the answer's last byte (``open_requests.py``): a request not yet handed to its
+    engine, or finished but not yet answered in full, is lost with it too."""
+    open_ = state.open_requests
     while not os.path.exists(path):
-        time.sleep(0.05)
-    # a replica dies with requests in flight (on a loaded machine the flag can come before they arrive)
-    while state.loop is None or state.loop.num_in_flight == 0:
+        time.sleep(0.02)
+    seen, since = open_.arrived, time.monotonic()
+    while True:
         if os.path.exists(path + ".claimed"):
             return
-        time.sleep(0.05)
+        if open_.arrived != seen:
+            seen, since = open_.arrived, time.monotonic()
+        elif open_.value > 0 and time.monotonic() - since >= KILL_QUIET_S:
+            break
+        time.sleep(0.02)
     try:
         fd = os.open(path + ".claimed", os.O_CREAT | os.O_EXCL | os.O_WRONLY)
     except FileExistsError:
         return
-    in_flight = state.loop.num_in_flight if state.loop is not None else 0
-    os.write(fd, str(in_flight).encode())
+    os.write(fd, str(open_.value).encode())
     os.close(fd)
     os._exit(1)  # as abrupt as a lost node
 

@@ -195,17 +195,18 @@ def test_a_killed_replica_costs_only_its_in_flight_requests(url, reference, kill
     claimed = kill_flag.parent / (kill_flag.name + ".claimed")
 
     async def run():
+        # armed first: the replica that dies does so once the burst below has landed (none of its
+        # requests still on the way), and writes how many it held
+        kill_flag.touch()
         async with openai.AsyncOpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0, timeout=300) as client:
-            tasks = [asyncio.create_task(stream_one(client, p, 120) if i % 2 == 0 else whole_one(client, p, 120))
+            tasks = [asyncio.create_task(stream_one(client, p, 200) if i % 2 == 0 else whole_one(client, p, 200))
                      for i, p in enumerate(ps)]
-            await asyncio.sleep(1.0)  # every request admitted and streaming
-            kill_flag.touch()
             return await asyncio.gather(*tasks, return_exceptions=True)
 
     results = asyncio.run(run())
     assert claimed.exists(), "no replica died: the test proved nothing"
     in_flight = int(claimed.read_text())
-    want = reference.generate(ps, SamplingParams(max_tokens=120, temperature=0, ignore_eos=True), use_tqdm=False)
+    want = reference.generate(ps, SamplingParams(max_tokens=200, temperature=0, ignore_eos=True), use_tqdm=False)
     failed = [r for r in results if isinstance(r, BaseException)]
     for r, w in zip(results, want):
         if not isinstance(r, BaseException):

@@ -118,3 +118,37 @@ def test_draft_model_speculation_under_load(chat_model_dir, spec_noisy_draft_dir
         assert server.wait_idle()["speculant_kv_blocks_in_use"] == 0
     finally:
         assert server.stop() == 0, server.read_log()
+
+
+
+def test_open_requests_count_a_request_from_arrival_to_its_last_byte(server):
+    """``speculant_requests_open``: three requests whose bodies are still arriving (not yet parsed,
+    so not yet in the engine) count 3 at every scrape, the scrapes not counting themselves; once
+    their bodies end they are answered and the count is back to 0."""
+
+    async def run() -> tuple[list[float], list[int], float]:
+        release = asyncio.Event()
+
+        async def slow_body():
+            yield b'{"prompt": "a b c", '
+            await release.wait()
+            yield b'"max_tokens": 3, "temperature": 0, "ignore_eos": true}'
+
+        async with httpx.AsyncClient(timeout=60) as client:
+            posts = [asyncio.create_task(client.post(server.url + "/v1/completions", content=slow_body(),
+                                                     headers={"Content-Type": "application/json"}))
+                     for _ in range(3)]
+            seen: list[float] = []
+            for _ in range(200):  # until all three have reached the server
+                seen.append((await asyncio.to_thread(server.metrics))["speculant_requests_open"])
+                if seen[-1] == 3:
+                    break
+                await asyncio.sleep(0.05)
+            seen.append((await asyncio.to_thread(server.metrics))["speculant_requests_open"])
+            release.set()
+            codes = [(await p).status_code for p in posts]
+        return seen, codes, (await asyncio.to_thread(server.metrics))["speculant_requests_open"]
+
+    seen, codes, after = asyncio.run(run())
+    assert seen[-2:] == [3, 3] and max(seen) == 3, seen
+    assert codes == [200, 200, 200] and after == 0

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from speculant.server import metrics_hub
 from speculant.server.metrics import ServerMetrics
-from speculant.server.metrics_hub import MetricsHub, exposition
+from speculant.server.metrics_hub import STALE_S, MetricsHub, exposition
 
 
 def replica_metrics(finished: list[tuple[str, int, int]], steps: list[float]) -> list:
@@ -37,3 +38,19 @@ def test_every_replica_labelled_and_counters_sum():
 
 def test_no_reports_is_an_empty_exposition():
     assert exposition({}) == b""
+
+
+def test_a_replica_that_stopped_reporting_keeps_its_counters_and_loses_its_gauges(monkeypatch):
+    """A dead replica's counts happened; what it held (gauges: open requests, memory) it holds no more."""
+    clock = [100.0]
+    monkeypatch.setattr(metrics_hub.time, "monotonic", lambda: clock[0])
+    hub = MetricsHub()
+    hub.report("dead", replica_metrics([("length", 5, 7)], [0.01]))
+    clock[0] += STALE_S / 2
+    hub.report("alive", replica_metrics([("stop", 3, 2)], [0.02]))
+    clock[0] += STALE_S / 2 + 0.1  # "dead" last reported just over STALE_S ago, "alive" half of that
+
+    families = {f.name: f for f in text_string_to_metric_families(exposition(hub.snapshot()).decode())}
+    assert {s.labels["replica"] for s in families["speculant_requests"].samples} == {"dead", "alive"}
+    for gauge in ("process_resident_memory_bytes", "speculant_requests_open"):
+        assert {s.labels["replica"] for s in families[gauge].samples} == {"alive"}, gauge
