@@ -29,7 +29,7 @@ from typing import Any
 
 from speculant.bench.hf_runs import run_hf
 from speculant.bench.oracle import register, save_continuations
-from speculant.bench.report import environment
+from speculant.bench.report import drop_raw, environment
 from speculant.bench.speculant_runs import Method, run_speculant
 
 SIZES: dict[str, dict[str, Any]] = {
@@ -100,7 +100,7 @@ def run_random_bench(size: str, *, alphas: list[float], k: int, max_tokens: int,
         b = base.get(r["concurrency"])
         r["vs_baseline"] = r["tokens_per_s"] / b if b and r.get("tokens_per_s") else None
         r["matches_no_spec"] = None
-        r.pop("token_ids", None)
+    drop_raw(rows)  # the per-token samples behind the timing fields (and the tokens) stay out of the file
     params = _num_params(SIZES[size])
     return {"env": env, "title": f"random-weight llama-{size} ({params / 1e9:.2f} B parameters), {dtype}, "
                                  f"{num_prompts} prompts × {prompt_len} tokens, {max_tokens} new, k = {k}, oracle "

@@ -109,3 +109,6 @@ def test_the_bench_gives_transformers_the_engine_seed(monkeypatch, tmp_path):
     res = run_random_bench("tiny", alphas=[0.5], k=2, max_tokens=4, repeats=1, concurrency=[1], dtype="float32",
                            device="cpu", num_prompts=1, prompt_len=8, hf=True, seed=11, log=lambda _m: None)
     assert res["settings"]["seed"] == 11 and [a[3] if len(a) > 3 else kw["random_seed"] for a, kw in seen] == [11]
+    # the per-token samples behind the timing fields, and the tokens, stay out of the result
+    assert all(not {"_ttfts", "_gaps", "token_ids"} & set(r) for r in res["rows"])
+    assert any(r["itl_p50_ms"] is not None for r in res["rows"])
