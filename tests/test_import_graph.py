@@ -239,3 +239,21 @@ def test_the_command_line_and_plugin_layer_load_without_torch():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=PACKAGE_ROOT.parent)
     assert out.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("overrides", [
+    [],  # examples/demo.toml: a draft model verified by MQA
+    ["speculative.proposer=ngram", "speculative.proposer_options={}", "model.attention_backend=cpu_kernel"],
+    ["speculative.proposer=suffix", "speculative.proposer_options={}", "speculative.scorer=batch_expansion"],
+])
+def test_checking_a_config_loads_no_model_code(overrides):
+    """The driver of ``speculant batch --ray`` checks the config (plugins loaded, every rule run) and runs no
+    engine: it must not import transformers' model classes or our runner (~2 s that each actor pays again)."""
+    code = ("import sys; from speculant.config.compat import build_config; "
+            "from speculant.config.models import read_config; "
+            f"build_config(read_config('examples/demo.toml', {overrides!r}), 'demo.toml'); "
+            "print(sorted(m for m in ('transformers.modeling_utils', 'speculant.model.runner', "
+            "'speculant.model.loading', 'speculant.engine.llm_engine') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=PACKAGE_ROOT.parent)
+    assert out.stdout.strip() == "[]", out.stdout

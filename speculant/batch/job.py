@@ -64,9 +64,12 @@ class Summary:
     seconds: float
 
 
-def write(job: Plan, output_path: str, source: Source, progress: bool = True) -> Summary:
-    """Run ``job`` through ``source`` and append its records to ``output_path`` in input order."""
-    start = time.perf_counter()
+def write(job: Plan, output_path: str, source: Source, progress: bool = True,
+          started: float | None = None) -> Summary:
+    """Run ``job`` through ``source`` and append its records to ``output_path`` in input order; the
+    summary's seconds count from ``started`` (a ``time.perf_counter()`` reading: a Ray job starts before
+    its writing does), else from now."""
+    start = time.perf_counter() if started is None else started
     num_errors = len(job.duplicates)
     total = job.num_skipped + len(job.numbers)
     with open(output_path, "a", encoding="utf-8") as f, \

@@ -20,8 +20,10 @@ over several actors, and the engine does not see their edges. (Before, an
 actor ran one batch to the end before taking the next: 41% more engine steps
 than the local run on the benchmark job; the Ray path was 44-55% slower.)
 
-The driver runs no engine and loads neither torch nor transformers; each
-actor does, once, when it starts (its process, imports and engine load are
+The driver runs no engine: its config check loads the plugins (torch with
+them) but no model code (neither our runner nor transformers' model
+classes: ``tests/test_import_graph.py``); each actor imports and loads the
+engine once, when it starts (its process, imports and engine load are
 Ray's remaining fixed cost: ``benchmarks/ray_breakdown.py``).
 
 Why not ``read_json``: pyarrow's JSON reader fails the whole read on one
@@ -54,6 +56,7 @@ from typing import Any
 
 from speculant.batch.engine_loop import EngineLoop
 from speculant.batch.lines import InputLine
+from speculant.batch.ray_stream import RowStream
 from speculant.batch.runner import Record
 from speculant.config.models import EngineConfig
 
@@ -69,7 +72,7 @@ class Predictor:
     several threads at once, every call feeding the one ``EngineLoop``."""
 
     def __init__(self, config: EngineConfig, source: str, threads: int) -> None:
-        import torch  # in the actor only: the driver runs no engine, and loads neither torch nor transformers
+        import torch  # in the actor only: the driver runs no engine
 
         from speculant.engine.llm_engine import LLMEngine
 
@@ -105,18 +108,19 @@ def _claim(path: str) -> bool:
         return False
 
 
-def connect() -> None:
+def connect() -> bool:
     """Join the cluster at ``$RAY_ADDRESS``, or start one on this machine (no dashboard); nothing if this
-    process is connected already."""
+    process is connected already. True if it connected now."""
     import ray
 
     if ray.is_initialized():
-        return
+        return False
     address = os.environ.get("RAY_ADDRESS") or None
     if address:
         ray.init(address=address, log_to_driver=False)
     else:
         ray.init(include_dashboard=False, log_to_driver=False)
+    return True
 
 
 class RayJob:
@@ -128,14 +132,31 @@ class RayJob:
         self.batch_size = batch_size or max(1, config.scheduler.max_num_seqs // 2)
         # batches an actor holds: enough to keep its engine's in-flight window full, plus one queued behind
         self.calls_per_actor = min(MAX_CALLS, math.ceil(in_flight / self.batch_size) + 1)
+        self.owns_connection = False
+        """True once ``start`` has connected this process to Ray (it was not before): ``close`` disconnects."""
 
-    def run(self, lines: list[InputLine]) -> Iterator[tuple[int, Record]]:
+    def connect(self) -> None:
+        self.owns_connection = connect() or self.owns_connection
+
+    def close(self) -> None:
+        """Disconnect if ``connect`` connected: Ray ends this driver's job and its actors (a started job
+        that is no longer wanted stops here), and a cluster it started. Doing it here rather than at the
+        interpreter's exit also saves the driver ~1 s (Ray's exit hook waits on the job's threads)."""
+        if self.owns_connection:
+            import ray
+
+            ray.shutdown()
+            self.owns_connection = False
+
+    def start(self, lines: list[InputLine]) -> RowStream | None:
+        """Start the job on Ray: its actors start now, while the caller goes on (``RowStream``); None
+        for no lines (no Ray then)."""
         if not lines:
-            return
+            return None
         import ray
         from ray.data import ActorPoolStrategy, DataContext
 
-        connect()
+        self.connect()
         DataContext.get_current().enable_progress_bars = False  # the job has its own bar
         items = [{"number": line.number, "text": line.text} for line in lines]
         # one block per batch; map_batches(batch_size=None) hands each block over whole, as one call
@@ -152,5 +173,14 @@ class RayJob:
                 num_cpus=self.cpus_per_replica, max_restarts=MAX_RESTARTS, max_task_retries=MAX_RESTARTS,
                 fn_constructor_kwargs={"config": self.config, "source": self.source,
                                        "threads": max(1, math.ceil(self.cpus_per_replica))})
-        for row in ds.iter_rows():
+        return RowStream(ds)
+
+    @staticmethod
+    def records(rows: RowStream | None) -> Iterator[tuple[int, Record]]:
+        """A started job's records, as they come (``job.Source``'s contract)."""
+        for row in rows or ():
             yield int(row["number"]), json.loads(row["record"])
+
+    def run(self, lines: list[InputLine]) -> Iterator[tuple[int, Record]]:
+        """Start the job and take its records."""
+        return self.records(self.start(lines))

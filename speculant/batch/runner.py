@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from speculant.batch.lines import BadLine, InputLine, LineId, to_request
 from speculant.batch.output import error_record, result_record
 
-if TYPE_CHECKING:  # the Ray driver imports this module and runs no engine: it loads neither torch nor transformers
+if TYPE_CHECKING:  # the Ray driver imports this module and runs no engine (it loads no model code)
     from speculant.engine.llm_engine import LLMEngine
 
 Record = dict[str, Any]

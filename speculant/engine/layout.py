@@ -10,9 +10,13 @@ may lay decodes out differently; they all reuse ``prefill_spans`` and
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from speculant.engine.batch import ScheduledRequest, StepBatch
 from speculant.interfaces import Proposals, QuerySpan, Scores
-from speculant.model.runner import ForwardOutput, ModelRunner
+
+if TYPE_CHECKING:  # the runner imports transformers' model classes (~2 s): a Ray driver checking a config needs none
+    from speculant.model.runner import ForwardOutput, ModelRunner
 
 
 def block_table(runner: ModelRunner, entry: ScheduledRequest) -> list[int]:

@@ -28,6 +28,10 @@ class ModelFileError(ValueError):
     """A weight file of the model directory is missing, truncated or corrupt."""
 
 
+class UnsupportedModelError(ValueError):
+    """The model uses a feature speculant's attention would get wrong."""
+
+
 def _fail(option: str, path: Path, what: str) -> ModelFileError:
     return ModelFileError(f"{option}: weight file {str(path)!r} {what}; {FIX}")
 

@@ -19,8 +19,7 @@ import importlib.metadata
 import struct
 from pathlib import Path
 
-from speculant.model.files import ModelFileError
-from speculant.model.loading import _DTYPES, UnsupportedModelError
+from speculant.model.files import ModelFileError, UnsupportedModelError
 
 MAGIC = b"GGUF"
 INSTALL = "pip install 'speculant[gguf]'"
@@ -76,7 +75,7 @@ def convert(source: Path, out: Path, dtype: str, option: str) -> None:
     except ImportError:
         pass
     try:
-        model = AutoModelForCausalLM.from_pretrained(source.parent, gguf_file=source.name, dtype=_DTYPES[dtype],
+        model = AutoModelForCausalLM.from_pretrained(source.parent, gguf_file=source.name, dtype=dtype,
                                                      **kwargs)
         tokenizer = AutoTokenizer.from_pretrained(source.parent, gguf_file=source.name)
     except (ValueError, NotImplementedError, KeyError, TypeError, IndexError, AttributeError, OSError,

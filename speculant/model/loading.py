@@ -10,17 +10,13 @@ import torch
 from transformers import MODEL_FOR_CAUSAL_LM_MAPPING, AutoConfig, AutoModelForCausalLM, AutoTokenizer, PretrainedConfig
 
 from speculant.model.attention.hf_seam import register_seam
-from speculant.model.files import SafetensorError, check_weight_files, weight_load_error
+from speculant.model.files import SafetensorError, UnsupportedModelError, check_weight_files, weight_load_error
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
 _DTYPES = {"float32": torch.float32, "float64": torch.float64,
            "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-class UnsupportedModelError(ValueError):
-    """The model uses a feature speculant's attention would get wrong."""
 
 
 def check_model_dir(path: str, option: str = "model.path") -> Path:

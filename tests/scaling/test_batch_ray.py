@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -93,3 +94,94 @@ def test_an_actor_takes_its_next_batch_while_one_runs(ray_cluster, tmp_path, mod
     assert len(calls) == 4
     overlapping = [(a, b) for a in calls for b in calls if a < b and b[0] < a[1]]
     assert overlapping, f"every batch waited for the one before it to return: {calls}"
+
+
+def _cpus_back(ray, want: float, within: float = 20.0) -> float:
+    """The cluster's free CPUs once they are ``want`` again (or whatever they are after ``within`` s)."""
+    deadline = time.monotonic() + within
+    while (free := ray.available_resources().get("CPU", 0.0)) < want and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return free
+
+
+def _cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "speculant.cli", *args], capture_output=True, text=True,
+                          env={**os.environ, **env}, timeout=300)
+
+
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_a_config_the_driver_refuses_ends_the_job_it_started(ray_cluster, tmp_path, model, replicas):
+    """From the command line (it connects to the cluster) the job starts before the driver's config check
+    ends (the actors start meanwhile): a refused config still exits 2 naming the problem, writes nothing,
+    prints no traceback, and its actors end."""
+    src = write_jsonl(tmp_path / "in.jsonl", greedy_rows(4))
+    out = tmp_path / "out.jsonl"
+    env = {"RAY_ADDRESS": ray_cluster.get_runtime_context().gcs_address}
+    done = _cli("batch", str(src), "--output", str(out), "--model", str(model), "--no-progress", "--ray",
+                "--set", "speculative.proposer=nope", "--replicas", str(replicas),
+                "--cpus-per-replica", str(2 / replicas), env=env)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "speculative.proposer = 'nope': no proposer named 'nope'" in done.stderr
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert not out.exists()
+    assert _cpus_back(ray_cluster, 2.0) == 2.0, "the refused job's actors still hold their CPUs"
+
+
+def test_a_refused_config_in_process_cancels_the_job_and_keeps_the_connection(ray_cluster, tmp_path, model,
+                                                                               capsys):
+    src = write_jsonl(tmp_path / "in.jsonl", greedy_rows(4))
+    out = tmp_path / "out.jsonl"
+    capsys.readouterr()
+    assert main(["batch", str(src), "--output", str(out), "--model", str(model), "--no-progress", "--ray",
+                 "--set", "speculative.proposer=nope", "--cpus-per-replica", "2"]) == 2
+    assert "no proposer named 'nope'" in capsys.readouterr().err
+    assert not out.exists()
+    assert ray_cluster.is_initialized(), "the caller's own connection was closed"
+    assert _cpus_back(ray_cluster, 2.0) == 2.0, "the refused job's actor still holds its CPUs"
+
+
+class SlowBatches:
+    """A Ray Data actor that takes half a second per batch."""
+
+    def __call__(self, batch):
+        time.sleep(0.5)
+        return batch
+
+
+def test_a_row_stream_cancelled_before_its_rows_are_taken_ends_and_frees_its_actor(ray_cluster):
+    from ray.data import ActorPoolStrategy
+
+    from speculant.batch.ray_stream import RowStream
+
+    ray_cluster.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    ds = ray_cluster.data.range(40, override_num_blocks=40).map_batches(
+        SlowBatches, batch_size=None, compute=ActorPoolStrategy(size=1), num_cpus=2)
+    stream = RowStream(ds)
+    time.sleep(1.0)  # the pool's actor starting, as when the driver's config check ends
+    assert stream.cancel(timeout=15.0), "the pump thread did not end"
+    assert _cpus_back(ray_cluster, 2.0) == 2.0, "the cancelled job's actor still holds its CPUs"
+
+
+def test_a_command_line_job_equals_the_in_process_one_and_leaves_the_cluster_free(ray_cluster, tmp_path, model):
+    """The command line (which connects, starts the job, checks, and disconnects) writes what the
+    in-process call (already connected: check first) writes."""
+    src = write_jsonl(tmp_path / "in.jsonl", greedy_rows(6))
+    inproc, cli = tmp_path / "inproc.jsonl", tmp_path / "cli.jsonl"
+    ray_args = ["--no-progress", "--ray", "--replicas", "1", "--cpus-per-replica", "1"]
+    assert main(["batch", str(src), "--output", str(inproc), "--model", str(model), *ray_args]) == 0
+    done = _cli("batch", str(src), "--output", str(cli), "--model", str(model), *ray_args,
+                env={"RAY_ADDRESS": ray_cluster.get_runtime_context().gcs_address})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert cli.read_text() == inproc.read_text()
+    assert _cpus_back(ray_cluster, 2.0) == 2.0
+
+
+def test_a_row_stream_raises_the_failure_of_its_execution(ray_cluster):
+    from speculant.batch.ray_stream import RowStream
+
+    def fail(batch):
+        raise ValueError("this batch cannot run")
+
+    ds = ray_cluster.data.range(2).map_batches(fail)
+    with pytest.raises(Exception, match="this batch cannot run"):
+        list(RowStream(ds))
