@@ -180,7 +180,3 @@ class RayJob:
         """A started job's records, as they come (``job.Source``'s contract)."""
         for row in rows or ():
             yield int(row["number"]), json.loads(row["record"])
-
-    def run(self, lines: list[InputLine]) -> Iterator[tuple[int, Record]]:
-        """Start the job and take its records."""
-        return self.records(self.start(lines))
