@@ -20,7 +20,10 @@ wait on each other), which would measure the machine, not Ray.
 
 The local Ray cluster (``num_cpus=T``, no dashboard) is started once, timed
 apart (a long-lived cluster pays it once). An untimed local warm-up job runs
-first; rounds (``--repeats``) alternate the order. Every
+first; rounds (``--repeats``) alternate the order, so a Ray run and the local run of its round
+always run back to back, and each round gives its own Ray/local ratio (``ray_overhead_pct_by_round``,
+their median ``ray_overhead_pct_paired_median``): on a shared machine the speed drifts between
+rounds by more than Ray costs, and neighbours share the drift. Every
 output must equal the local one byte for byte. Then Ray Serve: 2 replicas,
 ``--streams`` (64) concurrent streaming requests over loopback, each text
 compared with ``LLM.generate``; none may be lost or duplicated.
@@ -181,10 +184,16 @@ def main() -> None:
         runs = harness.rounds(list(modes), args.repeats, run_one)
         local_out = (tmp / f"local-{max_tokens}.jsonl").read_text()
         wall = {name: harness.median([r["wall_s"] for r in runs[name]]) for name in modes}
+        # round by round: the Ray run against the local run next to it (the machine's speed drifts by
+        # more than Ray's cost between rounds; neighbours share it)
+        paired = {n: [round(100 * (ray["wall_s"] / loc["wall_s"] - 1), 1) for ray, loc in zip(runs[n], runs["local"])]
+                  for n in modes if n != "local"}
         job = {"max_tokens": max_tokens, "job_wall_s": wall,
                "ray_overhead_s": {n: round(wall[n] - wall["local"], 1) for n in modes if n != "local"},
                "ray_overhead_pct_of_local": {n: round(100 * (wall[n] / wall["local"] - 1), 1)
                                              for n in modes if n != "local"},
+               "ray_overhead_pct_by_round": paired,
+               "ray_overhead_pct_paired_median": {n: round(harness.median(v), 1) for n, v in paired.items()},
                "outputs_identical_to_local": {n: (tmp / f"{n}-{max_tokens}.jsonl").read_text() == local_out
                                               for n in modes}}
         bench.log(f"max_tokens {max_tokens}: {job}")

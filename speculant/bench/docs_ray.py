@@ -15,6 +15,14 @@ def _label(name: str, threads: int) -> str:
     return f"`--ray --replicas {replicas} --cpus-per-replica {cpus}`"
 
 
+def _paired(job: dict, name: str) -> str:
+    by_round = job.get("ray_overhead_pct_by_round", {}).get(name)
+    if name == "local" or not by_round:
+        return "–"
+    rounds = ", ".join(f"{v:+.1f}" for v in by_round)
+    return f"{rounds} % ({job['ray_overhead_pct_paired_median'][name]:+.1f} %)"
+
+
 def ray_scaling(results: Path) -> list[str]:
     """`speculant batch` on one engine and on Ray Data at the same total threads; Ray Serve with 2 replicas"""
     path = results / "ray_scaling.json"
@@ -28,15 +36,16 @@ def ray_scaling(results: Path) -> list[str]:
            f"engine loading included, median of "
            f"{data['options'].get('repeats', 1)} alternating rounds; measured on {measured_on(data)}, a shared "
            f"machine (load average {load} at the start).", "",
-           "| tokens per prompt | run | job wall time | Ray's cost | records identical to local |",
-           "|---|---|---|---|---|"]
+           "| tokens per prompt | run | job wall time | Ray's cost (medians) | Ray's cost round by round "
+           "(against the local run beside it; median) | records identical to local |",
+           "|---|---|---|---|---|---|"]
     for job in s["jobs"]:
         for name, wall in job["job_wall_s"].items():
             cost = "–" if name == "local" else \
                 f"{job['ray_overhead_s'][name]:+.1f} s ({job['ray_overhead_pct_of_local'][name]:+.1f} %)"
             same = "yes" if job["outputs_identical_to_local"][name] else "**no**"
             out.append(f"| {job['max_tokens']} | {_label(name, s['total_threads'])} | {wall:.1f} s | {cost} "
-                       f"| {same} |")
+                       f"| {_paired(job, name)} | {same} |")
     v = s["serve"]
     out += ["", f"The local Ray cluster started once, in {s['cluster_start_s']:.1f} s (not in the job times). "
             f"Ray Serve, {v['replicas']} replicas at {v['cpus_per_replica']} CPU: {v['streams']} concurrent "
@@ -44,6 +53,12 @@ def ray_scaling(results: Path) -> list[str]:
             f"response ids, every text equal to `LLM.generate`: {'yes' if v['all_equal_llm_generate'] else 'no'} "
             f"({v['streams_wall_s']:.1f} s for all; deploying took {v['deploy_s']:.0f} s)."]
     return out
+
+
+def _step_ms(row: dict) -> str:
+    """Mean step time, with its p10 / p50 / p90 where the run recorded them."""
+    pct = row.get("step_ms_p10_p50_p90_p99")
+    return f"{row['mean_step_ms']} ({' / '.join(str(v) for v in pct[:3])})" if pct else str(row["mean_step_ms"])
 
 
 def ray_breakdown(results: Path) -> list[str]:
@@ -58,7 +73,7 @@ def ray_breakdown(results: Path) -> list[str]:
            f"once per run, engine steps timed in the driver or in each actor; measured on {measured_on(data)} "
            f"(load average {(env.get('load_avg') or ['?'])[0]} at the start).", "",
            "| run | wall | start to engine ready (Ray: actor up + its imports and engine load) "
-           "| engine steps | ms per step "
+           "| engine steps | ms per step: mean (p10 / p50 / p90) "
            "| requests running per step | steps with < 16 running | engine idle "
            "| CPU of the driver and Ray's processes |",
            "|---|---|---|---|---|---|---|---|---|"]
@@ -68,13 +83,13 @@ def ray_breakdown(results: Path) -> list[str]:
         ray_cpu = sum(v for k, v in cpu.items() if k in ("driver", "raylet", "gcs_server", "ray_other"))
         if name == "local":
             out.append(f"| {label} | {row['wall_s']:.1f} s | {row['load_s']:.1f} s | {row['steps']} "
-                       f"| {row['mean_step_ms']} | {row['mean_running']} | {row['tail_steps']} | – | – |")
+                       f"| {_step_ms(row)} | {row['mean_running']} | {row['tail_steps']} | – | – |")
             continue
         actors = row["actors"]
         idle = " / ".join(f"{a['idle_s']:.1f} s" for a in actors)
         ready = ", ".join(f"{a['to_actor_init_s']:.1f} + {a['engine_load_s']:.1f} s" for a in actors)
         out.append(f"| {label} | {row['wall_s']:.1f} s | {ready} | {' + '.join(str(a['steps']) for a in actors)} "
-                   f"| {' / '.join(str(a['mean_step_ms']) for a in actors)} "
+                   f"| {' / '.join(_step_ms(a) for a in actors)} "
                    f"| {' / '.join(str(a['mean_running']) for a in actors)} "
                    f"| {' + '.join(str(a['tail_steps']) for a in actors)} "
                    f"| {idle} | {ray_cpu:.1f} s |")

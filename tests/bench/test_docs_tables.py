@@ -40,3 +40,33 @@ def test_measured_on_names_missing_fields():
     env = {"environment": {"cpu": "AMD EPYC", "date_utc": "2026-12-04T10:22:20+00:00",
                            "git_commit": "b96e956abc-dirty"}}
     assert docs_tables.measured_on(env) == "AMD EPYC, 2026-12-04 10:22 UTC, b96e956+dirty"
+
+
+def _ray_scaling_result(job_extra: dict) -> dict:
+    job = {"max_tokens": 8, "job_wall_s": {"local": 10.0, "ray_1x2": 11.0},
+           "ray_overhead_s": {"ray_1x2": 1.0}, "ray_overhead_pct_of_local": {"ray_1x2": 10.0},
+           "outputs_identical_to_local": {"local": True, "ray_1x2": True}, **job_extra}
+    serve = {"replicas": 2, "cpus_per_replica": 1.0, "streams": 8, "completed": 8, "failed": 0,
+             "distinct_response_ids": 8, "all_equal_llm_generate": True, "deploy_s": 9.0, "streams_wall_s": 3.0}
+    return {"options": {"repeats": 3}, "environment": {"cpu": "AMD EPYC", "date_utc": "2026-12-06T09:00:00+00:00"},
+            "summary": {"prompts": 20, "total_threads": 2, "cluster_start_s": 2.0, "jobs": [job], "serve": serve}}
+
+
+def test_ray_scaling_table_shows_each_round_against_its_local_neighbour(tmp_path):
+    from speculant.bench.docs_ray import ray_scaling
+
+    (tmp_path / "ray_scaling.json").write_text(json.dumps(_ray_scaling_result(
+        {"ray_overhead_pct_by_round": {"ray_1x2": [4.0, 12.5, -1.0]},
+         "ray_overhead_pct_paired_median": {"ray_1x2": 4.0}})))
+    rows = [line for line in ray_scaling(tmp_path) if line.startswith("| 8 |")]
+    assert rows[0].split("|")[5].strip() == "–"  # the local row has no ratio
+    assert rows[1].split("|")[5].strip() == "+4.0, +12.5, -1.0 % (+4.0 %)"
+
+
+def test_ray_scaling_table_reads_a_result_written_before_the_paired_rounds(tmp_path):
+    from speculant.bench.docs_ray import ray_scaling
+
+    (tmp_path / "ray_scaling.json").write_text(json.dumps(_ray_scaling_result({})))
+    rows = [line for line in ray_scaling(tmp_path) if line.startswith("| 8 |")]
+    assert [row.split("|")[5].strip() for row in rows] == ["–", "–"]
+    assert rows[1].split("|")[4].strip() == "+1.0 s (+10.0 %)"
