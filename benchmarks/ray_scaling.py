@@ -20,10 +20,10 @@ wait on each other), which would measure the machine, not Ray.
 
 The local Ray cluster (``num_cpus=T``, no dashboard) is started once, timed
 apart (a long-lived cluster pays it once). An untimed local warm-up job runs
-first; rounds (``--repeats``) alternate the order, so a Ray run and the local run of its round
-always run back to back, and each round gives its own Ray/local ratio (``ray_overhead_pct_by_round``,
-their median ``ray_overhead_pct_paired_median``): on a shared machine the speed drifts between
-rounds by more than Ray costs, and neighbours share the drift. Every
+first; rounds (``--repeats``) alternate the order (``ray_1xT`` always runs right beside the local
+run of its round; ``ray_Tx1`` one run further away), and each round gives its own Ray/local
+ratio (``ray_overhead_pct_by_round``, their median ``ray_overhead_pct_paired_median``): on a
+shared machine the speed drifts between rounds by more than Ray costs, and neighbours share the drift. Every
 output must equal the local one byte for byte. Then Ray Serve: 2 replicas,
 ``--streams`` (64) concurrent streaming requests over loopback, each text
 compared with ``LLM.generate``; none may be lost or duplicated.
