@@ -107,10 +107,9 @@ def cpu_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, fl
 
 def step_stats(steps: list, max_num_seqs: int) -> dict:
     n = len(steps)
-    ms = sorted(1000 * (e - s) for s, e, _, _ in steps) or [0.0]
+    ms = [1000 * (e - s) for s, e, _, _ in steps]
     return {"steps": n, "step_s": round(sum(e - s for s, e, _, _ in steps), 1),
-            "step_ms_p10_p50_p90_p99": [round(ms[min(n - 1, int(q * n))], 1) for q in (0.1, 0.5, 0.9, 0.99)]
-            if n else [],
+            "step_ms_p10_p50_p90_p99": [round(harness.percentile(ms, q), 1) for q in (10, 50, 90, 99)] if n else [],
             "mean_step_ms": round(1000 * sum(e - s for s, e, _, _ in steps) / max(n, 1), 1),
             "mean_running": round(sum(r for _, _, r, _ in steps) / max(n, 1), 1),
             "tail_steps": sum(r < max_num_seqs / 2 for _, _, r, _ in steps)}

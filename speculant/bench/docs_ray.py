@@ -47,8 +47,12 @@ def ray_scaling(results: Path) -> list[str]:
             out.append(f"| {job['max_tokens']} | {_label(name, s['total_threads'])} | {wall:.1f} s | {cost} "
                        f"| {_paired(job, name)} | {same} |")
     v = s["serve"]
+    first = s.get("first_ray_job_s")
+    first_job = "" if first is None else (
+        f"Its first Ray job (4 lines, outside the rounds) took {first:.1f} s: it also starts the cluster's own "
+        "Ray Data actors, which later jobs reuse. ")
     out += ["", f"The local Ray cluster started once, in {s['cluster_start_s']:.1f} s (not in the job times). "
-            f"Ray Serve, {v['replicas']} replicas at {v['cpus_per_replica']} CPU: {v['streams']} concurrent "
+            f"{first_job}Ray Serve, {v['replicas']} replicas at {v['cpus_per_replica']} CPU: {v['streams']} concurrent "
             f"streams, {v['completed']} completed, {v['failed']} failed, {v['distinct_response_ids']} distinct "
             f"response ids, every text equal to `LLM.generate`: {'yes' if v['all_equal_llm_generate'] else 'no'} "
             f"({v['streams_wall_s']:.1f} s for all; deploying took {v['deploy_s']:.0f} s)."]

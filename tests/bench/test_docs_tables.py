@@ -70,3 +70,15 @@ def test_ray_scaling_table_reads_a_result_written_before_the_paired_rounds(tmp_p
     rows = [line for line in ray_scaling(tmp_path) if line.startswith("| 8 |")]
     assert [row.split("|")[5].strip() for row in rows] == ["–", "–"]
     assert rows[1].split("|")[4].strip() == "+1.0 s (+10.0 %)"
+
+
+def test_ray_scaling_text_names_the_first_ray_job_when_recorded(tmp_path):
+    from speculant.bench.docs_ray import ray_scaling
+
+    data = _ray_scaling_result({})
+    (tmp_path / "ray_scaling.json").write_text(json.dumps(data))
+    assert not any("first Ray job" in line for line in ray_scaling(tmp_path))
+    data["summary"]["first_ray_job_s"] = 9.25
+    (tmp_path / "ray_scaling.json").write_text(json.dumps(data))
+    text = " ".join(ray_scaling(tmp_path))
+    assert "Its first Ray job (4 lines, outside the rounds) took 9.2 s" in text
