@@ -27,15 +27,13 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 import time
 from pathlib import Path
 
 import psutil
-from ray_scaling import KV_GB, batch, prompts, write_input
+from ray_scaling import KV_GB, batch, prompts, start_cluster, write_input
 
 import harness
-from harness import REPO_ROOT
 from speculant.batch import ray_job
 from speculant.batch.ray_job import Predictor
 
@@ -136,19 +134,13 @@ def main() -> None:
     args = ap.parse_args()
     if args.quick:
         args.prompts, args.max_tokens = 20, 8
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    os.environ.setdefault("RAY_memory_monitor_refresh_ms", "0")
     bench = harness.start("ray_breakdown", args)
     import ray
 
     from speculant.engine import llm_engine
 
     t = args.threads
-    tmp = Path(tempfile.mkdtemp(prefix="ray-breakdown-"))
-    os.chdir(REPO_ROOT)
-    start = time.perf_counter()
-    ray.init(address="local", num_cpus=t, include_dashboard=False, log_to_driver=False)
-    cluster_s = time.perf_counter() - start
+    tmp, cluster_s = start_cluster(t, "ray-breakdown")
     modes = {"local": ["--threads", str(t)],
              "ray_1xT": ["--ray", "--replicas", "1", "--cpus-per-replica", str(t)],
              "ray_Tx1": ["--ray", "--replicas", str(t), "--cpus-per-replica", "1"]}

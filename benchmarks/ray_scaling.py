@@ -96,6 +96,21 @@ def batch(src: Path, out: Path, extra: list[str], ray_address: str | None = None
     return {**json.loads(text.strip().splitlines()[-1]), "wall_s": round(wall, 2)}
 
 
+def start_cluster(threads: int, name: str) -> tuple[Path, float]:
+    """Start this benchmark's local Ray cluster (``threads`` CPUs, no dashboard, no usage stats, and Ray's
+    OOM monitor off: on a shared machine other jobs' memory must not make it kill this run's workers),
+    with the repository as the working folder; return a scratch folder and the cluster's start seconds."""
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    os.environ.setdefault("RAY_memory_monitor_refresh_ms", "0")
+    import ray
+
+    tmp = Path(tempfile.mkdtemp(prefix=f"{name}-"))
+    os.chdir(REPO_ROOT)
+    start = time.perf_counter()
+    ray.init(address="local", num_cpus=threads, include_dashboard=False, log_to_driver=False)
+    return tmp, time.perf_counter() - start
+
+
 def serve_check(num_streams: int, max_tokens: int, ps: list[str], cpus: float) -> dict:
     import openai
 
@@ -153,19 +168,12 @@ def main() -> None:
     args = ap.parse_args()
     if args.quick:
         args.prompts, args.max_tokens, args.streams = 20, [8], 8
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    # a shared machine: other jobs' memory must not make Ray's OOM monitor kill this run's workers
-    os.environ.setdefault("RAY_memory_monitor_refresh_ms", "0")
     bench = harness.start("ray_scaling", args)
     import ray
 
     t = args.threads
-    tmp = Path(tempfile.mkdtemp(prefix="ray-scaling-"))
+    tmp, cluster_s = start_cluster(t, "ray-scaling")
     ps = prompts(args.prompts)
-    os.chdir(REPO_ROOT)
-    start = time.perf_counter()
-    ray.init(address="local", num_cpus=t, include_dashboard=False, log_to_driver=False)
-    cluster_s = time.perf_counter() - start
     bench.log(f"local Ray cluster up in {cluster_s:.1f} s")
     address = None if args.in_process else ray.get_runtime_context().gcs_address
     modes = {"local": ["--threads", str(t)],
@@ -173,7 +181,8 @@ def main() -> None:
     if t > 1:
         modes[f"ray_{t}x1"] = ["--ray", "--replicas", str(t), "--cpus-per-replica", "1"]
     warm = tmp / "warm.jsonl"  # outside the rounds: one-time set-up counts in no mode (module docstring)
-    write_input(warm, ps[:4], 4)
+    warm_lines = ps[:4]
+    write_input(warm, warm_lines, 4)
     batch(warm, tmp / "warm-out.jsonl", modes["local"], address)
     first_ray = batch(warm, tmp / "warm-ray.jsonl", modes[f"ray_1x{t}"], address)["wall_s"]
     bench.log(f"first Ray job on the cluster (4 lines, 4 tokens): {first_ray} s")
@@ -209,7 +218,7 @@ def main() -> None:
     bench.log(f"serve: {serve}")
     ray.shutdown()
     bench.write({"summary": {"prompts": args.prompts, "total_threads": t, "cluster_start_s": round(cluster_s, 1),
-                             "first_ray_job_s": first_ray,
+                             "first_ray_job_s": first_ray, "first_ray_job_lines": len(warm_lines),
                              "jobs_run_as": "this process" if args.in_process else "one process each (as from a shell)",
                              "jobs": jobs, "serve": serve, "note": "shared machine: other jobs ran alongside"},
                  "runs": all_runs})

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from speculant.bench.docs_fast_forward import cpu_kernels, cpu_kernels_headline, fast_forward, fast_forward_headline
 from speculant.bench.docs_random import random_llama
-from speculant.bench.docs_ray import ray_breakdown, ray_scaling
+from speculant.bench.docs_ray import ray_breakdown, ray_scaling, ray_split
 from speculant.bench.docs_structured import structured, structured_headline
 from speculant.bench.docs_tables import (
     eagle_rounds,
@@ -61,6 +61,7 @@ BLOCKS: dict[str, Table] = {
     "cpu-kernels": cpu_kernels,
     "ray-scaling": ray_scaling,
     "ray-breakdown": ray_breakdown,
+    "ray-split": ray_split,
 }
 """Block name -> the function that renders it. docs/benchmarks.md holds a
 ``tables`` block that gathers every block but the headline, each under its

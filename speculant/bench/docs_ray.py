@@ -23,14 +23,21 @@ def _paired(job: dict, name: str) -> str:
     return f"{rounds} % ({job['ray_overhead_pct_paired_median'][name]:+.1f} %)"
 
 
+def _result(results: Path, name: str) -> tuple[dict, dict, str] | None:
+    """A result file's data, its summary and the load average at its start; None if it is not there."""
+    path = results / name
+    if not path.exists():
+        return None
+    data = json.loads(path.read_text(encoding="utf-8"))
+    return data, data["summary"], str((data.get("environment", {}).get("load_avg") or ["?"])[0])
+
+
 def ray_scaling(results: Path) -> list[str]:
     """`speculant batch` on one engine and on Ray Data at the same total threads; Ray Serve with 2 replicas"""
-    path = results / "ray_scaling.json"
-    if not path.exists():
+    found = _result(results, "ray_scaling.json")
+    if found is None:
         return []
-    data = json.loads(path.read_text(encoding="utf-8"))
-    s, env = data["summary"], data.get("environment", {})
-    load = (env.get("load_avg") or ["?"])[0]
+    data, s, load = found
     out = [f"`ray_scaling.json`: {s['prompts']} prompts, greedy, the demo pair (`examples/demo.toml`), "
            f"{s['total_threads']} torch thread(s) in all, each job run as {s.get('jobs_run_as', 'this process')}, "
            f"engine loading included, median of "
@@ -48,8 +55,9 @@ def ray_scaling(results: Path) -> list[str]:
                        f"| {_paired(job, name)} | {same} |")
     v = s["serve"]
     first = s.get("first_ray_job_s")
+    lines = s.get("first_ray_job_lines", 4)  # results written before the count was recorded ran 4 lines
     first_job = "" if first is None else (
-        f"Its first Ray job (4 lines, outside the rounds) took {first:.1f} s: it also starts the cluster's own "
+        f"Its first Ray job ({lines} lines, outside the rounds) took {first:.1f} s: it also starts the cluster's own "
         "Ray Data actors, which later jobs reuse. ")
     out += ["", f"The local Ray cluster started once, in {s['cluster_start_s']:.1f} s (not in the job times). "
             f"{first_job}Ray Serve, {v['replicas']} replicas at {v['cpus_per_replica']} CPU: {v['streams']} concurrent "
@@ -67,15 +75,14 @@ def _step_ms(row: dict) -> str:
 
 def ray_breakdown(results: Path) -> list[str]:
     """Where `speculant batch --ray`'s extra time goes: the same job traced locally and in each actor"""
-    path = results / "ray_breakdown.json"
-    if not path.exists():
+    found = _result(results, "ray_breakdown.json")
+    if found is None:
         return []
-    data = json.loads(path.read_text(encoding="utf-8"))
-    s, env = data["summary"], data.get("environment", {})
+    data, s, load = found
     t = s["total_threads"]
     out = [f"`ray_breakdown.json`: the `ray_scaling.py` job ({s['prompts']} prompts, {s['max_tokens']} tokens each) "
            f"once per run, engine steps timed in the driver or in each actor; measured on {measured_on(data)} "
-           f"(load average {(env.get('load_avg') or ['?'])[0]} at the start).", "",
+           f"(load average {load} at the start).", "",
            "| run | wall | start to engine ready (Ray: actor up + its imports and engine load) "
            "| engine steps | ms per step: mean (p10 / p50 / p90) "
            "| requests running per step | steps with < 16 running | engine idle "
@@ -97,4 +104,35 @@ def ray_breakdown(results: Path) -> list[str]:
                    f"| {' / '.join(str(a['mean_running']) for a in actors)} "
                    f"| {' + '.join(str(a['tail_steps']) for a in actors)} "
                    f"| {idle} | {ray_cpu:.1f} s |")
+    return out
+
+
+def _signed(values: list[float], unit: str) -> str:
+    return ", ".join(f"{v:+.1f}" for v in values) + f" {unit}"
+
+
+def ray_split(results: Path) -> list[str]:
+    """Ray's cost split into its fixed start and its engine phase, each job as its own process"""
+    found = _result(results, "ray_split.json")
+    if found is None:
+        return []
+    data, s, load = found
+    t = s["total_threads"]
+    out = [f"`ray_split.json`: the `ray_scaling.py` job ({s['prompts']} prompts, {s['max_tokens']} tokens each), "
+           f"each run as its own process (as from a shell) with the engine's steps timed, "
+           f"{data['options'].get('repeats', 1)} alternating rounds (medians); measured on {measured_on(data)} "
+           f"(load average {load} at the start).", "",
+           "| run | wall | command start to engine ready | engine phase (first step to last) | last step to exit "
+           "| engine steps |",
+           "|---|---|---|---|---|---|"]
+    for name, row in s["median"].items():
+        out.append(f"| {_label(name, t)} | {row['wall_s']:.1f} s | {row['engine_ready_s']:.1f} s "
+                   f"| {row['engine_phase_s']:.1f} s | {row['after_s']:.1f} s | {row['steps']:.0f} |")
+    pairs, med = s["pairs"], s["paired_median"]
+    out += ["", "Round by round, the Ray run against the local run beside it (median in brackets): fixed extra "
+            f"(engine ready later, plus the end) {_signed([p['fixed_extra_s'] for p in pairs], 's')} "
+            f"({med['fixed_extra_s']:+.1f} s); engine phase {_signed([p['engine_phase_pct'] for p in pairs], '%')} "
+            f"({med['engine_phase_pct']:+.1f} %); whole command {_signed([p['wall_pct'] for p in pairs], '%')} "
+            f"({med['wall_pct']:+.1f} %). Records identical to local: "
+            f"{'yes' if s['outputs_identical'] else '**no**'}."]
     return out

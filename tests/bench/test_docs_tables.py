@@ -82,3 +82,26 @@ def test_ray_scaling_text_names_the_first_ray_job_when_recorded(tmp_path):
     (tmp_path / "ray_scaling.json").write_text(json.dumps(data))
     text = " ".join(ray_scaling(tmp_path))
     assert "Its first Ray job (4 lines, outside the rounds) took 9.2 s" in text
+    data["summary"]["first_ray_job_lines"] = 7
+    (tmp_path / "ray_scaling.json").write_text(json.dumps(data))
+    assert "Its first Ray job (7 lines, outside the rounds) took 9.2 s" in " ".join(ray_scaling(tmp_path))
+
+
+def test_ray_split_table_shows_medians_and_each_pair(tmp_path):
+    from speculant.bench.docs_ray import ray_split
+
+    assert ray_split(tmp_path) == []
+    row = {"wall_s": 10.0, "engine_ready_s": 3.5, "engine_phase_s": 6.0, "after_s": 0.0, "steps": 268}
+    data = {"options": {"repeats": 2}, "environment": {"cpu": "AMD EPYC", "date_utc": "2026-12-06T23:00:00+00:00"},
+            "summary": {"prompts": 200, "max_tokens": 96, "total_threads": 2, "outputs_identical": False,
+                        "median": {"local": row, "ray_1x2": {**row, "wall_s": 14.0, "engine_ready_s": 7.0}},
+                        "pairs": [{"fixed_extra_s": 3.2, "engine_phase_pct": -4.5, "wall_pct": 40.0},
+                                  {"fixed_extra_s": 3.6, "engine_phase_pct": 2.0, "wall_pct": 42.0}],
+                        "paired_median": {"fixed_extra_s": 3.4, "engine_phase_pct": -1.25, "wall_pct": 41.0}}}
+    (tmp_path / "ray_split.json").write_text(json.dumps(data))
+    lines = ray_split(tmp_path)
+    assert "2 alternating rounds" in lines[0] and "AMD EPYC, 2026-12-06 23:00 UTC" in lines[0]
+    assert "| `--ray --replicas 1 --cpus-per-replica 2` | 14.0 s | 7.0 s | 6.0 s | 0.0 s | 268 |" in lines
+    assert lines[-1].startswith("Round by round")
+    assert "+3.2, +3.6 s (+3.4 s)" in lines[-1] and "-4.5, +2.0 % (-1.2 %)" in lines[-1]
+    assert lines[-1].endswith("Records identical to local: **no**.")
