@@ -145,16 +145,37 @@ def random_heads_dirs(tmp_path_factory, llama_dir) -> dict[str, Path]:
 
 def pytest_collection_modifyitems(config, items):
     """``slow``-marked tests run only when selected (``-m slow``) or with
-    SPECULANT_SLOW=1; CI (.ci/run) runs the default selection and then ``-m slow``."""
+    SPECULANT_SLOW=1; CI (.ci/run) runs the default selection and then ``-m slow``.
+    Otherwise they are deselected (not skipped), so that ``-rs`` lists only real skips."""
     import os
 
     expr = config.getoption("markexpr") or ""
     if os.environ.get("SPECULANT_SLOW") or ("slow" in expr and "not slow" not in expr):
         return
-    skip = pytest.mark.skip(reason="slow: run with -m slow (or SPECULANT_SLOW=1)")
-    for item in items:
-        if "slow" in item.keywords:
-            item.add_marker(skip)
+    slow = [item for item in items if "slow" in item.keywords]
+    if slow:
+        config.hook.pytest_deselected(items=slow)
+        items[:] = [item for item in items if "slow" not in item.keywords]
+
+
+# --- the C kernels: skip where absent, fail under SPECULANT_REQUIRE_KERNELS=1 (tests/kernel_marks.py) ---
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "needs_kernel: needs the C kernel library (tests/kernel_marks.py)")
+    config.addinivalue_line("markers", "needs_bf16_paths: needs the AVX-512 bfloat16 kernel paths")
+
+
+def pytest_sessionstart(session):
+    from kernel_marks import REQUIRE, kernel_problem
+
+    if REQUIRE and (problem := kernel_problem()) is not None:
+        pytest.exit(f"SPECULANT_REQUIRE_KERNELS=1 but the C kernels did not build: {problem}", returncode=1)
+
+
+def pytest_runtest_setup(item):
+    from kernel_marks import check_marks
+
+    check_marks(item)
 
 
 # --- the architecture zoo (tests/arch_zoo.py) ---

@@ -35,7 +35,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="send each prompt as a user message through the model's chat template")
     p.add_argument("--json", action="store_true", help="print results as JSON")
     p.add_argument("--verbose", action="store_true",
-                   help="also print how each model runs: the forward path (model.fast_forward), "
+                   help="also print how each model runs: which C kernels run on this CPU (and what is lost "
+                        "where it lacks a feature), the forward path (model.fast_forward), "
                         "with its build and probe times, or why transformers' modules run it, and the "
                         "linear layers' kernel (model.linear_backend)")
     p.add_argument("--threads", type=int, default=None,
@@ -55,9 +56,11 @@ def _build(args, overrides: list[str]):
 def forward_paths(llm) -> list[str]:
     """One line per runner (the target, then any draft model): which forward path it takes."""
     runner = llm.engine.runner
-    lines = [f"model.fast_forward: {runner.fast_forward.describe()}",
+    from speculant.model.attention.cpu_kernel_build import kernel_report
+
+    lines = [kernel_report(), f"model.fast_forward: {runner.fast_forward.describe()}",
              f"model.linear_backend: {runner.linear_report.describe()}",
-             f"memory: {runner.huge_pages.describe()}"]
+             f"memory: {runner.huge_pages.describe()}", f"self-test: {runner.self_test.describe()}"]
     proposer = llm.engine.spec.proposer
     for part in getattr(proposer, "parts", [proposer]) if proposer is not None else []:
         draft = getattr(part, "runner", None)

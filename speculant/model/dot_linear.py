@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from speculant.model.attention.cpu_kernel_build import kernel_status, load_kernel
+from speculant.model.attention.kernel_abi import missing_cpu_features
 from speculant.model.packed_linear import PackedLinear
 
 BLOCK_ROWS = 16  # output rows per blocked vector (the kernel's BLOCK_ROWS)
@@ -57,7 +58,7 @@ def dot_linear_unavailable_reason(weight: torch.Tensor) -> str | None:
     if lib is None:
         return f"the C kernels are not available ({kernel_status()})"
     if not lib.speculant_linear_bf16_available():
-        return "this CPU has no AVX512-BF16 instructions (cpuid)"
+        return f"this CPU lacks {', '.join(missing_cpu_features(lib))} (cpuid)"
     return None
 
 

@@ -20,6 +20,7 @@ from speculant.model import cuda_graphs
 from speculant.model.attention.context import ForwardContext, forward_context
 from speculant.model.attention.hf_seam import SEAM_NAME
 from speculant.model.attention.seam_probe import probe_attention, seam_refusals
+from speculant.model.attention.span_bounds import check_spans
 from speculant.model.cuda_graphs import GraphedForward, GraphLimits
 from speculant.model.fast_forward.decoder import FastDecoder
 from speculant.model.fast_forward.setup import FastForwardStatus, select_fast_forward
@@ -37,7 +38,7 @@ from speculant.model.loading import (
 )
 from speculant.model.merged_linears import merge_sibling_linears
 from speculant.model.resources import total_memory_bytes
-from speculant.model.seam_selftest import SeamSelfTestError, seam_self_test
+from speculant.model.seam_selftest import SeamSelfTestError, SelfTestResult, seam_self_test
 
 logger = logging.getLogger(__name__)
 
@@ -95,12 +96,14 @@ class ModelRunner:
         self.hidden_source = self._hidden_source()
         self.hidden_source.register_forward_hook(self._hidden_hook)
         self.kv_shapes = self._probe_kv_shapes(path_option)  # per layer (H_kv, D)
-        self.num_blocks = self._num_blocks(cache_cfg)
+        self.num_blocks = self._num_blocks(cache_cfg, model_cfg.max_model_len is not None)
         self.trash_block = self.num_blocks  # one more block, outside the pool: graph padding writes there
         self.key_caches, self.value_caches = self._allocate_caches()
         self.block_manager = BlockManager(self.num_blocks, self.block_size)
         self.fast_forward = FastForwardStatus(model_cfg.fast_forward, None, "selected after the self-test")
-        self.self_test_deviation = self._self_test(path_option)
+        self.self_test = self._self_test(path_option)
+        self.self_test_deviation = self.self_test.engine_error
+        logger.info("%s: self-test passed: %s", path_option, self.self_test.describe())
         self.fast_forward = select_fast_forward(
             model_cfg.fast_forward, self.model, self.max_model_len, self,
             lambda spans, decoder: self._eager_forward(spans, False, decoder).logits, path_option)
@@ -148,7 +151,7 @@ class ModelRunner:
         shapes = {c.layer: (c.key_shape[1], c.key_shape[3]) for c in calls}
         return [shapes[i] for i in range(len(calls))]  # seam_refusals passed: layers 0..L-1, once each
 
-    def _self_test(self, option: str) -> float:
+    def _self_test(self, option: str) -> SelfTestResult:
         try:
             return seam_self_test(self, SEAM_NAME)
         except SeamSelfTestError as exc:
@@ -159,10 +162,20 @@ class ModelRunner:
         elem = torch.empty(0, dtype=self.model.dtype).element_size()
         return sum(2 * h * d * elem for h, d in self.kv_shapes)
 
-    def _num_blocks(self, cache_cfg: CacheConfig) -> int:
+    def _fit_default_length(self, num_blocks: int, setting: str) -> None:
+        """Lower a defaulted ``max_model_len`` to what ``num_blocks`` hold, saying so in one line."""
+        fits = num_blocks * self.block_size
+        logger.warning("model.max_model_len: lowered from the model's %d positions to %d, what %s holds "
+                       "(set model.max_model_len, or a larger cache, to change this)", self.max_model_len, fits,
+                       setting)
+        self.max_model_len = fits
+
+    def _num_blocks(self, cache_cfg: CacheConfig, explicit_len: bool) -> int:
         needed = -(-self.max_model_len // self.block_size)  # one full-length sequence
         if cache_cfg.num_blocks is not None:
-            if cache_cfg.num_blocks < needed:
+            if cache_cfg.num_blocks < needed and not explicit_len and cache_cfg.num_blocks * self.block_size >= 2:
+                self._fit_default_length(cache_cfg.num_blocks, f"cache.num_blocks = {cache_cfg.num_blocks}")
+            elif cache_cfg.num_blocks < needed:
                 raise ValueError(
                     f"cache.num_blocks = {cache_cfg.num_blocks} holds {cache_cfg.num_blocks * self.block_size} "
                     f"tokens, less than one sequence of model.max_model_len = {self.max_model_len}; raise "
@@ -171,6 +184,9 @@ class ModelRunner:
             return cache_cfg.num_blocks
         per_block = self.kv_bytes_per_token * self.block_size
         num = int(cache_cfg.memory_gb * (1 << 30) // per_block)
+        if num < needed and not explicit_len and num * self.block_size >= 2:
+            self._fit_default_length(num, f"cache.memory_gb = {cache_cfg.memory_gb}")
+            return num
         if num < needed:
             raise ValueError(
                 f"cache.memory_gb = {cache_cfg.memory_gb} holds {num} KV blocks of {per_block} bytes, fewer "
@@ -229,8 +245,7 @@ class ModelRunner:
     # --- forward ---------------------------------------------------------
     @torch.inference_mode()
     def forward(self, spans: list[QuerySpan], want_hidden: bool = False) -> ForwardOutput:
-        assert spans, "forward needs at least one span"
-        assert max(s.end for s in spans) <= self.max_model_len, "scheduler let a position reach max_model_len"
+        check_spans(spans, self.block_size, self.num_blocks + 1, self.max_model_len)  # + the trash block
         if self.graphs is not None:
             rows = self.graphs.run(spans)  # [Tb, H] or None
             if rows is not None:

@@ -23,6 +23,7 @@ import types
 import pytest
 import torch
 import torch.nn.functional as F
+from kernel_marks import CPU_FEATURE_NAMES, cpu_flags, require_bf16_paths, require_kernel
 
 from speculant.interfaces import QuerySpan
 from speculant.interfaces.span_tensors import SpanTensors
@@ -257,9 +258,8 @@ def test_cpu_kernel_falls_back_with_a_warning_when_disabled(monkeypatch):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
 @pytest.mark.parametrize("strided", [False, True], ids=["contiguous", "fused-slice"])
 def test_cpu_kernel_kv_write_is_the_index_assignment_bit_for_bit(dtype, strided, monkeypatch):
+    require_kernel()
     backend = CpuKernelAttentionBackend()
-    if backend._lib is None:
-        pytest.skip(f"no C kernel here: {cpu_kernel_build.kernel_status()}")
     calls = []
     lib_write = backend._lib.speculant_write_kv
     monkeypatch.setattr(backend, "_lib", types.SimpleNamespace(
@@ -280,9 +280,8 @@ def test_cpu_kernel_kv_write_is_the_index_assignment_bit_for_bit(dtype, strided,
 
 
 def test_cpu_kernel_kv_write_rejects_a_slot_outside_the_cache_and_writes_nothing():
+    require_kernel()
     backend = CpuKernelAttentionBackend()
-    if backend._lib is None:
-        pytest.skip(f"no C kernel here: {cpu_kernel_build.kernel_status()}")
     caches = [torch.zeros(2, BLOCK_SIZE, 1, HEAD_DIM) for _ in range(2)]
     key = torch.ones(2, 1, HEAD_DIM)
     with pytest.raises(IndexError, match=r"slot_mapping lies outside the cache's 8 slots"):
@@ -291,18 +290,15 @@ def test_cpu_kernel_kv_write_rejects_a_slot_outside_the_cache_and_writes_nothing
 
 
 def _cpu_has_avx512_bf16() -> bool:
-    try:
-        return any("avx512_bf16" in line.split() for line in open("/proc/cpuinfo") if line.startswith("flags"))
-    except OSError:
-        return False
+    """Every feature the bfloat16 paths need, as /proc/cpuinfo lists them (not our own cpuid check)."""
+    return set(CPU_FEATURE_NAMES) <= cpu_flags()
 
 
 @pytest.fixture
 def kernel_path():
     """Force the C kernel's bfloat16 score path for one test, then restore cpuid detection."""
+    require_kernel()
     lib = load_kernel()
-    if lib is None:
-        pytest.skip(f"no C kernel here: {cpu_kernel_build.kernel_status()}")
     yield lambda name: set_kernel_isa(lib, name)
     set_kernel_isa(lib, None)
 
@@ -312,7 +308,7 @@ def test_the_kernel_picks_the_bf16_dot_path_where_the_cpu_has_it(kernel_path):
     assert kernel_isa(lib) == ("avx512_bf16" if _cpu_has_avx512_bf16() else "portable")
     assert kernel_path("portable") == "portable"
     if not _cpu_has_avx512_bf16():
-        with pytest.raises(RuntimeError, match="no AVX512-BF16"):
+        with pytest.raises(RuntimeError, match="this CPU lacks .*avx512"):
             kernel_path("avx512_bf16")
 
 
@@ -329,7 +325,7 @@ def test_both_bf16_kernel_paths_round_once_to_nearest(kernel_path, path, layout,
     of and between multiples of VDPBF16PS's 32 lanes (the masked tail), and past the vectorised
     task's 256 (the portable task then runs)."""
     if path == "avx512_bf16" and not _cpu_has_avx512_bf16():
-        pytest.skip("this CPU has no AVX512-BF16 (the Intel hosts here); the portable path is walked")
+        require_bf16_paths()
     assert kernel_path(path) == path
     scale = head_dim ** -0.5
     out, spans_def, full = run_backend(CpuKernelAttentionBackend, layout, input_layout, block_size, num_kv_heads,

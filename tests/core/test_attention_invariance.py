@@ -6,19 +6,18 @@ float32; hypothesis draws the head layout, head size, block size, context and sp
 
 from __future__ import annotations
 
-import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from kernel_marks import needs_kernel
 
 from speculant.interfaces import QuerySpan
 from speculant.interfaces.span_tensors import SpanTensors
-from speculant.model.attention import cpu_kernel_build
 from speculant.model.attention.cpu_kernel import MAX_KERNEL_QUERY, CpuKernelAttentionBackend
 from speculant.model.attention.cpu_kernel_build import load_kernel, set_kernel_isa
 
 LIB = load_kernel()
-pytestmark = pytest.mark.skipif(LIB is None, reason=f"no C kernel here: {cpu_kernel_build.kernel_status()}")
+pytestmark = needs_kernel
 PATHS = ["portable", "avx512_bf16"] if LIB is not None and set_kernel_isa(LIB, None) == "avx512_bf16" \
     else ["portable"]
 

@@ -240,7 +240,7 @@ def test_max_model_len_beyond_the_model(llama_dir):
 
 def test_kv_pool_smaller_than_one_sequence(llama_dir):
     with pytest.raises(ValueError) as err:
-        LLM(str(llama_dir), block_size=4, num_blocks=10)
+        LLM(str(llama_dir), block_size=4, num_blocks=10, max_model_len=256)  # explicit: a default is lowered
     assert_words(str(err.value), "cache.num_blocks = 10", "max_model_len = 256", "at least 64")
 
 

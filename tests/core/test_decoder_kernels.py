@@ -7,11 +7,9 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from kernel_marks import needs_kernel
 
-from speculant.model.attention.cpu_kernel_build import kernel_status, load_kernel
 from speculant.model.fast_forward.decoder import _rotate_torch, _silu_mul_torch, rotary_call, silu_mul_call
-
-needs_kernel = pytest.mark.skipif(load_kernel() is None, reason=f"no C kernels here: {kernel_status()}")
 
 
 @needs_kernel

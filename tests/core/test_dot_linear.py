@@ -21,12 +21,13 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from kernel_marks import needs_bf16_paths
 
 from speculant.model.dot_linear import DotLinear, blocked_weight, dense_weight, dot_linear_unavailable_reason
 from speculant.model.linear_backend import LinearBackendError, pack_linear_layers
 
 REASON = dot_linear_unavailable_reason(torch.zeros(16, 16, dtype=torch.bfloat16))
-needs_kernel = pytest.mark.skipif(REASON is not None, reason=f"no bfloat16 dot-product kernel here: {REASON}")
+needs_kernel = needs_bf16_paths  # tests/kernel_marks.py
 
 
 def _case(n: int, k: int, rows: int, bias: bool, seed: int):

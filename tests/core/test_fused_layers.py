@@ -8,18 +8,15 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from kernel_marks import needs_bf16_paths
 
 from speculant import LLM, SamplingParams
 from speculant.cli import main
 from speculant.interfaces import QuerySpan
 from speculant.model.attention.cpu_kernel import MAX_KERNEL_QUERY
-from speculant.model.dot_linear import dot_linear_unavailable_reason
 from speculant.model.fast_forward.fused_layers import FusedLayers
 
-pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.skipif(
-    dot_linear_unavailable_reason(torch.zeros(16, 16, dtype=torch.bfloat16)) is not None,
-    reason=f"{dot_linear_unavailable_reason(torch.zeros(16, 16, dtype=torch.bfloat16))}: the fused layers "
-           "run only on the avx512_bf16 kernels")]
+pytestmark = [pytest.mark.usefixtures("one_thread"), needs_bf16_paths]  # the fused layers need them
 
 ARCHS = {  # arch: config overrides (the zoo's tiny sizes otherwise: 4 heads, 2 K/V heads, head_dim 16)
     "llama": {},

@@ -8,9 +8,10 @@ import torch
 import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from kernel_marks import needs_kernel
 from torch import nn
 
-from speculant.model.attention.cpu_kernel_build import kernel_status, load_kernel
+from speculant.model.attention.cpu_kernel_build import load_kernel
 from speculant.model.fused_norms import _c_kernel_form, fuse_rms_norms, torch_sum_lanes
 from tiny_models import loaded_tiny_model
 
@@ -55,7 +56,6 @@ def test_other_formula_keeps_its_own_forward():
 
 
 KERNEL = load_kernel()
-needs_kernel = pytest.mark.skipif(KERNEL is None, reason=f"no C kernels here: {kernel_status()}")
 
 
 @needs_kernel

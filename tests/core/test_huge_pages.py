@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from kernel_marks import needs_bf16_paths
 
 from speculant.model import huge_pages
 from speculant.model.dot_linear import dot_linear_unavailable_reason
@@ -24,7 +25,7 @@ from speculant.model.merged_linears import merge_sibling_linears
 from tiny_models import loaded_tiny_model
 
 DOT_REASON = dot_linear_unavailable_reason(torch.zeros(16, 16, dtype=torch.bfloat16))
-needs_kernel = pytest.mark.skipif(DOT_REASON is not None, reason=f"no bfloat16 dot-product kernel: {DOT_REASON}")
+needs_kernel = needs_bf16_paths  # tests/kernel_marks.py
 needs_thp = pytest.mark.skipif(huge_pages_unavailable_reason() is not None,
                                reason=f"no transparent huge pages: {huge_pages_unavailable_reason()}")
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from kernel_marks import require_bf16_paths
 from torch import nn
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 from transformers.pytorch_utils import Conv1D
@@ -100,7 +101,7 @@ def test_gpt2_conv1d_layers_are_packed_and_exact() -> None:
 @pytest.mark.parametrize("lead", [(1,), (7,), (33,), (1, 1), (1, 7), (2, 5)])
 def test_bias_and_no_bias_layers_any_leading_dims(lead: tuple[int, ...], backend: str, dtype) -> None:
     if backend == "avx512_bf16" and DOT_REASON is not None:
-        pytest.skip(f"no bfloat16 dot-product kernel here: {DOT_REASON}")
+        require_bf16_paths()
     torch.manual_seed(0)
     # Sizes off oneDNN's 16/64 blocking, so padding paths are exercised.
     model = nn.Sequential(nn.Linear(300, 520, bias=True), nn.Linear(520, 300, bias=False))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from kernel_marks import require_bf16_paths
 from torch import nn
 
 from speculant.model.dot_linear import DotLinear, dot_linear_unavailable_reason
@@ -59,7 +60,7 @@ def test_groups_that_disagree_on_bias_or_are_not_packed_stay_separate():
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 def test_merged_model_logits_match(arch, backend, dtype, tolerance, tmp_path):
     if backend == "avx512_bf16" and DOT_REASON is not None:
-        pytest.skip(f"no bfloat16 dot-product kernel here: {DOT_REASON}")
+        require_bf16_paths()
     model, ids = loaded_tiny_model(arch, tmp_path)
     model = model.to(dtype)
     with torch.inference_mode():

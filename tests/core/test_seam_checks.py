@@ -73,3 +73,69 @@ def test_a_pool_larger_than_memory_is_refused_before_allocating(llama_dir):
     with pytest.raises(ValueError, match=r"cache.num_blocks = 4000000: the KV cache needs .* GiB .* lower "
                                          r"cache.num_blocks to at most"):
         LLM(str(llama_dir), num_blocks=4_000_000, block_size=1024)
+
+
+# --- bfloat16: each path against an upcast reference, layer by layer -------------------------
+
+@pytest.fixture(scope="module")
+def deep_bf16_dir(tmp_path_factory, tokenizer_dir):
+    """40 layers with large weights: in bfloat16 the engine's float32-softmax kernel and transformers'
+    bf16-rounded eager attention drift apart over the depth as a real 28-layer model does."""
+    from tiny_models import build_model
+
+    return build_model("llama", tmp_path_factory.mktemp("deep"), tokenizer_dir, layers=40, init_std=0.5)
+
+
+def _runner(path, backend, dtype="bfloat16"):
+    from speculant.config.models import CacheConfig, ModelConfig
+
+    return model_runner.ModelRunner(ModelConfig(path=str(path), dtype=dtype), CacheConfig(num_blocks=64), backend)
+
+
+@pytest.mark.parametrize("backend", ["cpu_kernel", "torch"])
+def test_two_correct_bf16_paths_that_drift_apart_are_accepted(backend, deep_bf16_dir):
+    from speculant.model.attention.cpu_kernel import CpuKernelAttentionBackend
+    from speculant.model.attention.hf_seam import SEAM_NAME
+    from speculant.model.seam_selftest import RATIO, SeamSelfTestError, _logits_test, _test_sequences
+
+    runner = _runner(deep_bf16_dir, CpuKernelAttentionBackend() if backend == "cpu_kernel" else
+                     TorchAttentionBackend())
+    result = runner.self_test
+    assert result.transformers_error is not None and 0 < result.engine_error <= RATIO * result.transformers_error
+    if backend == "cpu_kernel":  # the old whole-model comparison of the two bf16 paths refused this model
+        with pytest.raises(SeamSelfTestError, match=r"differ from transformers' own 'eager' attention by 0\.1"):
+            _logits_test(runner, SEAM_NAME, _test_sequences(runner))
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_a_wrong_seam_is_still_refused_layer_by_layer(dtype, deep_bf16_dir):
+    with pytest.raises(UnsupportedModelError, match=r"backend 'skewed'\) differ from transformers' own 'eager' "
+                                                    r"attention's by more than .* rounding explains: at layer \d+, "
+                                                    r"on the same input, the engine's token \d+ is off"):
+        _runner(deep_bf16_dir, SkewedBackend(), dtype)
+
+
+def test_models_without_a_layer_list_compare_whole_logits(llama_dir, monkeypatch):
+    from speculant.model import seam_selftest
+
+    monkeypatch.setattr(seam_selftest, "decoder_layers", lambda model: None)
+    result = _runner(llama_dir, TorchAttentionBackend(), "float32").self_test
+    assert result.transformers_error is None and result.engine_error < 1e-4
+    with pytest.raises(UnsupportedModelError, match=r"logits through speculant's paged attention \(backend 'skewed'"):
+        _runner(llama_dir, SkewedBackend(), "float32")
+
+
+def test_the_upcast_reference_puts_every_weight_back_bit_for_bit(llama_dir):
+    from speculant.model.attention.cpu_kernel import CpuKernelAttentionBackend
+    from speculant.model.layer_reference import decoder_layers, upcast_layer
+
+    runner = _runner(llama_dir, CpuKernelAttentionBackend())
+    layer = decoder_layers(runner.model)[0]
+    before = {k: (v.dtype, v.clone()) for k, v in layer.state_dict().items()}
+    modules = {name: type(m) for name, m in layer.named_modules()}
+    with upcast_layer(layer, torch.float32) as up:
+        assert all(p.dtype == torch.float32 for p in up.parameters())
+    after = layer.state_dict()
+    assert {name: type(m) for name, m in layer.named_modules()} == modules
+    assert before.keys() == after.keys()
+    assert all(after[k].dtype == dt and torch.equal(after[k], v) for k, (dt, v) in before.items())

@@ -12,6 +12,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from kernel_marks import needs_bf16_paths
 
 from fast_paths import expect_fast_forward
 from speculant import LLM, SamplingParams
@@ -19,8 +20,7 @@ from speculant.model.dot_linear import dot_linear_unavailable_reason
 from tiny_models import random_prompts
 
 _WHY_NOT = dot_linear_unavailable_reason(torch.zeros(16, 16, dtype=torch.bfloat16))
-pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.skipif(
-    _WHY_NOT is not None, reason=f"{_WHY_NOT}: only the fused avx512_bf16 path is row-invariant")]
+pytestmark = [pytest.mark.usefixtures("one_thread"), needs_bf16_paths]  # only the fused path is row-invariant
 
 ARCHS = ("llama", "qwen2", "mistral")
 PROPOSERS = ("draft_model", "ngram", "suffix")

@@ -32,7 +32,13 @@ import torch
 
 from speculant.interfaces import AttentionBackendCapabilities
 from speculant.interfaces.span_tensors import SpanTensors
-from speculant.model.attention.cpu_kernel_build import KERNEL_DTYPE_CODES, kernel_dtypes, kernel_status, load_kernel
+from speculant.model.attention.cpu_kernel_build import kernel_report, load_kernel
+from speculant.model.attention.kernel_abi import (
+    KERNEL_DTYPE_CODES,
+    SPAN_BAD_FIELDS,
+    kernel_dtypes,
+)
+from speculant.model.attention.span_bounds import span_fault_message
 from speculant.model.attention.torch_ref import SpanView, TorchAttentionBackend
 
 MAX_KERNEL_QUERY = 16
@@ -78,6 +84,7 @@ class CpuKernelMetadata:
     spans: SpanTensors  # the whole batch
     pieces: KernelPieces  # what the kernel reads
     kernel_views: list[SpanView] | None = None  # the spans as views, built once if a dtype needs the reference path
+    checked_pool: int = -1  # the pool size (blocks) the pieces were last checked against, once per forward
 
 
 class CpuKernelAttentionBackend(TorchAttentionBackend):
@@ -88,9 +95,7 @@ class CpuKernelAttentionBackend(TorchAttentionBackend):
         self._lib = load_kernel()
         self._dtypes = kernel_dtypes(self._lib) if self._lib is not None else frozenset()
         if self._lib is None:
-            warnings.warn(f"attention backend 'cpu_kernel': the C kernel is unavailable ({kernel_status()}); "
-                          "every span uses the torch reference path (correct, slower)", RuntimeWarning,
-                          stacklevel=2)
+            warnings.warn(f"attention backend 'cpu_kernel': {kernel_report()}", RuntimeWarning, stacklevel=2)
 
     def build_metadata(self, spans: SpanTensors):
         if self._lib is None or spans.block_tables.device.type != "cpu":
@@ -101,6 +106,9 @@ class CpuKernelAttentionBackend(TorchAttentionBackend):
     def forward(self, query, key, value, key_cache, value_cache, metadata, scaling: float) -> torch.Tensor:
         if not isinstance(metadata, CpuKernelMetadata):
             return super().forward(query, key, value, key_cache, value_cache, metadata, scaling)
+        if metadata.checked_pool != key_cache.shape[0]:  # before anything is written
+            self.check_pieces(metadata.pieces, key_cache.shape[0], key_cache.shape[1], query.shape[0])
+            metadata.checked_pool = key_cache.shape[0]
         self.write_kv(key, value, key_cache, value_cache, metadata.slot_mapping)
         # row-major [T, H, D] whatever the query's strides: the kernel writes `out` as a
         # dense array, and a query sliced from a fused projection is not one
@@ -113,6 +121,20 @@ class CpuKernelAttentionBackend(TorchAttentionBackend):
                 metadata.kernel_views = self.span_views(metadata.spans, list(range(metadata.spans.num_seqs)))
             self.attend_spans(query, key_cache, value_cache, metadata.kernel_views, scaling, out)
         return out
+
+    def check_pieces(self, pieces: KernelPieces, num_blocks: int, block_size: int, num_tokens: int) -> None:
+        """Raise ``IndexError`` where a piece would read or write outside the pool's ``num_blocks``
+        blocks or the forward's ``num_tokens`` rows (csrc: ``speculant_check_spans``)."""
+        if self._lib is None:
+            raise RuntimeError("attention backend 'cpu_kernel': kernel pieces reached a backend without the library")
+        bad = torch.zeros(SPAN_BAD_FIELDS, dtype=torch.int64)
+        tables = pieces.block_tables
+        if self._lib.speculant_check_spans(
+                pieces.cu_query_lens.data_ptr(), pieces.starts.data_ptr(), tables.data_ptr(), tables.shape[0],
+                tables.shape[1], pieces.ids.data_ptr(), pieces.ids.numel(), num_tokens, num_blocks, block_size,
+                bad.data_ptr()) != 0:
+            raise IndexError("attention backend 'cpu_kernel': " + span_fault_message(
+                bad.tolist(), num_blocks, block_size, num_tokens, tables.shape[0]))
 
     def write_kv(self, key: torch.Tensor,  # [T, H_kv, D]
                  value: torch.Tensor,  # [T, H_kv, D]
@@ -136,14 +158,19 @@ class CpuKernelAttentionBackend(TorchAttentionBackend):
                     key_cache: torch.Tensor, value_cache: torch.Tensor,  # [num_blocks, block_size, H_kv, D]
                     pieces: KernelPieces, scaling: float,
                     out: torch.Tensor) -> None:  # [T, H, D]
-        assert self._lib is not None, "kernel pieces are only built with the library loaded"
-        _, block_size, num_kv_heads, head_dim = key_cache.shape
+        if self._lib is None:
+            raise RuntimeError("attention backend 'cpu_kernel': kernel pieces reached a backend without the library")
+        num_blocks, block_size, num_kv_heads, head_dim = key_cache.shape
+        bad = torch.zeros(SPAN_BAD_FIELDS, dtype=torch.int64)
+        tables = pieces.block_tables
         status = self._lib.speculant_paged_attention(
             KERNEL_DTYPE_CODES[query.dtype], query.data_ptr(), key_cache.data_ptr(), value_cache.data_ptr(),
-            out.data_ptr(),
-            pieces.cu_query_lens.data_ptr(), pieces.starts.data_ptr(), pieces.block_tables.data_ptr(),
-            pieces.block_tables.shape[1], pieces.ids.data_ptr(), pieces.ids.numel(), query.shape[1], num_kv_heads,
-            head_dim, block_size, scaling, torch.get_num_threads())
+            out.data_ptr(), pieces.cu_query_lens.data_ptr(), pieces.starts.data_ptr(), tables.data_ptr(),
+            tables.shape[0], tables.shape[1], pieces.ids.data_ptr(), pieces.ids.numel(), query.shape[0], num_blocks,
+            query.shape[1], num_kv_heads, head_dim, block_size, scaling, torch.get_num_threads(), bad.data_ptr())
+        if status == -3:
+            raise IndexError("attention backend 'cpu_kernel': " + span_fault_message(
+                bad.tolist(), num_blocks, block_size, query.shape[0], tables.shape[0]))
         if status == -2:
             raise RuntimeError(f"attention backend 'cpu_kernel': this kernel build does not compute {query.dtype}")
         if status != 0:

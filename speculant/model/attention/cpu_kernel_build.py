@@ -1,6 +1,7 @@
 """Build and load the C kernels (``csrc/paged_attention.c``, ``csrc/kv_write.c``,
 ``csrc/linear_bf16.c``, ``csrc/rms_norm.c``, ``csrc/rotary.c``, ``csrc/silu_mul.c``,
-``csrc/decoder_bf16.c``, ``csrc/attention_bf16.c``: one library).
+``csrc/decoder_bf16.c``, ``csrc/attention_bf16.c``, ``csrc/cpu_features.c``: one
+library; its ctypes signatures are in ``kernel_abi``).
 
 The kernel is compiled on first use with the system C compiler (``$CC``, else
 ``cc``) for this machine (``-march=native``) and cached by a hash of the
@@ -29,6 +30,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import hashlib
+import logging
 import os
 import platform
 import shutil
@@ -37,11 +39,21 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-import torch  # also loads torch's libgomp before the kernel needs it
+import torch  # noqa: F401  (loads torch's libgomp before the kernel needs it)
+
+from speculant.model.attention.kernel_abi import (  # noqa: F401  (re-exported: the kernel's public face)
+    KERNEL_DTYPE_CODES,
+    KERNEL_ISAS,
+    bind,
+    kernel_dtypes,
+    kernel_isa,
+    lost_paths_line,
+    set_kernel_isa,
+)
 
 SOURCES = [Path(__file__).with_name("csrc") / name for name in (
     "paged_attention.c", "kv_write.c", "linear_bf16.c", "rms_norm.c", "rotary.c",
-    "silu_mul.c", "decoder_bf16.c", "attention_bf16.c")]
+    "silu_mul.c", "decoder_bf16.c", "attention_bf16.c", "cpu_features.c")]
 HEADERS = [Path(__file__).with_name("csrc") / name for name in ("bf16.h", "kernels.h")]
 """Included by the sources: part of the build's cache key, not compiled on their own."""
 FLAGS = ["-O3", "-fPIC", "-shared", "-fopenmp", "-fno-math-errno", "-std=c11"]
@@ -171,77 +183,35 @@ def _compile(cc: str, out: Path) -> None:
                 os.replace(tmp, out)                   # atomic: concurrent builders race harmlessly
                 _write_atomic(out.with_name(out.name + DIGEST_SUFFIX), digest + "\n")
                 return
-        raise RuntimeError(f"{cc} failed: {result.stderr.strip()[-500:]}")
+        raise RuntimeError(f"{cc} failed: {first_error(result.stderr)}")
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
 
 
-KERNEL_DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
-"""The kernel's dtype argument; ``speculant_kernel_dtypes()`` says which a build has."""
+def first_error(stderr: str) -> str:
+    """The compiler's first error line (file, line and message), else its last line: one line for a log."""
+    lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
+    errors = [ln for ln in lines if "error" in ln]
+    return (errors or lines or ["no output"])[0][-300:]
 
 
-def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
-    fn = lib.speculant_paged_attention
-    p, i64 = ctypes.c_void_p, ctypes.c_int64
-    fn.argtypes = [ctypes.c_int, p, p, p, p, p, p, p, i64, p, i64, i64, i64, i64, i64, ctypes.c_float,
-                   ctypes.c_int]
-    fn.restype = ctypes.c_int
-    lib.speculant_write_kv.argtypes = [p, i64, p, i64, p, p, p, i64, i64, i64, i64]
-    lib.speculant_write_kv.restype = ctypes.c_int
-    lib.speculant_kernel_dtypes.argtypes = []
-    lib.speculant_kernel_dtypes.restype = ctypes.c_int
-    lib.speculant_kernel_isa.argtypes = []
-    lib.speculant_kernel_isa.restype = ctypes.c_int
-    lib.speculant_kernel_set_isa.argtypes = [ctypes.c_int]
-    lib.speculant_kernel_set_isa.restype = ctypes.c_int
-    lib.speculant_linear_bf16.argtypes = [p, i64, i64, p, i64, i64, p, p, i64, p, i64, ctypes.c_int]
-    lib.speculant_linear_bf16.restype = ctypes.c_int
-    lib.speculant_linear_bf16_available.argtypes = []
-    lib.speculant_linear_bf16_available.restype = ctypes.c_int
-    lib.speculant_rms_norm_bf16.argtypes = [p, i64, i64, p, i64, ctypes.c_float, ctypes.c_int, p, i64, ctypes.c_int]
-    lib.speculant_rms_norm_bf16.restype = ctypes.c_int
-    lib.speculant_sum_squares_bf16.argtypes = [p, i64, i64, i64, ctypes.c_int, p]
-    lib.speculant_sum_squares_bf16.restype = ctypes.c_int
-    lib.speculant_rotary_bf16.argtypes = [p, i64, i64, i64, i64, p, p, p]
-    lib.speculant_rotary_bf16.restype = None
-    lib.speculant_silu_mul_bf16.argtypes = [p, i64, i64, i64, p, p]
-    lib.speculant_silu_mul_bf16.restype = None
-    f32, i32 = ctypes.c_float, ctypes.c_int
-    lib.speculant_decoder_bf16.argtypes = [p, i64, p, i64, i64, i64, i64, i64, i64, f32, i32, p, p, p, i64, p, p, p,
-                                           i64, p, i64, i64, f32, p, p, i32]
-    lib.speculant_decoder_bf16.restype = ctypes.c_int
-    lib.speculant_decoder_scratch_elems.argtypes = [i64] * 6
-    lib.speculant_decoder_scratch_elems.restype = i64
-    lib.speculant_decoder_layer_fields.argtypes = []
-    lib.speculant_decoder_layer_fields.restype = ctypes.c_int
-    return lib
+def compile_check(march: str, cc: str | None = None) -> str | None:
+    """Compile every source for ``-march=<march>`` (nothing kept); None, or the compiler's first error."""
+    cc = cc or os.environ.get("CC") or "cc"
+    with tempfile.TemporaryDirectory() as tmp:
+        result = subprocess.run([cc, *FLAGS, "-Wall", f"-march={march}", *map(str, SOURCES), "-o",
+                                 str(Path(tmp) / "k.so"), "-lm"], capture_output=True, text=True, timeout=300)
+    return None if result.returncode == 0 else first_error(result.stderr)
 
 
-KERNEL_ISAS = {0: "portable", 1: "avx512_bf16"}
-"""The kernel's instruction paths for bfloat16 scores (``speculant_kernel_isa``)."""
-
-
-def kernel_isa(lib: ctypes.CDLL) -> str:
-    """The bfloat16 score path in use: 'avx512_bf16' where the CPU has it (cpuid), else 'portable'."""
-    return KERNEL_ISAS[lib.speculant_kernel_isa()]
-
-
-def set_kernel_isa(lib: ctypes.CDLL, name: str | None) -> str:
-    """Force the bfloat16 score path (None: back to cpuid detection); raises
-    ``RuntimeError`` when the CPU lacks the one asked for."""
-    wanted = -1 if name is None else {v: k for k, v in KERNEL_ISAS.items()}[name]
-    got = lib.speculant_kernel_set_isa(wanted)
-    if got < 0:
-        raise RuntimeError(f"kernel path {name!r}: this CPU has no AVX512-BF16 instructions")
-    return KERNEL_ISAS[got]
-
-
-def kernel_dtypes(lib: ctypes.CDLL) -> frozenset[torch.dtype]:
-    """The tensor dtypes this build of the kernel computes (float32, bfloat16, and
-    float16 where the compiler has ``_Float16``)."""
-    mask = lib.speculant_kernel_dtypes()
-    return frozenset(dt for dt, code in KERNEL_DTYPE_CODES.items() if mask >> code & 1)
+def kernel_report() -> str:
+    """One plain line: which C kernels run here, and what is lost and why."""
+    lib = load_kernel()
+    if lib is None:
+        return (f"C kernels: none ({kernel_status()}): attention, K/V writes, norms, rotary, the MLP activation "
+                "and the bfloat16 linear layers run on torch instead (correct, slower)")
+    return lost_paths_line(lib) or "C kernels: every path runs on this CPU (AVX-512 bfloat16 included)"
 
 
 def _load_private(cc: str, name: str, why: str) -> tuple[ctypes.CDLL, str]:
@@ -251,7 +221,7 @@ def _load_private(cc: str, name: str, why: str) -> tuple[ctypes.CDLL, str]:
     try:
         path = folder / name
         _compile(cc, path)
-        lib = _bind(ctypes.CDLL(str(path)))
+        lib = bind(ctypes.CDLL(str(path)))
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     return lib, f"built with {cc} in a private temporary directory (not cached: {why})"
@@ -273,17 +243,48 @@ def load_kernel() -> ctypes.CDLL | None:
         folder = _trusted_kernel_dir()
         if isinstance(folder, str):  # why the cache cannot be used
             lib, _status[0] = _load_private(cc, name, folder)
-            return lib
+            return _report_lost(lib)
         path = folder / name
         problem = verified_cache_entry(path, folder)
         if problem is not None:
             _compile(cc, path)
             if (after := verified_cache_entry(path, folder)) is not None:
                 raise RuntimeError(f"the fresh build does not verify: {after}")
-        lib = _bind(ctypes.CDLL(str(path)))
+        lib = bind(ctypes.CDLL(str(path)))
     except (OSError, RuntimeError, subprocess.SubprocessError) as err:
         _status[0] = f"build failed: {err}"
         return None
     note = f" (rebuilt: {problem})" if problem not in (None, "not cached yet") else ""
     _status[0] = (f"built with {cc} at {path}" if problem else f"loaded from the cache at {path}") + note
+    return _report_lost(lib)
+
+
+def _report_lost(lib: ctypes.CDLL) -> ctypes.CDLL:
+    """Log, in one line, the kernels this CPU cannot run (once per process: load_kernel is cached)."""
+    if (lost := lost_paths_line(lib)) is not None:
+        logging.getLogger(__name__).warning(lost)
     return lib
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m speculant.model.attention.cpu_kernel_build --march x86-64 x86-64-v3 ...``:
+    compile every kernel source for each target (CI's portability check); without ``--march``,
+    build for this machine and print :func:`kernel_report`."""
+    import argparse
+
+    ap = argparse.ArgumentParser(description=main.__doc__)
+    ap.add_argument("--march", nargs="+", default=[], help="targets to compile for (-march=...)")
+    args = ap.parse_args(argv)
+    if not args.march:
+        print(kernel_report())
+        return 0 if load_kernel() is not None else 1
+    failed = 0
+    for march in args.march:
+        error = compile_check(march)
+        print(f"-march={march}: {'ok' if error is None else 'FAILED: ' + error}")
+        failed += error is not None
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

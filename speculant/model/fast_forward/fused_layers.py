@@ -26,6 +26,8 @@ import torch.nn.functional as F
 
 from speculant.model.attention.cpu_kernel import CpuKernelMetadata
 from speculant.model.attention.cpu_kernel_build import load_kernel
+from speculant.model.attention.kernel_abi import SPAN_BAD_FIELDS, missing_cpu_features
+from speculant.model.attention.span_bounds import span_fault_message
 from speculant.model.dot_linear import DotLinear
 from speculant.model.fast_forward.plan import Plan
 from speculant.model.merged_linears import MergedSlice
@@ -34,6 +36,7 @@ FIELDS = ("in_norm", "post_norm", "qkv_w", "qkv_b", "o_w", "o_b", "gu_w", "gu_b"
           "k_cache", "v_cache")
 """The per-layer pointer row, in ``decoder_bf16.c``'s ``enum field`` order."""
 STATUS = {-1: "an attention scratch allocation failed", -3: "a slot in slot_mapping lies outside the cache",
+          -6: "a span reads outside the KV pool",
           -4: "this CPU has no AVX512-BF16", -5: "the norm's lane count is not one the kernel follows"}
 
 
@@ -78,7 +81,7 @@ class FusedLayers:
         if lib.speculant_decoder_layer_fields() != len(FIELDS):
             return None, "the kernel library's layer layout differs from this module's (a stale build)"
         if not lib.speculant_linear_bf16_available():
-            return None, "this CPU has no AVX512-BF16"
+            return None, f"this CPU lacks {', '.join(missing_cpu_features(lib))}"
         if base.embed_tokens.weight.dtype != torch.bfloat16 or base.embed_tokens.weight.device.type != "cpu":
             return None, "only bfloat16 models on the CPU"
         if plan.intermediate_size % 64:
@@ -135,6 +138,7 @@ class FusedLayers:
         plan, pieces = self.plan, metadata.pieces
         num_tokens, cache = hidden.shape[0], key_caches[0]
         _, block_size, num_kv, head_dim = cache.shape
+        bad = torch.zeros(SPAN_BAD_FIELDS, dtype=torch.int64)
         scratch = torch.empty(self._scratch_elems(num_tokens, self.hidden, plan.num_heads, num_kv, head_dim,
                                                   plan.intermediate_size), dtype=torch.bfloat16)
         status = self._kernel(
@@ -142,7 +146,11 @@ class FusedLayers:
             plan.num_heads, num_kv, head_dim, plan.intermediate_size, self.eps, self.lanes, cos.data_ptr(),
             sin.data_ptr(), metadata.slot_mapping.data_ptr(), cache.shape[0] * block_size,
             pieces.cu_query_lens.data_ptr(), pieces.starts.data_ptr(), pieces.block_tables.data_ptr(),
-            pieces.block_tables.shape[1], pieces.ids.data_ptr(), pieces.ids.numel(), block_size, plan.scaling,
-            self._silu.data_ptr(), scratch.data_ptr(), torch.get_num_threads())
+            pieces.block_tables.shape[0], pieces.block_tables.shape[1], pieces.ids.data_ptr(), pieces.ids.numel(),
+            block_size, plan.scaling, self._silu.data_ptr(), scratch.data_ptr(), torch.get_num_threads(),
+            bad.data_ptr())
+        if status == -6:
+            raise IndexError("the fused bfloat16 decoder layers: " + span_fault_message(
+                bad.tolist(), cache.shape[0], block_size, num_tokens, pieces.block_tables.shape[0]))
         if status != 0:
             raise RuntimeError(f"the fused bfloat16 decoder layers failed: {STATUS.get(status, status)}")

@@ -33,7 +33,7 @@
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
-#define TARGET __attribute__((target("avx512f,avx512bw,avx512dq,avx512bf16")))
+#define TARGET BF16_PATH_TARGET
 
 /* lane u of the result = the sum of the 16 lanes of x[u] (a fixed tree per lane). */
 TARGET static inline __m512 transpose_sum(const __m512 x[KEYS])

@@ -26,7 +26,9 @@
  * per-layer pointers `layers` [L, LAYER_FIELDS] (int64 addresses, in the order
  * of enum field); scratch of speculant_decoder_scratch_elems() bfloat16.
  * Returns 0; -1 when an attention scratch allocation failed (hidden is then
- * garbage); -3 when a slot lies outside the cache (nothing written); -4 where
+ * garbage); -3 when a slot lies outside the cache (nothing written); -6 when a
+ * span would read outside the pool or the batch (nothing read or written; `bad`
+ * describes it, as speculant_check_spans says); -4 where
  * this CPU has no AVX512-BF16; -5 for a lane count the norm does not follow.
  */
 #include <stdint.h>
@@ -69,8 +71,9 @@ int speculant_decoder_bf16(const int64_t *layers, int64_t L, uint16_t *hidden, i
                            int64_t Hkv, int64_t D, int64_t I, float eps, int lanes, const uint16_t *cos,
                            const uint16_t *sin, const int64_t *slot_mapping, int64_t num_slots,
                            const int64_t *cu_query_lens, const int64_t *starts, const int64_t *block_tables,
-                           int64_t max_blocks, const int64_t *span_ids, int64_t n_spans, int64_t block_size, float scale,
-                           const uint16_t *silu_table, uint16_t *scratch, int threads)
+                           int64_t n_seqs, int64_t max_blocks, const int64_t *span_ids, int64_t n_spans,
+                           int64_t block_size, float scale, const uint16_t *silu_table, uint16_t *scratch, int threads,
+                           int64_t *bad)
 {
     if (!speculant_linear_bf16_available())
         return -4;
@@ -79,6 +82,9 @@ int speculant_decoder_bf16(const int64_t *layers, int64_t L, uint16_t *hidden, i
     for (int64_t t = 0; t < T; t++)
         if (slot_mapping[t] < 0 || slot_mapping[t] >= num_slots)
             return -3;
+    if (speculant_check_spans(cu_query_lens, starts, block_tables, n_seqs, max_blocks, span_ids, n_spans, T,
+                              num_slots / block_size, block_size, bad) != 0)
+        return -6;
     const int64_t qkv_n = (Hq + 2 * Hkv) * D, qk_heads = Hq + Hkv, kv_row = Hkv * D, G = Hq / Hkv;
     const int64_t slices = speculant_attend_slices(n_spans * Hkv, G, threads), per = (G + slices - 1) / slices;
     const int64_t tasks = n_spans * Hkv * slices;

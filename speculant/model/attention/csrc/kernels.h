@@ -7,6 +7,27 @@
 #define SPECULANT_KERNELS_H
 #include <stdint.h>
 
+/* cpu_features.c: the features the AVX-512 bfloat16 paths need, as bits of speculant_cpu_features()
+ * (the order of cpu_kernel_build.CPU_FEATURE_NAMES) */
+enum { CPU_AVX512F = 0, CPU_AVX512BW = 1, CPU_AVX512DQ = 2, CPU_AVX512VL = 3, CPU_AVX512BF16 = 4 };
+#define CPU_BF16_PATHS 0x1f
+int speculant_cpu_features(void);
+/* 1 where every feature of CPU_BF16_PATHS is present */
+int speculant_cpu_has_bf16_paths(void);
+
+/* The AVX-512 bfloat16 paths' target attribute: every feature their intrinsics use */
+#define BF16_PATH_TARGET __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16")))
+
+/* paged_attention.c: check every span's reads and writes against the pool before any is made:
+ * span ids within the n_seqs rows of block_tables, query rows within [0, num_tokens), positions
+ * from 0, a table entry for every block up to the span's end, each entry a block of the pool
+ * [0, num_blocks). Returns 0, or -3 with bad[SPAN_BAD_FIELDS] describing the first offender. */
+enum { BAD_BLOCK_ID = 0, BAD_TABLE_SHORT = 1, BAD_ROWS = 2, BAD_SPAN_ID = 3 };
+#define SPAN_BAD_FIELDS 6 /* {kind, span, table entry, block id, first position, end} */
+int speculant_check_spans(const int64_t *cu_query_lens, const int64_t *starts, const int64_t *block_tables,
+                          int64_t n_seqs, int64_t max_blocks, const int64_t *span_ids, int64_t n_spans,
+                          int64_t num_tokens, int64_t num_blocks, int64_t block_size, int64_t *bad);
+
 /* rms_norm.c: rows [t0, t1) of weight * rms_norm(x); lanes 4, 8 or 16 (checked by the caller). */
 void speculant_rms_norm_rows(const uint16_t *x, int64_t t0, int64_t t1, int64_t ldx, const uint16_t *weight,
                              int64_t H, float eps, int lanes, uint16_t *out, int64_t ldo);

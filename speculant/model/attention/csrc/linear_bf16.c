@@ -49,16 +49,14 @@
 int speculant_linear_bf16_available(void)
 {
 #if HAVE_LINEAR_BF16
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512f")
-        && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
+    return speculant_cpu_has_bf16_paths();
 #else
     return 0;
 #endif
 }
 
 #if HAVE_LINEAR_BF16
-#define TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
+#define TARGET BF16_PATH_TARGET
 
 /* 16 bfloat16 numbers widened to float32 (exact). */
 TARGET static inline __m512 widen(__m256i v)

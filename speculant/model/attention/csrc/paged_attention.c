@@ -34,8 +34,11 @@
  *   k_cache/v_cache [num_blocks, block_size, H_kv, D]
  *   cu_query_lens   [B + 1]    starts [B]    block_tables [B, max_blocks]   (int64)
  *   span_ids        [n_spans]  which of the B spans this call computes
- * Returns 0, -1 if a scratch allocation failed (out is then incomplete), or -2
- * for a dtype this build does not support.
+ *   n_seqs: rows of block_tables; num_tokens: rows of q; num_blocks: blocks of each cache
+ * Returns 0, -1 if a scratch allocation failed (out is then incomplete), -2
+ * for a dtype this build does not support, or -3 (nothing read or written)
+ * when a span would reach outside q or the pool: `bad` then describes it
+ * (speculant_check_spans). Every block id and position is checked before use.
  */
 #include <math.h>
 #include <stdint.h>
@@ -72,9 +75,7 @@ static int isa = -1;
 static int cpu_has_bf16_dot(void)
 {
 #if HAVE_BF16_DOT_BUILD
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512f")
-        && __builtin_cpu_supports("avx512bw");
+    return speculant_cpu_has_bf16_paths();
 #else
     return 0;
 #endif
@@ -101,8 +102,7 @@ int speculant_kernel_set_isa(int wanted)
 #if HAVE_BF16_DOT_BUILD
 /* sum_d a[d] * b[d] over bfloat16 rows of any length D, float32 accumulation: 32
  * elements per VDPBF16PS, the tail through a masked load (zeros add nothing). */
-__attribute__((target("avx512f,avx512bw,avx512bf16")))
-static float dot_bf16(const uint16_t *a, const uint16_t *b, int64_t D)
+BF16_PATH_TARGET static float dot_bf16(const uint16_t *a, const uint16_t *b, int64_t D)
 {
     __m512 acc = _mm512_setzero_ps();
     int64_t d = 0;
@@ -268,13 +268,47 @@ int speculant_attend_task(const void *q, const void *k_cache, const void *v_cach
     return 0;
 }
 
+static int span_fault(int64_t *bad, int kind, int64_t span, int64_t entry, int64_t id, int64_t start, int64_t end)
+{
+    const int64_t fields[SPAN_BAD_FIELDS] = {kind, span, entry, id, start, end};
+    memcpy(bad, fields, sizeof fields);
+    return -3;
+}
+
+int speculant_check_spans(const int64_t *cu_query_lens, const int64_t *starts, const int64_t *block_tables,
+                          int64_t n_seqs, int64_t max_blocks, const int64_t *span_ids, int64_t n_spans,
+                          int64_t num_tokens, int64_t num_blocks, int64_t block_size, int64_t *bad)
+{
+    for (int64_t s = 0; s < n_spans; s++) {
+        const int64_t b = span_ids[s];
+        if (b < 0 || b >= n_seqs)
+            return span_fault(bad, BAD_SPAN_ID, b, -1, -1, -1, -1);
+        const int64_t row0 = cu_query_lens[b], row1 = cu_query_lens[b + 1], start = starts[b];
+        const int64_t end = start + row1 - row0;
+        if (row0 < 0 || row1 < row0 || row1 > num_tokens || start < 0 || block_size <= 0)
+            return span_fault(bad, BAD_ROWS, b, -1, -1, start, end);
+        const int64_t needed = (end + block_size - 1) / block_size;  /* blocks holding positions < end */
+        if (needed > max_blocks)
+            return span_fault(bad, BAD_TABLE_SHORT, b, max_blocks, -1, start, end);
+        const int64_t *table = block_tables + b * max_blocks;
+        for (int64_t i = 0; i < needed; i++)
+            if (table[i] < 0 || table[i] >= num_blocks)
+                return span_fault(bad, BAD_BLOCK_ID, b, i, table[i], start, end);
+    }
+    return 0;
+}
+
 int speculant_paged_attention(int dtype, const void *q, const void *k_cache, const void *v_cache, void *out,
                               const int64_t *cu_query_lens, const int64_t *starts, const int64_t *block_tables,
-                              int64_t max_blocks, const int64_t *span_ids, int64_t n_spans,
-                              int64_t H, int64_t H_kv, int64_t D, int64_t block_size, float scale, int threads)
+                              int64_t n_seqs, int64_t max_blocks, const int64_t *span_ids, int64_t n_spans,
+                              int64_t num_tokens, int64_t num_blocks, int64_t H, int64_t H_kv, int64_t D,
+                              int64_t block_size, float scale, int threads, int64_t *bad)
 {
     if (dtype < 0 || dtype > DT_F16 || !(speculant_kernel_dtypes() & (1 << dtype)))
         return -2;
+    if (speculant_check_spans(cu_query_lens, starts, block_tables, n_seqs, max_blocks, span_ids, n_spans, num_tokens,
+                              num_blocks, block_size, bad) != 0)
+        return -3;
     int status = 0;
     const int64_t G = H / H_kv, slices = speculant_attend_slices(n_spans * H_kv, G, threads);
     const int64_t per = (G + slices - 1) / slices, tasks = n_spans * H_kv * slices;

@@ -1,0 +1,64 @@
+"""The C kernels compile for every x86-64 level and say, in one line, what this CPU cannot run.
+
+Before: attention_bf16.c used 256-bit masked AVX-512VL intrinsics under a target
+attribute without ``avx512vl``, so GCC refused the whole library for
+``-march=haswell``/``x86-64-v3``/``znver3``, and every kernel was off on such CPUs.
+"""
+
+from __future__ import annotations
+
+import platform
+import shutil
+import types
+
+import pytest
+
+from speculant.model.attention import cpu_kernel_build
+from speculant.model.attention.kernel_abi import BF16_PATHS, CPU_FEATURE_NAMES, lost_paths_line
+
+x86_gcc = pytest.mark.skipif(platform.machine() != "x86_64" or shutil.which("gcc") is None,
+                             reason="needs gcc on x86-64 (the -march levels are x86's)")
+
+
+@x86_gcc
+@pytest.mark.slow
+@pytest.mark.parametrize("march", ["x86-64", "x86-64-v2", "x86-64-v3", "skylake-avx512", "znver3"])
+def test_every_source_compiles_for_the_level(march):
+    assert cpu_kernel_build.compile_check(march, "gcc") is None
+
+
+@x86_gcc
+def test_the_level_that_broke_compiles():
+    assert cpu_kernel_build.compile_check("x86-64-v3", "gcc") is None
+
+
+@x86_gcc
+def test_a_failed_compile_is_one_line_naming_the_error():
+    error = cpu_kernel_build.compile_check("no-such-cpu", "gcc")
+    assert error is not None and "\n" not in error and "error" in error and "no-such-cpu" in error
+
+
+@pytest.mark.parametrize("mask,missing", [
+    (0b00111, ["avx512vl", "avx512_bf16"]),  # AVX-512 without VL and BF16 (a Skylake-X would have VL)
+    (0b01111, ["avx512_bf16"]),  # Ice Lake / Sapphire Rapids without BF16
+    (0, list(CPU_FEATURE_NAMES)),  # AVX2 only, or aarch64
+])
+def test_lost_paths_are_one_line_naming_the_missing_features(mask, missing):
+    line = lost_paths_line(types.SimpleNamespace(speculant_cpu_features=lambda: mask))
+    assert line is not None and "\n" not in line
+    assert BF16_PATHS in line and f"lacks {', '.join(missing)}" in line
+    assert "still run on the portable C kernels" in line
+
+
+def test_nothing_is_reported_lost_where_every_feature_is_there():
+    assert lost_paths_line(types.SimpleNamespace(speculant_cpu_features=lambda: 0b11111)) is None
+
+
+def test_the_report_says_why_there_are_no_kernels(monkeypatch):
+    monkeypatch.setenv("SPECULANT_CPU_KERNEL", "0")
+    cpu_kernel_build.load_kernel.cache_clear()
+    try:
+        line = cpu_kernel_build.kernel_report()
+    finally:
+        cpu_kernel_build.load_kernel.cache_clear()
+    assert line.startswith("C kernels: none (disabled by SPECULANT_CPU_KERNEL=0)") and "\n" not in line

@@ -1,0 +1,75 @@
+"""Marks for tests that need the C kernels, and what ``SPECULANT_REQUIRE_KERNELS=1`` makes of them.
+
+``@needs_kernel``: the test needs the kernel library. ``@needs_bf16_paths``: it
+needs the AVX-512 bfloat16 paths (the dot-product linear kernel, the fused
+decoder, the vectorised attention task). Without the library, or on a CPU that
+lacks the features, such a test skips, saying why. With
+``SPECULANT_REQUIRE_KERNELS=1`` (CI) a missing library fails the test instead,
+and so does a bfloat16 path our cpuid check turns down on a CPU whose
+/proc/cpuinfo lists every feature it needs; only a CPU that really lacks them
+still skips. Tests that decide inside their body call ``require_kernel()`` or
+``require_bf16_paths()``.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from speculant.model.attention.cpu_kernel_build import kernel_status, load_kernel
+from speculant.model.attention.kernel_abi import CPU_FEATURE_NAMES, missing_cpu_features
+
+REQUIRE = os.environ.get("SPECULANT_REQUIRE_KERNELS") == "1"
+needs_kernel = pytest.mark.needs_kernel
+needs_bf16_paths = pytest.mark.needs_bf16_paths
+
+
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags as the kernel reports them in /proc/cpuinfo (empty where unknown)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((set(ln.split(":", 1)[1].split()) for ln in f if ln.startswith("flags")), set())
+    except OSError:
+        return set()
+
+
+def kernel_problem() -> str | None:
+    return None if load_kernel() is not None else f"no C kernel here: {kernel_status()}"
+
+
+def bf16_problem() -> tuple[str | None, bool]:
+    """(why the bfloat16 paths cannot run, whether that is this CPU's own lack and so a fair skip)."""
+    if (problem := kernel_problem()) is not None:
+        return problem, False
+    lib = load_kernel()
+    missing = missing_cpu_features(lib)
+    if not missing:
+        return None, True
+    if set(CPU_FEATURE_NAMES) <= cpu_flags():
+        return f"cpuid check refuses {', '.join(missing)} although /proc/cpuinfo lists them", False
+    return f"this CPU lacks {', '.join(missing)}", True
+
+
+def _skip_or_fail(reason: str | None, fair: bool) -> None:
+    if reason is None:
+        return
+    if REQUIRE and not fair:
+        pytest.fail(f"SPECULANT_REQUIRE_KERNELS=1: {reason}", pytrace=False)
+    pytest.skip(reason)
+
+
+def require_kernel() -> None:
+    _skip_or_fail(kernel_problem(), False)
+
+
+def require_bf16_paths() -> None:
+    _skip_or_fail(*bf16_problem())
+
+
+def check_marks(item: pytest.Item) -> None:
+    """conftest's ``pytest_runtest_setup``: apply the two marks."""
+    if item.get_closest_marker("needs_kernel") is not None:
+        require_kernel()
+    if item.get_closest_marker("needs_bf16_paths") is not None:
+        require_bf16_paths()
