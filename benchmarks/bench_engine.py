@@ -84,7 +84,7 @@ def load_speculant(model_dir: Path, **overrides):
 
 def linear_backend_available() -> bool:
     try:
-        import speculant.model.linear_backend  # noqa: F401
+        import speculant.model.linear.backend  # noqa: F401
     except ImportError:
         return False
     return torch.backends.mkldnn.is_available()
@@ -358,7 +358,7 @@ def bench_forward(cfg: dict, model_dir: Path, hf, backends: list[str]) -> dict[s
     keep_alive = []
     for lb in backends:
         llm = load_speculant(model_dir, linear_backend=lb, kv_cache_memory_gb=0.25)
-        runner = llm.engine.runner
+        runner = llm.engine.view  # the runner with the engine's blocks
         table = runner.block_manager.allocate("bench-forward", prefix_len + max(ts))
         runner.forward([QuerySpan(table, 0, ids[:prefix_len], [prefix_len - 1])])  # fill the prefix
         calls[f"speculant_{lb}"] = {
@@ -549,7 +549,7 @@ def main() -> None:
         backends = ["default"] + (["onednn"] if has_onednn else [])
         res["forward"] = bench_forward(cfg, model_dir, hf, backends)
         if not has_onednn:
-            res["forward"]["note"] = "speculant.model.linear_backend or oneDNN unavailable: onednn route skipped"
+            res["forward"]["note"] = "speculant.model.linear.backend or oneDNN unavailable: onednn route skipped"
         res["engine_linear_backend"] = res["engine_linear_backend"] if has_onednn else "default"
     bw_end = read_bandwidth(cfg["bandwidth_bytes"])
     res["bandwidth_measurements"] = {"start": bw_start, "end": bw_end}

@@ -10,14 +10,14 @@ Routes (all exact up to float32 summation order):
 * ``default``        ``F.linear`` with the stored ``[out, in]`` weight (MKL on CPU).
 * ``onednn_packed``  weight reordered once by ``torch.ops.mkldnn._reorder_linear_weight``,
                      run by ``torch.ops.mkldnn._linear_pointwise`` (what
-                     ``speculant.model.linear_backend`` uses).
+                     ``speculant.model.linear.backend`` uses).
 * ``onednn_dense``   the same oneDNN op given the plain ``[out, in]`` weight (no
                      packed copy; oneDNN picks its kernel per call).
 * ``mkldnn_utils``   the public ``torch.utils.mkldnn.to_mkldnn(linear)``; its input
                      must be converted ``to_mkldnn()`` and back ``to_dense()``.
 * ``transposed``     weight stored ``[in, out]``, ``torch.addmm(bias, x, w_t)``.
 * ``weight_left``    ``(w @ x.T).T + bias``: the small row count becomes GEMM's N.
-* ``dot_bf16``       ``speculant.model.dot_linear.DotLinear``: Speculant's own kernel
+* ``dot_bf16``       ``speculant.model.linear.dot_linear.DotLinear``: Speculant's own kernel
                      on AVX512-BF16 dot products (bfloat16, CPUs that have them;
                      what ``model.linear_backend = "auto"`` picks there).
 * ``mkl_packed``     ``torch.ops.mkl._mkl_reorder_linear_weight`` packed for one
@@ -97,7 +97,7 @@ def build_route(route: str, weight: torch.Tensor, bias: torch.Tensor, rows: int)
     if route == "weight_left":
         return lambda x: torch.mm(weight, x.t()).t().add_(bias)
     if route == "dot_bf16":
-        from speculant.model.dot_linear import DotLinear
+        from speculant.model.linear.dot_linear import DotLinear
 
         return DotLinear(weight, bias).forward
     if route == "mkl_packed":

@@ -305,8 +305,8 @@ def scorer_batch(runner, bs: int, ctx: int, k: int, seed: int = 0) -> tuple[Step
         req.token_ids = list(toks)
         req.status = RequestStatus.RUNNING
         req.num_computed_tokens = ctx - 1
-        runner.block_manager.allocate(rid, ctx + k)
-        batch.decodes.append(ScheduledRequest(req, 1, k))
+        table = runner.block_manager.allocate(rid, ctx + k)
+        batch.decodes.append(ScheduledRequest(req, 1, k, table))
         ids.append(rid)
     rows = torch.randint(0, runner.vocab_size, (bs, k), generator=g).tolist()
     return batch, Proposals.from_lists(rows), ids
@@ -317,7 +317,7 @@ def run_scorers(target: Path, s: dict) -> dict[str, Any]:
 
     k = 4
     eng = make_engine(target, s, num_blocks=max(64, max(SCORER_BS) * (s["scorer_ctx"] + k) // 16 + 40))
-    runner = eng.runner
+    runner = eng.view  # the runner with the engine's blocks
     reg = get_registry()
     scorers = {name: reg.get("scorer", name)() for name in ("mqa", "batch_expansion")}
     rows = []
@@ -487,7 +487,7 @@ def run_forward_times(target: Path, draft: Path, s: dict) -> dict[str, Any]:
     for backend in ("auto", "default"):
         eng = make_engine(target, s, linear_backend=backend)
         rep = eng.runner.linear_report
-        times = forward_times(eng.runner, ctx, sizes, s["fwd_repeats"])
+        times = forward_times(eng.view, ctx, sizes, s["fwd_repeats"])
         free_engines(eng)
         med = {n: median(v) for n, v in times.items()}
         out["target"][backend] = {
@@ -500,7 +500,7 @@ def run_forward_times(target: Path, draft: Path, s: dict) -> dict[str, Any]:
         }
         log(f"  target [{backend}]: " + ", ".join(f"{n} tok {1e3 * med[n]:.1f} ms" for n in sizes))
     eng = make_engine(draft, s)
-    times = forward_times(eng.runner, ctx, [1], s["fwd_repeats"] * 2)
+    times = forward_times(eng.view, ctx, [1], s["fwd_repeats"] * 2)
     free_engines(eng)
     out["draft"] = {"T_draft_s": median(times[1]), "samples_ms": [round(1e3 * t, 3) for t in times[1]]}
     log(f"  draft: 1 tok {1e3 * out['draft']['T_draft_s']:.2f} ms")
@@ -669,7 +669,7 @@ def run_profile(target: Path, s: dict, args) -> None:
     eng = make_engine(target, s)
     prompt = token_prompts(eng.tokenizer, [s["prompt_len"]], seed=3)[0]
     truth = timed_decode(eng, prompt, s["new_tokens"] + 10)["token_ids"]
-    ft = forward_times(eng.runner, s["prompt_len"] + s["new_tokens"] // 2, [1, args.k + 1], 10)
+    ft = forward_times(eng.view, s["prompt_len"] + s["new_tokens"] // 2, [1, args.k + 1], 10)
     t1, tv = median(ft[1]), median(ft[args.k + 1])
     free_engines(eng)
     path = workdir / "oracle_profile.json"

@@ -55,7 +55,7 @@ def torch_norms_and_rotary() -> Iterator[None]:
 
 def build(target: str, kernels: str, method: str, k: int):
     from speculant.bench.speculant_runs import Method, build_llm
-    from speculant.model.gguf_source import resolve_model_source
+    from speculant.model.loading.gguf_source import resolve_model_source
 
     model_dir = resolve_model_source(target, None, "bfloat16", option="--target")
     spec = {"proposer": method, "num_speculative_tokens": k} if method != "no_spec" else None

@@ -38,7 +38,7 @@ ROWS = {
 
 def build(target: str, dtype: str, proposer: str | None, fast: str, k: int):
     from speculant.bench.speculant_runs import Method, build_llm
-    from speculant.model.gguf_source import resolve_model_source
+    from speculant.model.loading.gguf_source import resolve_model_source
 
     model_dir = resolve_model_source(target, None, dtype, option="--target")
     spec = {"proposer": proposer, "num_speculative_tokens": k} if proposer else None

@@ -11,7 +11,7 @@ length) and float32 without
 speculation. Writes ``results/llamacpp_compare.json``.
 
     pip install llama-cpp-python sentencepiece      # ~6 minutes to build on 2 cores
-    python vendor/llama.cpp/convert_hf_to_gguf.py "$(python -c 'from speculant.model.gguf_source import \\
+    python vendor/llama.cpp/convert_hf_to_gguf.py "$(python -c 'from speculant.model.loading.gguf_source import \\
         resolve_model_source as r; print(r("'$(python scripts/smollm2_path.py)'", None, "bfloat16"))')" \\
         --outtype bf16 --outfile /tmp/smollm2-bf16.gguf        # from the llama-cpp-python sdist
     python benchmarks/llamacpp_compare.py --bf16-gguf /tmp/smollm2-bf16.gguf
@@ -29,7 +29,7 @@ def float32_no_spec(target: str, texts: list[str], args) -> list[dict]:
 
     from speculant.bench import render_prompts
     from speculant.bench.speculant_runs import Method, run_speculant
-    from speculant.model.gguf_source import resolve_model_source
+    from speculant.model.loading.gguf_source import resolve_model_source
 
     target_dir = resolve_model_source(target, None, "float32", option="--target")
     ids = render_prompts(AutoTokenizer.from_pretrained(target_dir), texts, True)

@@ -160,7 +160,7 @@ def start_transformers(model_dir: Path, log_dir: Path, threads: int) -> Served:
 def converted_dir(config: Path) -> Path:
     """The HF directory speculant converted the GGUF file into (loads from its cache)."""
     from speculant.config.compat import build_config
-    from speculant.model.gguf_source import resolve_model_source
+    from speculant.model.loading.gguf_source import resolve_model_source
 
     model = build_config(yaml.safe_load(config.read_text()), str(config)).model
     return Path(resolve_model_source(model.path, model.gguf_file, model.dtype))

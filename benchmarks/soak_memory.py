@@ -50,7 +50,7 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--prompt-range", type=int, nargs=2, default=(8, 96))
     ap.add_argument("--output-range", type=int, nargs=2, default=(4, 48))
     ap.add_argument("--no-row-buckets", action="store_true",
-                    help="run packed GEMMs on every row count as it comes (speculant/model/linear_rows.py "
+                    help="run packed GEMMs on every row count as it comes (speculant/model/linear/rows.py "
                          "disabled): the unbounded shape set that made RSS grow")
     ap.add_argument("--tag", default="", help="the default --out becomes results/soak_memory_TAG.json")
     args = ap.parse_args()
@@ -69,7 +69,7 @@ def main() -> None:
     from speculant import LLM, SamplingParams
 
     if args.no_row_buckets:
-        import speculant.model.linear_rows as linear_rows
+        import speculant.model.linear.rows as linear_rows
 
         linear_rows.EXACT_ROWS = 1 << 30
 

@@ -22,7 +22,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from eagle_training.chat_prompts import training_prompts
 from eagle_training.data import chat_sequences, corpus_sequences, write_shard
-from speculant.model.gguf_source import resolve_model_source
+from speculant.model.loading.gguf_source import resolve_model_source
 
 
 def main(argv: list[str] | None = None) -> None:

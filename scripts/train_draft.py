@@ -28,8 +28,8 @@ from draft_distill.model import DraftShape, build_draft, param_count
 from draft_distill.train import train_draft
 from eagle_training.engine_eval import engine_acceptance
 from eagle_training.train import assistant_marker
-from speculant.model.files import read_text_config
-from speculant.model.gguf_source import resolve_model_source
+from speculant.model.loading.files import read_text_config
+from speculant.model.loading.gguf_source import resolve_model_source
 
 
 def save_draft(draft, tokenizer, out: Path) -> None:

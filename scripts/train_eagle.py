@@ -26,8 +26,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from eagle_training.engine_eval import engine_acceptance
 from eagle_training.train import assistant_marker, frequent_tokens, load_shards, train_head
-from speculant.model.files import read_text_config
-from speculant.model.gguf_source import resolve_model_source
+from speculant.model.loading.files import read_text_config
+from speculant.model.loading.gguf_source import resolve_model_source
 from speculant.proposers.eagle.model import EagleHead, eagle_config
 from speculant.proposers.heads.common import save_heads
 

@@ -17,8 +17,8 @@ import os
 
 import pytest
 
-from speculant.model.attention.cpu_kernel_build import kernel_status, load_kernel
-from speculant.model.attention.kernel_abi import CPU_FEATURE_NAMES, missing_cpu_features
+from speculant.model.kernels.abi import CPU_FEATURE_NAMES, missing_cpu_features
+from speculant.model.kernels.build import kernel_status, load_kernel
 
 REQUIRE = os.environ.get("SPECULANT_REQUIRE_KERNELS") == "1"
 needs_kernel = pytest.mark.needs_kernel

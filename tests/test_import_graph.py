@@ -5,7 +5,8 @@ Layers, bottom to top (a module imports only its own layer or lower ones):
 
 0. ``speculant.interfaces`` (the contract) and ``speculant.version``;
 1. ``speculant.plugins`` (hookspecs, manager, registry; not ``builtin``);
-2. ``speculant.config`` (config models, sampling parameters, compatibility rules);
+2. ``speculant.config`` (config models, sampling parameters, compatibility rules) and
+   ``speculant.sampling`` (sampler, logits processing, acceptance arithmetic);
 3. ``speculant.model`` (runner, loading, attention backends, linears);
 4. ``speculant.engine`` (requests, scheduler, the step pipeline, the engine);
 5. the built-in plugins: ``proposers``, ``scorers``, ``acceptance``, ``plugins.builtin``;
@@ -33,7 +34,7 @@ CONTRACT = "speculant.interfaces"
 LAYERS: list[tuple[str, ...]] = [
     ("speculant.interfaces", "speculant.version"),
     ("speculant.plugins",),
-    ("speculant.config",),
+    ("speculant.config", "speculant.sampling"),
     ("speculant.model",),
     ("speculant.engine",),
     ("speculant.proposers", "speculant.scorers", "speculant.acceptance", "speculant.plugins.builtin"),
@@ -253,7 +254,7 @@ def test_checking_a_config_loads_no_model_code(overrides):
             "from speculant.config.models import read_config; "
             f"build_config(read_config('examples/demo.toml', {overrides!r}), 'demo.toml'); "
             "print(sorted(m for m in ('transformers.modeling_utils', 'speculant.model.runner', "
-            "'speculant.model.loading', 'speculant.engine.llm_engine') if m in sys.modules))")
+            "'speculant.model.loading.hf_model', 'speculant.engine.llm_engine') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=PACKAGE_ROOT.parent)
     assert out.stdout.strip() == "[]", out.stdout

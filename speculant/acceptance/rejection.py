@@ -2,16 +2,16 @@
 
 The small functions below the class are shared with the other acceptance
 methods: input checks, greedy argmax, per-row random draws and inverse-CDF sampling
-(prefix counting and assembly live in ``speculant.engine.acceptance``).
+(prefix counting and assembly live in ``speculant.sampling.acceptance``).
 """
 
 from __future__ import annotations
 
 import torch
 
-from speculant.engine.acceptance import DraftLayout, accepted_prefix_len, assemble_accepted
-from speculant.engine.sampler import draw_uniforms, sample_from_probs
 from speculant.interfaces import AcceptanceCapabilities, AcceptanceMethod, AcceptedTokens
+from speculant.sampling.acceptance import DraftLayout, accepted_prefix_len, assemble_accepted
+from speculant.sampling.sampler import draw_uniforms, sample_from_probs
 
 
 class RejectionSampler(AcceptanceMethod):

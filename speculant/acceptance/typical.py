@@ -9,9 +9,9 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from speculant.acceptance.rejection import check_accept_inputs, target_argmax
-from speculant.engine.acceptance import DraftLayout, accepted_prefix_len, assemble_accepted
-from speculant.engine.sampler import draw_uniforms, sample_from_probs
 from speculant.interfaces import AcceptanceCapabilities, AcceptanceMethod, AcceptedTokens
+from speculant.sampling.acceptance import DraftLayout, accepted_prefix_len, assemble_accepted
+from speculant.sampling.sampler import draw_uniforms, sample_from_probs
 
 
 class TypicalOptions(BaseModel):

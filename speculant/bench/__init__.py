@@ -39,7 +39,7 @@ from speculant.bench.llamacpp import run_llamacpp
 from speculant.bench.report import drop_raw, environment, merge_repeats
 from speculant.bench.speculant_runs import run_speculant, speculant_methods
 from speculant.config.models import SchedulerConfig
-from speculant.model.gguf_source import resolve_model_source
+from speculant.model.loading.gguf_source import resolve_model_source
 
 DEFAULT_PROMPTS = (
     "def fibonacci(n):\n    ",

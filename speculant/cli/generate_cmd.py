@@ -56,9 +56,7 @@ def _build(args, overrides: list[str]):
 def forward_paths(llm) -> list[str]:
     """One line per runner (the target, then any draft model): which forward path it takes."""
     runner = llm.engine.runner
-    from speculant.model.attention.cpu_kernel_build import kernel_report
-
-    lines = [kernel_report(), f"model.fast_forward: {runner.fast_forward.describe()}",
+    lines = [runner.kernel_report, f"model.fast_forward: {runner.fast_forward.describe()}",
              f"model.linear_backend: {runner.linear_report.describe()}",
              f"memory: {runner.huge_pages.describe()}", f"self-test: {runner.self_test.describe()}"]
     proposer = llm.engine.spec.proposer

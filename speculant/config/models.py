@@ -41,7 +41,7 @@ class ModelConfig(StrictModel):
     path: str
     """Local Hugging Face model directory (config.json, safetensors, tokenizer), or
     a GGUF checkpoint: a ``.gguf`` file, or the directory holding ``gguf_file``
-    (converted once and cached, see ``speculant.model.gguf_source``)."""
+    (converted once and cached, see ``speculant.model.loading.gguf_source``)."""
     gguf_file: str | None = Field(default=None, min_length=1)
     """File name of a GGUF checkpoint inside the ``path`` directory."""
     tokenizer: str | None = None

@@ -26,6 +26,8 @@ class ScheduledRequest:
     request: Request
     num_new_tokens: int
     num_spec_tokens: int = 0
+    block_table: list[int] = field(default_factory=list)
+    """The request's KV block ids (the scheduler's, after it allocated this step's slots)."""
     start: int = field(init=False)
     """Position of the first token fed this step."""
     samples: bool = field(init=False)

@@ -18,8 +18,8 @@ import torch
 from speculant.engine.batch import ScheduledRequest, StepBatch
 from speculant.engine.detokenizer import TextDecoder
 from speculant.engine.request import Request
-from speculant.engine.sampler import top_logprobs
 from speculant.engine.stop_rules import append_tokens, catch_up
+from speculant.sampling.sampler import top_logprobs
 
 
 @dataclass

@@ -15,17 +15,18 @@ from typing import TYPE_CHECKING
 from speculant.engine.batch import ScheduledRequest, StepBatch
 from speculant.interfaces import Proposals, QuerySpan, Scores
 
-if TYPE_CHECKING:  # the runner imports transformers' model classes (~2 s): a Ray driver checking a config needs none
-    from speculant.model.runner import ForwardOutput, ModelRunner
+if TYPE_CHECKING:
+    from speculant.interfaces.views import ForwardResult, RunnerView
 
 
-def block_table(runner: ModelRunner, entry: ScheduledRequest) -> list[int]:
-    return runner.block_manager.block_table(entry.request.request_id)
+def block_table(entry: ScheduledRequest) -> list[int]:
+    """The entry's block table, as the scheduler put it into the batch."""
+    return entry.block_table
 
 
-def prefill_spans(runner: ModelRunner, batch: StepBatch) -> list[QuerySpan]:
+def prefill_spans(runner: RunnerView, batch: StepBatch) -> list[QuerySpan]:
     return [
-        QuerySpan(block_table(runner, p), p.start, p.new_token_ids, [p.num_new_tokens - 1] if p.reports else [])
+        QuerySpan(block_table(p), p.start, p.new_token_ids, [p.num_new_tokens - 1] if p.reports else [])
         for p in batch.prefills
     ]
 
@@ -35,14 +36,14 @@ def decode_tokens(batch: StepBatch, proposals: Proposals) -> list[list[int]]:
     return [[d.request.token_ids[-1]] + row for d, row in zip(batch.decodes, proposals.to_lists())]
 
 
-def flat_decode_spans(runner: ModelRunner, batch: StepBatch, proposals: Proposals) -> list[QuerySpan]:
+def flat_decode_spans(runner: RunnerView, batch: StepBatch, proposals: Proposals) -> list[QuerySpan]:
     spans = []
     for d, tokens in zip(batch.decodes, decode_tokens(batch, proposals)):
-        spans.append(QuerySpan(block_table(runner, d), d.start, tokens, list(range(len(tokens)))))
+        spans.append(QuerySpan(block_table(d), d.start, tokens, list(range(len(tokens)))))
     return spans
 
 
-def gather_scores(out: ForwardOutput, batch: StepBatch, proposals: Proposals) -> Scores:
+def gather_scores(out: ForwardResult, batch: StepBatch, proposals: Proposals) -> Scores:
     """Split a forward's logits (prefill rows first, then 1 + lens[i] rows per
     decode, in batch order) into ``Scores``: the decode rows are already in
     ``Scores``' flat order, so this slices, it never copies or pads."""
@@ -63,6 +64,6 @@ def gather_scores(out: ForwardOutput, batch: StepBatch, proposals: Proposals) ->
     )
 
 
-def score_flat(runner: ModelRunner, batch: StepBatch, proposals: Proposals, want_hidden: bool = False) -> Scores:
+def score_flat(runner: RunnerView, batch: StepBatch, proposals: Proposals, want_hidden: bool = False) -> Scores:
     spans = prefill_spans(runner, batch) + flat_decode_spans(runner, batch, proposals)
     return gather_scores(runner.forward(spans, want_hidden), batch, proposals)

@@ -19,6 +19,7 @@ import torch
 from speculant.config.compat import default_plugins, sampling_reasons, structured_reasons, validate_config
 from speculant.config.models import EngineConfig
 from speculant.config.sampling_params import SamplingParams
+from speculant.engine.block_manager import BlockManager
 from speculant.engine.commit import apply
 from speculant.engine.detokenizer import Detokenizer, TextDecoder
 from speculant.engine.draft_length import DraftLengthPolicy, build_draft_length_policy
@@ -27,6 +28,7 @@ from speculant.engine.inbox import Inbox
 from speculant.engine.prefix_caching import PrefixCache
 from speculant.engine.proposer_guard import ProposerGuard
 from speculant.engine.request import Request, RequestOutput, RequestStatus, SpecStats
+from speculant.engine.runner_view import PluginRunner
 from speculant.engine.scheduler import Scheduler
 from speculant.engine.spec_components import SpecComponents, build_spec_components, resolve_backend
 from speculant.engine.step import StepTimes
@@ -54,9 +56,11 @@ class LLMEngine:
         self.tokenizer = self.runner.tokenizer
         self.decoder = TextDecoder.for_tokenizer(self.tokenizer, self._detokenize)
         self.max_model_len = self.runner.max_model_len
-        prefix = PrefixCache(self.runner.block_manager, config.model.path, config.model.gguf_file,
+        self.blocks = BlockManager(self.runner.num_blocks, self.runner.block_size)  # the target's KV bookkeeping
+        self.view = PluginRunner(self.runner, self.blocks)  # the target as plugins see it (RunnerView)
+        prefix = PrefixCache(self.blocks, config.model.path, config.model.gguf_file,
                              config.model.dtype) if config.cache.enable_prefix_caching else None
-        self.scheduler = Scheduler(config.scheduler, self.runner.block_manager, self.max_model_len, prefix)
+        self.scheduler = Scheduler(config.scheduler, self.blocks, self.max_model_len, prefix)
         self.scheduler.on_preempt = self._preempted
         self.spec: SpecComponents = build_spec_components(config, self.runner, registry)
         self.draft_length: DraftLengthPolicy = build_draft_length_policy(config.speculative)
@@ -184,7 +188,7 @@ class LLMEngine:
                 f"prompt has {n} tokens, more than scheduler.max_num_batched_tokens="
                 f"{sched.max_num_batched_tokens}, and scheduler.enable_chunked_prefill is false; "
                 "enable chunked prefill or raise max_num_batched_tokens")
-        blocks = self.runner.block_manager
+        blocks = self.blocks
         if blocks.num_blocks_for(n + 1) > blocks.num_blocks:
             raise ValueError(f"prompt needs {blocks.num_blocks_for(n + 1)} KV blocks but the pool has "
                              f"{blocks.num_blocks}; raise cache.num_blocks or cache.memory_gb")
@@ -260,7 +264,7 @@ class LLMEngine:
         batch = self.scheduler.schedule(draft_lengths, self._restore if self.prefix_caching else None)
         if batch.is_empty:
             return []
-        parts = StepParts(self.runner, proposer, self.spec.scorer, self.spec.acceptance, self.guard,
+        parts = StepParts(self.view, proposer, self.spec.scorer, self.spec.acceptance, self.guard,
                           self.spec.want_hidden, self.decoder, self.stream_text, self._structured)
         try:
             run = run_step(batch, parts)
@@ -341,7 +345,7 @@ class LLMEngine:
         (queued or preempted, changes still in the inbox included), running, and
         the target's KV blocks in use out of the pool."""
         with self._inbox.lock:
-            blocks = self.runner.block_manager
+            blocks = self.blocks
             return {"num_waiting": len(self.scheduler.waiting) + self._inbox.pending,
                     "num_running": len(self.scheduler.running),
                     "num_kv_blocks_in_use": blocks.num_used_blocks,

@@ -24,9 +24,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from speculant.engine.block_hash import cache_salt, extend_block_hashes
+from speculant.engine.block_manager import BlockManager
 from speculant.engine.request import Request
-from speculant.model.block_hash import cache_salt, extend_block_hashes
-from speculant.model.kv_cache import BlockManager
 
 
 @dataclass

@@ -21,9 +21,9 @@ from collections.abc import Callable, Mapping
 
 from speculant.config.models import SchedulerConfig
 from speculant.engine.batch import ScheduledRequest, StepBatch
+from speculant.engine.block_manager import BlockManager
 from speculant.engine.prefix_caching import PrefixCache
 from speculant.engine.request import Request, RequestStatus
-from speculant.model.kv_cache import BlockManager
 
 Restore = Callable[[Request, int], int]
 """``restore(request, num_cached_tokens)``: how many of those leading tokens the
@@ -92,7 +92,7 @@ class Scheduler:
             k_i = self._spec_len(req, draft_lengths.get(req.request_id, 0), spare + 1)
             if not self._reserve(req, req.num_computed_tokens + 1 + k_i, batch):
                 continue  # req itself was preempted
-            batch.decodes.append(ScheduledRequest(req, 1, k_i))
+            batch.decodes.append(ScheduledRequest(req, 1, k_i, self.blocks.block_table(req.request_id)))
             budget -= 1 + k_i
         return budget
 
@@ -140,8 +140,8 @@ class Scheduler:
             slots = self._slots(req, n)
             if not self.blocks.can_allocate(req.request_id, slots):
                 return
-            self.blocks.allocate(req.request_id, slots)
-            batch.prefills.append(ScheduledRequest(req, n))
+            table = self.blocks.allocate(req.request_id, slots)
+            batch.prefills.append(ScheduledRequest(req, n, block_table=table))
             budget -= n
         while self.waiting and budget >= 1 and len(self.running) < cfg.max_num_seqs:
             req = self.waiting[0]
@@ -158,12 +158,12 @@ class Scheduler:
                 req.num_computed_tokens = 0
                 return
             self.waiting.popleft()
-            self.blocks.allocate(req.request_id, self._slots(req, n), prefix)
+            table = self.blocks.allocate(req.request_id, self._slots(req, n), prefix)
             if self.prefix is not None:
                 self.prefix.record(req, len(prefix))
             req.status = RequestStatus.RUNNING
             self.running.append(req)
-            batch.prefills.append(ScheduledRequest(req, n))
+            batch.prefills.append(ScheduledRequest(req, n, block_table=table))
             budget -= n
 
     def _lookup(self, req: Request, restore: Restore | None) -> list[int]:

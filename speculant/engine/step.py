@@ -15,14 +15,14 @@ from dataclasses import dataclass, field
 
 import torch
 
-from speculant.engine.acceptance import greedy_accept, verifies_by_argmax
 from speculant.engine.batch import StepBatch
 from speculant.engine.layout import score_flat
-from speculant.engine.logits_processing import filtered_logprobs, sampling_tensors
 from speculant.engine.proposer_guard import ProposerGuard
-from speculant.engine.sampler import ACCEPT_STREAM, request_generator, sample
+from speculant.engine.runner_view import PluginRunner
 from speculant.interfaces import AcceptanceMethod, Proposals, Proposer, Scorer, Scores
-from speculant.model.runner import ModelRunner
+from speculant.sampling.acceptance import greedy_accept, verifies_by_argmax
+from speculant.sampling.logits_processing import filtered_logprobs, sampling_tensors
+from speculant.sampling.sampler import ACCEPT_STREAM, request_generator, sample
 
 
 @dataclass
@@ -62,7 +62,7 @@ def propose(proposer: Proposer | None, batch: StepBatch, guard: ProposerGuard | 
     return guard.propose(proposer, batch)
 
 
-def score(scorer: Scorer | None, runner: ModelRunner, batch: StepBatch, proposals: Proposals,
+def score(scorer: Scorer | None, runner: PluginRunner, batch: StepBatch, proposals: Proposals,
           want_hidden: bool = False) -> Scores:
     if scorer is None:
         return score_flat(runner, batch, proposals, want_hidden)

@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from speculant.model.attention.cpu_kernel_build import load_kernel
+from speculant.model.kernels.build import load_kernel
 
 
 class _RMSNormLike(Protocol):

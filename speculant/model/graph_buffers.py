@@ -45,7 +45,8 @@ def host_refill(spans: list[QuerySpan], block_size: int, bucket: int, num_span_s
                 trash_slot: int) -> Refill:
     """The padded static layout of ``spans`` (module docstring) as CPU tensors."""
     n = len(spans)
-    assert n < num_span_slots, "the caller checks that a padding span slot is left"
+    if n >= num_span_slots:  # a real check: these buffers are written in place
+        raise ValueError(f"{n} spans do not fit the graph's {num_span_slots} span slots (one is kept for padding)")
     ids: list[int] = []
     positions: list[int] = []
     slots: list[int] = []
@@ -67,7 +68,8 @@ def host_refill(spans: list[QuerySpan], block_size: int, bucket: int, num_span_s
         seq_lens.append(s.start + q)
         tables.append(table + [0] * (width - len(table)))
     total = cu[-1]
-    assert total <= bucket, "the caller picks a bucket that holds every token"
+    if total > bucket:
+        raise ValueError(f"{total} tokens do not fit the graph bucket of {bucket}")
     pad = bucket - total
     ids.extend([0] * pad)
     positions.extend([0] * pad)

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from speculant.model.packed_linear import PackedLinear
+from speculant.model.linear.packed import PackedLinear
 
 Call = tuple[tuple[Any, ...], dict[str, Any]]  # a layer call's (args, kwargs)
 

@@ -119,7 +119,7 @@ def resource_problems(config: EngineConfig) -> list[str]:
     """Every problem of ``config`` against the model files and this machine
     (empty when none; model checks are skipped when model.path is not a model
     directory, which the engine reports itself)."""
-    from speculant.model.files import ModelFileError, check_weight_files
+    from speculant.model.loading.files import ModelFileError, check_weight_files
 
     problems = device_problems(config)
     cfg = text_config(config.model.path)

@@ -25,18 +25,18 @@ from speculant.model.cuda_graphs import GraphedForward, GraphLimits
 from speculant.model.fast_forward.decoder import FastDecoder
 from speculant.model.fast_forward.setup import FastForwardStatus, select_fast_forward
 from speculant.model.fused_norms import fuse_rms_norms
-from speculant.model.gguf_source import resolve_model_source
-from speculant.model.huge_pages import place_packed_weights
-from speculant.model.kv_cache import BlockManager
-from speculant.model.linear_backend import pack_linear_layers
-from speculant.model.loading import (
+from speculant.model.kernels.build import kernel_report
+from speculant.model.linear.backend import pack_linear_layers
+from speculant.model.linear.huge_pages import place_packed_weights
+from speculant.model.linear.merged import merge_sibling_linears
+from speculant.model.loading.gguf_source import resolve_model_source
+from speculant.model.loading.hf_model import (
     eos_token_ids,
     load_hf_model,
     load_tokenizer,
     require_device,
     unsupported_model_error,
 )
-from speculant.model.merged_linears import merge_sibling_linears
 from speculant.model.resources import total_memory_bytes
 from speculant.model.seam_selftest import SeamSelfTestError, SelfTestResult, seam_self_test
 
@@ -99,7 +99,7 @@ class ModelRunner:
         self.num_blocks = self._num_blocks(cache_cfg, model_cfg.max_model_len is not None)
         self.trash_block = self.num_blocks  # one more block, outside the pool: graph padding writes there
         self.key_caches, self.value_caches = self._allocate_caches()
-        self.block_manager = BlockManager(self.num_blocks, self.block_size)
+        self.kernel_report = kernel_report()  # one line: which C kernels run on this CPU, what is lost and why
         self.fast_forward = FastForwardStatus(model_cfg.fast_forward, None, "selected after the self-test")
         self.self_test = self._self_test(path_option)
         self.self_test_deviation = self.self_test.engine_error
@@ -161,6 +161,20 @@ class ModelRunner:
     def kv_bytes_per_token(self) -> int:
         elem = torch.empty(0, dtype=self.model.dtype).element_size()
         return sum(2 * h * d * elem for h, d in self.kv_shapes)
+
+    def scratch_tables(self, lengths: list[int]) -> list[list[int]]:
+        """Disjoint block tables for the load-time checks' sequences (the self-test, the fast-forward
+        probe), taken from the front of the pool: nothing else holds a block while the runner loads.
+        As many of ``lengths`` as fit, in order."""
+        tables: list[list[int]] = []
+        first = 0
+        for n in lengths:
+            need = -(-n // self.block_size)
+            if first + need > self.num_blocks:
+                break
+            tables.append(list(range(first, first + need)))
+            first += need
+        return tables
 
     def _fit_default_length(self, num_blocks: int, setting: str) -> None:
         """Lower a defaulted ``max_model_len`` to what ``num_blocks`` hold, saying so in one line."""

@@ -101,38 +101,28 @@ def _engine_forwards(runner, seqs: list[list[int]], fn: Callable[[Forward, torch
     """Run ``seqs`` through the engine as a mixed batch (a prefill chunk of each, then a
     continuation and a decode over their cached prefixes); ``before(forward)`` before each,
     ``fn(forward, logits)`` after it."""
-    manager = runner.block_manager
-    names = [f"__speculant_self_test_{i}__" for i in range(len(seqs))]
-    try:
-        tables = [manager.allocate(n, len(s)) for n, s in zip(names, seqs)]
-        forwards: list[Forward] = [[], []]
-        for i, (seq, table, split) in enumerate(zip(seqs, tables, _SPLITS)):
-            split = min(split, len(seq) - 1) if len(seq) > 1 else 1
-            forwards[0].append((i, QuerySpan(table, 0, seq[:split], list(range(split)))))
-            if split < len(seq):
-                rest = seq[split:]
-                forwards[1].append((i, QuerySpan(table, split, rest, list(range(len(rest))))))
-        for spans in filter(None, forwards):
-            if before is not None:
-                before(spans)
-            logits = runner.forward([s for _, s in spans]).logits
-            if fn is not None:
-                fn(spans, logits)
-    finally:
-        for n in names:
-            if manager.has(n):
-                manager.free(n)
+    tables = runner.scratch_tables([len(s) for s in seqs])
+    forwards: list[Forward] = [[], []]
+    for i, (seq, table, split) in enumerate(zip(seqs, tables, _SPLITS)):
+        split = min(split, len(seq) - 1) if len(seq) > 1 else 1
+        forwards[0].append((i, QuerySpan(table, 0, seq[:split], list(range(split)))))
+        if split < len(seq):
+            rest = seq[split:]
+            forwards[1].append((i, QuerySpan(table, split, rest, list(range(len(rest))))))
+    for spans in filter(None, forwards):
+        if before is not None:
+            before(spans)
+        logits = runner.forward([s for _, s in spans]).logits
+        if fn is not None:
+            fn(spans, logits)
 
 
 def _test_sequences(runner) -> list[list[int]]:
-    manager = runner.block_manager
     gen = torch.Generator().manual_seed(0)
-    room = min(runner.max_model_len, manager.num_blocks * manager.block_size)
+    room = min(runner.max_model_len, runner.num_blocks * runner.block_size)
     lengths = [min(n, room) for n in _LENGTHS]
     seqs = [torch.randint(0, runner.vocab_size, (n,), generator=gen).tolist() for n in lengths]
-    if manager.num_blocks_for(lengths[0]) + manager.num_blocks_for(lengths[1]) > manager.num_free_blocks:
-        seqs = seqs[:1]  # a pool this small holds one test sequence at a time
-    return seqs
+    return seqs[:len(runner.scratch_tables(lengths))]  # a pool this small holds one test sequence
 
 
 def _dtype_name(dtype: torch.dtype) -> str:

@@ -25,8 +25,8 @@ from speculant.config.models import EngineConfig, ModelConfig
 from speculant.engine.batch import StepBatch
 from speculant.engine.request import Request
 from speculant.interfaces import Proposals, Proposer, ProposerCapabilities, ProposerContext, QuerySpan, Scores
-from speculant.model.files import read_text_config
-from speculant.model.gguf_source import resolve_model_source
+from speculant.model.loading.files import read_text_config
+from speculant.model.loading.gguf_source import resolve_model_source
 from speculant.proposers.draft_tokenizer import check_draft_tokenizer
 from speculant.proposers.drafting import DraftSteps, draw_proposals
 

@@ -16,11 +16,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from speculant.engine.acceptance import verifies_by_argmax
-from speculant.engine.logits_processing import filtered_logprobs, sampling_tensors
 from speculant.engine.request import Request
-from speculant.engine.sampler import DRAFT_STREAM, draw_uniforms, request_generator, sample_from_probs
 from speculant.interfaces import Proposals
+from speculant.sampling.acceptance import verifies_by_argmax
+from speculant.sampling.logits_processing import filtered_logprobs, sampling_tensors
+from speculant.sampling.sampler import DRAFT_STREAM, draw_uniforms, request_generator, sample_from_probs
 
 
 @dataclass(frozen=True)

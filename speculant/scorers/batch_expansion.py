@@ -19,7 +19,7 @@ class BatchExpansionScorer(Scorer):
     def score(self, runner, batch, proposals, want_hidden: bool = False) -> Scores:
         spans = prefill_spans(runner, batch)
         for d, tokens in zip(batch.decodes, decode_tokens(batch, proposals)):
-            table = block_table(runner, d)
+            table = block_table(d)
             for j, tok in enumerate(tokens):
                 spans.append(QuerySpan(table, d.start + j, [tok], [0]))
         return gather_scores(runner.forward(spans, want_hidden), batch, proposals)

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import torch
 
-from speculant.engine.acceptance import greedy_accept
 from speculant.interfaces import PLACEHOLDER_TOKEN_ID, AcceptanceMethod, AcceptedTokens, Proposals
+from speculant.sampling.acceptance import greedy_accept
 
 
 def flatten(target: torch.Tensor,  # [n, k + 1, V]

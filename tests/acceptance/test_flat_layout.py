@@ -15,9 +15,9 @@ import torch
 
 from flat_inputs import flatten
 from speculant.acceptance.rejection import RejectionSampler
-from speculant.engine.acceptance import DraftLayout, greedy_accept
-from speculant.engine.sampler import sample_from_probs
 from speculant.interfaces import PLACEHOLDER_TOKEN_ID
+from speculant.sampling.acceptance import DraftLayout, greedy_accept
+from speculant.sampling.sampler import sample_from_probs
 
 
 def reference_greedy(logits, ids, lens) -> list[list[int]]:

@@ -13,8 +13,8 @@ from flat_inputs import accept_padded, greedy_padded
 from speculant.acceptance.rejection import RejectionSampler
 from speculant.acceptance.typical import TypicalAcceptance
 from speculant.config.sampling_params import SamplingParams
-from speculant.engine.acceptance import verifies_by_argmax
 from speculant.interfaces import PLACEHOLDER_TOKEN_ID
+from speculant.sampling.acceptance import verifies_by_argmax
 
 P = PLACEHOLDER_TOKEN_ID
 

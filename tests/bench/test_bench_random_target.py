@@ -53,7 +53,7 @@ def test_transformers_builds_the_same_random_weights(tmp_path, dtype):
     from transformers import AutoConfig
 
     from speculant.bench.hf_runs import _load
-    from speculant.model.loading import _random_model
+    from speculant.model.loading.hf_model import _random_model
 
     d = build_random_target("tiny", tmp_path / "t")
     ours = _random_model(AutoConfig.from_pretrained(d), dtype, torch.device("cpu"), "sdpa", 7).state_dict()

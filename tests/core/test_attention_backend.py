@@ -27,10 +27,11 @@ from kernel_marks import CPU_FEATURE_NAMES, cpu_flags, require_bf16_paths, requi
 
 from speculant.interfaces import QuerySpan
 from speculant.interfaces.span_tensors import SpanTensors
-from speculant.model.attention import cpu_kernel, cpu_kernel_build
+from speculant.model.attention import cpu_kernel
 from speculant.model.attention.cpu_kernel import CpuKernelAttentionBackend
-from speculant.model.attention.cpu_kernel_build import kernel_dtypes, kernel_isa, load_kernel, set_kernel_isa
 from speculant.model.attention.torch_ref import TorchAttentionBackend
+from speculant.model.kernels import build as cpu_kernel_build
+from speculant.model.kernels.build import kernel_dtypes, kernel_isa, load_kernel, set_kernel_isa
 from speculant.plugins.manager import get_registry
 
 NUM_HEADS = 4

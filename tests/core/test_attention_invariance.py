@@ -14,7 +14,7 @@ from kernel_marks import needs_kernel
 from speculant.interfaces import QuerySpan
 from speculant.interfaces.span_tensors import SpanTensors
 from speculant.model.attention.cpu_kernel import MAX_KERNEL_QUERY, CpuKernelAttentionBackend
-from speculant.model.attention.cpu_kernel_build import load_kernel, set_kernel_isa
+from speculant.model.kernels.build import load_kernel, set_kernel_isa
 
 LIB = load_kernel()
 pytestmark = needs_kernel

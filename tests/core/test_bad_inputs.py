@@ -139,7 +139,7 @@ def test_abort_running_request_leaves_others_correct(llm, baseline, hf_reference
     ref = hf_reference("llama")
     for i in (0, 2):
         check_greedy(finals[ids[i]], ref.greedy(prompts[i], 12), f"request {i}")
-    blocks = engine.runner.block_manager
+    blocks = engine.blocks
     assert blocks.num_free_blocks == blocks.num_blocks, "the aborted request's KV blocks were not freed"
     assert_still_serving(llm, baseline)
 

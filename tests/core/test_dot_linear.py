@@ -23,8 +23,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from kernel_marks import needs_bf16_paths
 
-from speculant.model.dot_linear import DotLinear, blocked_weight, dense_weight, dot_linear_unavailable_reason
-from speculant.model.linear_backend import LinearBackendError, pack_linear_layers
+from speculant.model.linear.backend import LinearBackendError, pack_linear_layers
+from speculant.model.linear.dot_linear import DotLinear, blocked_weight, dense_weight, dot_linear_unavailable_reason
 
 REASON = dot_linear_unavailable_reason(torch.zeros(16, 16, dtype=torch.bfloat16))
 needs_kernel = needs_bf16_paths  # tests/kernel_marks.py

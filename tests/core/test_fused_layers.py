@@ -80,12 +80,12 @@ def forward_both(llm, stages: list[list[QuerySpan]]) -> tuple[list[torch.Tensor]
 
 
 def allocate(llm, names_lengths):
-    manager = llm.engine.runner.block_manager
+    manager = llm.engine.blocks
     return [manager.allocate(name, n) for name, n in names_lengths]
 
 
 def free(llm, names):
-    manager = llm.engine.runner.block_manager
+    manager = llm.engine.blocks
     for name in names:
         if manager.has(name):
             manager.free(name)

@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 from kernel_marks import needs_kernel
 from torch import nn
 
-from speculant.model.attention.cpu_kernel_build import load_kernel
 from speculant.model.fused_norms import _c_kernel_form, fuse_rms_norms, torch_sum_lanes
+from speculant.model.kernels.build import load_kernel
 from tiny_models import loaded_tiny_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")

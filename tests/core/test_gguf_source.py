@@ -1,4 +1,4 @@
-"""GGUF checkpoints as model sources (``speculant.model.gguf_source``): a tiny
+"""GGUF checkpoints as model sources (``speculant.model.loading.gguf_source``): a tiny
 llama written with gguf-py (Q8_0 linears, byte-level BPE tokenizer, q/k in
 llama.cpp's rotary layout) loads and generates like transformers loading the
 same file, converted once into a verified, atomically published cache entry."""
@@ -19,9 +19,9 @@ from greedy_compare import HFReference, check_all_greedy
 from speculant import LLM, SamplingParams
 from speculant.config.compat import build_config
 from speculant.config.models import ConfigError
-from speculant.model import gguf_source
-from speculant.model.files import ModelFileError
-from speculant.model.loading import UnsupportedModelError
+from speculant.model.loading import gguf_source
+from speculant.model.loading.files import ModelFileError
+from speculant.model.loading.hf_model import UnsupportedModelError
 from tiny_gguf import tiny_llama, write_tiny_gguf
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -1,4 +1,4 @@
-"""Packed bfloat16 weights on one transparent-huge-page arena (speculant/model/huge_pages.py).
+"""Packed bfloat16 weights on one transparent-huge-page arena (speculant/model/linear/huge_pages.py).
 
 Checked: the move leaves a model's logits bit for bit as they were and puts every
 packed weight, merged Q/K/V and gate/up included, into one 2 MiB-aligned arena
@@ -12,16 +12,16 @@ import pytest
 import torch
 from kernel_marks import needs_bf16_paths
 
-from speculant.model import huge_pages
-from speculant.model.dot_linear import dot_linear_unavailable_reason
-from speculant.model.huge_pages import (
+from speculant.model.linear import huge_pages
+from speculant.model.linear.backend import pack_linear_layers
+from speculant.model.linear.dot_linear import dot_linear_unavailable_reason
+from speculant.model.linear.huge_pages import (
     HUGE_PAGE,
     huge_pages_unavailable_reason,
     packed_dot_layers,
     place_packed_weights,
 )
-from speculant.model.linear_backend import pack_linear_layers
-from speculant.model.merged_linears import merge_sibling_linears
+from speculant.model.linear.merged import merge_sibling_linears
 from tiny_models import loaded_tiny_model
 
 DOT_REASON = dot_linear_unavailable_reason(torch.zeros(16, 16, dtype=torch.bfloat16))

@@ -13,8 +13,8 @@ import torch
 
 from speculant import LLM, SamplingParams
 from speculant.config.sampling_params import MAX_LOGPROBS, MAX_SEED, MAX_TOP_K, MIN_TEMPERATURE
-from speculant.engine.logits_processing import filtered_logprobs, sampling_tensors
-from speculant.engine.sampler import sample_from_probs
+from speculant.sampling.logits_processing import filtered_logprobs, sampling_tensors
+from speculant.sampling.sampler import sample_from_probs
 from tiny_models import random_prompts
 
 pytestmark = pytest.mark.usefixtures("one_thread")

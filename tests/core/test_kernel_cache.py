@@ -14,8 +14,8 @@ import torch
 
 from speculant.interfaces import QuerySpan
 from speculant.interfaces.span_tensors import SpanTensors
-from speculant.model.attention import cpu_kernel_build as build
 from speculant.model.attention.cpu_kernel import CpuKernelAttentionBackend, CpuKernelMetadata
+from speculant.model.kernels import build
 
 CC = os.environ.get("CC") or "cc"
 pytestmark = pytest.mark.skipif(shutil.which(CC) is None, reason="no C compiler")

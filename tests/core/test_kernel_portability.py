@@ -13,8 +13,8 @@ import types
 
 import pytest
 
-from speculant.model.attention import cpu_kernel_build
-from speculant.model.attention.kernel_abi import BF16_PATHS, CPU_FEATURE_NAMES, lost_paths_line
+from speculant.model.kernels import build as cpu_kernel_build
+from speculant.model.kernels.abi import BF16_PATHS, CPU_FEATURE_NAMES, lost_paths_line
 
 x86_gcc = pytest.mark.skipif(platform.machine() != "x86_64" or shutil.which("gcc") is None,
                              reason="needs gcc on x86-64 (the -march levels are x86's)")

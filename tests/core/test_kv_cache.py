@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from speculant.model.kv_cache import BlockManager, KVPoolExhausted
+from speculant.engine.block_manager import BlockManager, KVPoolExhausted
 
 
 @pytest.mark.parametrize("block_size", [1, 4, 16])

@@ -1,4 +1,4 @@
-"""Tests for speculant.model.linear_backend: packed linears equal the unpacked ones.
+"""Tests for speculant.model.linear.backend: packed linears equal the unpacked ones.
 
 Tolerances, relative to the largest reference output:
 * float32: 1e-5. Packed and default paths differ only in summation order
@@ -16,13 +16,13 @@ from torch import nn
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 from transformers.pytorch_utils import Conv1D
 
-from speculant.model.dot_linear import DotLinear, dot_linear_unavailable_reason
-from speculant.model.linear_backend import (
+from speculant.model.linear.backend import (
     LinearBackendError,
     OneDNNLinear,
     pack_linear_layers,
 )
-from speculant.model.packed_linear import PackedLinear
+from speculant.model.linear.dot_linear import DotLinear, dot_linear_unavailable_reason
+from speculant.model.linear.packed import PackedLinear
 
 requires_onednn = pytest.mark.skipif(
     not torch.backends.mkldnn.is_available(),

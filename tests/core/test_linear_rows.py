@@ -1,4 +1,4 @@
-"""Row buckets of packed oneDNN GEMMs (speculant/model/linear_rows.py): a bounded
+"""Row buckets of packed oneDNN GEMMs (speculant/model/linear/rows.py): a bounded
 set of shapes (the fix for RSS growing round after round), at most 1/8 extra
 rows, exact sizes for decode-sized inputs, and unchanged results."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from speculant.model.linear_rows import EXACT_ROWS, bucket_rows
-from speculant.model.onednn_linear import OneDNNLinear, onednn_unavailable_reason
+from speculant.model.linear.onednn import OneDNNLinear, onednn_unavailable_reason
+from speculant.model.linear.rows import EXACT_ROWS, bucket_rows
 
 
 def test_buckets_are_few_exact_when_small_and_never_much_larger():

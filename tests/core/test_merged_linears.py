@@ -9,9 +9,9 @@ import torch
 from kernel_marks import require_bf16_paths
 from torch import nn
 
-from speculant.model.dot_linear import DotLinear, dot_linear_unavailable_reason
-from speculant.model.linear_backend import OneDNNLinear, pack_linear_layers
-from speculant.model.merged_linears import MergedSlice, merge_sibling_linears
+from speculant.model.linear.backend import OneDNNLinear, pack_linear_layers
+from speculant.model.linear.dot_linear import DotLinear, dot_linear_unavailable_reason
+from speculant.model.linear.merged import MergedSlice, merge_sibling_linears
 from tiny_models import loaded_tiny_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")

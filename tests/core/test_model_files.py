@@ -13,8 +13,8 @@ import pytest
 
 from speculant import LLM
 from speculant.cli import main
-from speculant.model import loading as model_loading
-from speculant.model.files import ModelFileError, check_safetensors_file, check_weight_files
+from speculant.model.loading import hf_model as model_loading
+from speculant.model.loading.files import ModelFileError, check_safetensors_file, check_weight_files
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from speculant.model.block_hash import cache_salt, extend_block_hashes
-from speculant.model.kv_cache import BlockManager, KVPoolExhausted
+from speculant.engine.block_hash import cache_salt, extend_block_hashes
+from speculant.engine.block_manager import BlockManager, KVPoolExhausted
 
 SALT = cache_salt("test-model", "float32", 4)
 

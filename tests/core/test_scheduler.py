@@ -13,9 +13,9 @@ import pytest
 from speculant.config.models import SchedulerConfig
 from speculant.config.sampling_params import SamplingParams
 from speculant.engine.batch import StepBatch
+from speculant.engine.block_manager import BlockManager
 from speculant.engine.request import Request, RequestStatus
 from speculant.engine.scheduler import Scheduler
-from speculant.model.kv_cache import BlockManager
 
 FAKE_TOKEN = 7
 

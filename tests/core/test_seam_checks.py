@@ -11,7 +11,7 @@ from speculant import LLM
 from speculant.model import runner as model_runner
 from speculant.model.attention.seam_probe import AttentionCall, seam_refusals
 from speculant.model.attention.torch_ref import TorchAttentionBackend
-from speculant.model.loading import UnsupportedModelError
+from speculant.model.loading.hf_model import UnsupportedModelError
 
 
 def call(layer, kv_len=3, **kwargs) -> AttentionCall:
@@ -65,7 +65,7 @@ def test_self_test_passes_and_records_its_deviation(llama_dir):
     llm = LLM(str(llama_dir), max_num_batched_tokens=64)
     assert 0.0 <= llm.engine.runner.self_test_deviation < 1e-4
     # the test sequences' blocks went back to the pool
-    manager = llm.engine.runner.block_manager
+    manager = llm.engine.blocks
     assert manager.num_free_blocks == manager.num_blocks
 
 

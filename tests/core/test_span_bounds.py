@@ -21,10 +21,10 @@ from speculant.config.models import CacheConfig, ModelConfig
 from speculant.interfaces import QuerySpan
 from speculant.interfaces.span_tensors import SpanTensors
 from speculant.model.attention.cpu_kernel import CpuKernelAttentionBackend
-from speculant.model.attention.cpu_kernel_build import load_kernel
-from speculant.model.attention.kernel_abi import KERNEL_DTYPE_CODES, SPAN_BAD_FIELDS
 from speculant.model.attention.span_bounds import check_spans
 from speculant.model.attention.torch_ref import TorchAttentionBackend
+from speculant.model.kernels.abi import KERNEL_DTYPE_CODES, SPAN_BAD_FIELDS
+from speculant.model.kernels.build import load_kernel
 from speculant.model.runner import ModelRunner
 
 BS, POOL, D = 4, 9, 8
@@ -130,3 +130,15 @@ def test_max_model_len_is_a_real_check_under_python_O(llama_dir):
     out = subprocess.run([sys.executable, "-O", "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "model.max_model_len = 16" in out.stdout
+
+
+def test_the_graph_buffers_refuse_what_does_not_fit():
+    """The static graph buffers are written in place: their guards are real checks, not asserts."""
+    from speculant.model.graph_buffers import host_refill
+
+    spans = [QuerySpan([0], 0, [1, 2], [1]), QuerySpan([1], 0, [3], [0])]
+    with pytest.raises(ValueError, match="2 spans do not fit the graph's 2 span slots"):
+        host_refill(spans, BS, 8, 2, trash_slot=POOL * BS)
+    with pytest.raises(ValueError, match="3 tokens do not fit the graph bucket of 2"):
+        host_refill(spans, BS, 2, 4, trash_slot=POOL * BS)
+    assert host_refill(spans, BS, 4, 3, trash_slot=POOL * BS).num_tokens == 3

@@ -142,7 +142,7 @@ def test_abort_mid_stream(engine, hf_reference):
     assert len(streams["drop"].snapshots) == before, "an aborted request kept streaming"
     check_greedy(streams["keep"].final[0], hf_reference("llama").greedy(PROMPTS[0], 10), "keep")
     assert engine.abort_request("keep") is False, "aborting a finished request"
-    blocks = engine.runner.block_manager
+    blocks = engine.blocks
     assert blocks.num_free_blocks == blocks.num_blocks
 
 

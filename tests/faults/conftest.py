@@ -59,7 +59,7 @@ def assert_idle(llm: LLM) -> None:
     eng = llm.engine
     assert not eng.has_unfinished_requests()
     assert not eng._requests and not eng.scheduler.running and not eng.scheduler.waiting
-    pools = [("target", eng.runner.block_manager)]
+    pools = [("target", eng.blocks)]
     prop = real_proposer(llm)
     parts = list(getattr(prop, "parts", [prop]))  # a hybrid's parts hold the state
     for part in parts:

@@ -29,7 +29,7 @@ from fast_paths import expect_fast_forward
 from greedy_compare import check_all_greedy
 from speculant import LLM, SamplingParams
 from speculant.model.fast_forward.plan import ARCH_SPECS
-from speculant.model.loading import UnsupportedModelError
+from speculant.model.loading.hf_model import UnsupportedModelError
 from speculant.plugins.manager import get_registry
 from tiny_eagle import save_random_eagle
 

@@ -259,7 +259,7 @@ def test_confidence_threshold_out_of_range_is_refused(llama_dir, heads, value):
 def test_packed_head_drafts_what_the_default_linears_draft(llama_dir, heads, reference):
     """``linear_backend``: 'onednn' packs the head's layers and its draft-vocabulary
     output layer; proposals and output match the unpacked ('default') head."""
-    from speculant.model.onednn_linear import OneDNNLinear
+    from speculant.model.linear.onednn import OneDNNLinear
 
     runs = {}
     for backend in ("default", "onednn"):

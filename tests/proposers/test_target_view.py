@@ -55,4 +55,4 @@ def test_new_runner_shares_the_targets_backend_and_kv_geometry(engine, llama_dir
     runner = view.new_runner(ModelConfig(path=str(llama_dir)), option="speculative.proposer_options.model")
     assert runner.backend is engine.runner.backend
     assert (runner.block_size, runner.num_blocks) == (8, 64)
-    assert runner.block_manager is not engine.runner.block_manager
+    assert runner.block_manager is not engine.blocks

@@ -89,7 +89,7 @@ def proposer_parts(proposer) -> list:
 
 def pools(eng) -> list:
     """The target's KV pool, then a draft model's own (if any)."""
-    found = [eng.runner.block_manager]
+    found = [eng.blocks]
     for part in proposer_parts(eng.spec.proposer):
         draft_runner = getattr(part, "runner", None)
         if draft_runner is not None:

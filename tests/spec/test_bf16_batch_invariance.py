@@ -16,7 +16,7 @@ from kernel_marks import needs_bf16_paths
 
 from fast_paths import expect_fast_forward
 from speculant import LLM, SamplingParams
-from speculant.model.dot_linear import dot_linear_unavailable_reason
+from speculant.model.linear.dot_linear import dot_linear_unavailable_reason
 from tiny_models import random_prompts
 
 _WHY_NOT = dot_linear_unavailable_reason(torch.zeros(16, 16, dtype=torch.bfloat16))

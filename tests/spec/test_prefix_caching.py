@@ -64,7 +64,7 @@ def params(max_tokens=MAX_TOKENS) -> list[SamplingParams]:
 
 def pools(llm: LLM) -> list:
     eng = llm.engine
-    found = [eng.runner.block_manager]
+    found = [eng.blocks]
     prop = eng.spec.proposer
     for part in getattr(prop, "parts", [prop]) if prop is not None else []:
         if hasattr(part, "runner"):

@@ -184,7 +184,7 @@ def test_grammar_state_survives_preemption_and_aborts(llama_dir):
             assert rid not in done or done[rid].outputs[0].finish_reason == "abort"
         else:
             assert done[rid].outputs[0].token_ids == roomy[i]
-    assert eng.runner.block_manager.num_used_blocks == 0
+    assert eng.blocks.num_used_blocks == 0
 
 
 class _FailingMasks:
@@ -227,7 +227,7 @@ def test_a_broken_grammar_fails_its_request_alone(llama_dir, fault, message):
     assert bad.error.startswith(f"request {ids[0]!r} failed: {message}"), bad.error
     assert [done[i].outputs[0].token_ids for i in ids[1:]] == alone[1:]
     assert llm.get_metrics()["failed_requests"] == 1 and llm.get_metrics()["fallback_steps"] == 0
-    assert eng.runner.block_manager.num_used_blocks == 0
+    assert eng.blocks.num_used_blocks == 0
     # the engine keeps serving structured requests
     check_json(run(llm, PROMPTS[:1], params("person"))[0].outputs[0].text, SCHEMAS["person"])
 

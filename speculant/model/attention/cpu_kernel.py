@@ -32,14 +32,14 @@ import torch
 
 from speculant.interfaces import AttentionBackendCapabilities
 from speculant.interfaces.span_tensors import SpanTensors
-from speculant.model.attention.cpu_kernel_build import kernel_report, load_kernel
-from speculant.model.attention.kernel_abi import (
+from speculant.model.attention.span_bounds import span_fault_message
+from speculant.model.attention.torch_ref import SpanView, TorchAttentionBackend
+from speculant.model.kernels.abi import (
     KERNEL_DTYPE_CODES,
     SPAN_BAD_FIELDS,
     kernel_dtypes,
 )
-from speculant.model.attention.span_bounds import span_fault_message
-from speculant.model.attention.torch_ref import SpanView, TorchAttentionBackend
+from speculant.model.kernels.build import kernel_report, load_kernel
 
 MAX_KERNEL_QUERY = 16
 """The most query rows of one kernel piece: longer spans are cut (module docstring)."""

@@ -33,10 +33,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from speculant.interfaces import AttentionBackend
-from speculant.model.attention.cpu_kernel_build import load_kernel
 from speculant.model.fast_forward.fused_layers import FusedLayers, silu_table
 from speculant.model.fast_forward.plan import Plan, base_of
 from speculant.model.fast_forward.weights import LayerWeights, layer_weights, norm_call
+from speculant.model.kernels.build import load_kernel
 
 MAX_TABLE_POSITIONS = 1 << 16
 """Longest cos/sin table kept (positions); longer models compute cos/sin per forward."""

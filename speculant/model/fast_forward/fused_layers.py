@@ -25,12 +25,12 @@ import torch
 import torch.nn.functional as F
 
 from speculant.model.attention.cpu_kernel import CpuKernelMetadata
-from speculant.model.attention.cpu_kernel_build import load_kernel
-from speculant.model.attention.kernel_abi import SPAN_BAD_FIELDS, missing_cpu_features
 from speculant.model.attention.span_bounds import span_fault_message
-from speculant.model.dot_linear import DotLinear
 from speculant.model.fast_forward.plan import Plan
-from speculant.model.merged_linears import MergedSlice
+from speculant.model.kernels.abi import SPAN_BAD_FIELDS, missing_cpu_features
+from speculant.model.kernels.build import load_kernel
+from speculant.model.linear.dot_linear import DotLinear
+from speculant.model.linear.merged import MergedSlice
 
 FIELDS = ("in_norm", "post_norm", "qkv_w", "qkv_b", "o_w", "o_b", "gu_w", "gu_b", "down_w", "down_b",
           "k_cache", "v_cache")

@@ -114,28 +114,21 @@ def build_decoder(model: Any, max_model_len: int) -> tuple[FastDecoder | None, s
 @torch.inference_mode()
 def probe_deviation(runner, decoder: FastDecoder, forward: ForwardFn) -> float:
     """Relative logit deviation of ``decoder`` from the reference path on a mixed paged batch."""
-    manager = runner.block_manager
     gen = torch.Generator().manual_seed(0)
-    room = min(runner.max_model_len, manager.num_blocks * manager.block_size)
+    room = min(runner.max_model_len, runner.num_blocks * runner.block_size)
     lengths = [(min(a, room - 1), min(b, room - min(a, room - 1))) for a, b in _PROBE_LENGTHS]
-    names = [f"__speculant_fast_probe_{i}__" for i in range(len(lengths))]
-    if sum(manager.num_blocks_for(a + b) for a, b in lengths) > manager.num_free_blocks:
-        lengths, names = lengths[:1], names[:1]
+    tables = runner.scratch_tables([a + b for a, b in lengths])
+    if len(tables) < len(lengths):  # a pool this small holds one probe sequence
+        lengths, tables = lengths[:1], runner.scratch_tables([sum(lengths[0])])
     deviation = 0.0
-    try:
-        seqs = [torch.randint(0, runner.vocab_size, (a + b,), generator=gen).tolist() for a, b in lengths]
-        tables = [manager.allocate(n, len(s)) for n, s in zip(names, seqs)]
-        stages = [[QuerySpan(t, 0, s[:a], list(range(a))) for t, s, (a, _) in zip(tables, seqs, lengths)],
-                  [QuerySpan(t, a, s[a:], list(range(b))) for t, s, (a, b) in zip(tables, seqs, lengths) if b]]
-        stages = [spans for spans in stages if spans]
-        # each path runs every stage in order on the same slots: its later stages read its own K/V
-        refs = [forward(spans, None) for spans in stages]
-        for spans, ref in zip(stages, refs):
-            got = forward(spans, decoder)
-            scale = max(1.0, float(ref.abs().max()))
-            deviation = max(deviation, float((got - ref).abs().max()) / scale)
-    finally:
-        for n in names:
-            if manager.has(n):
-                manager.free(n)
+    seqs = [torch.randint(0, runner.vocab_size, (a + b,), generator=gen).tolist() for a, b in lengths]
+    stages = [[QuerySpan(t, 0, s[:a], list(range(a))) for t, s, (a, _) in zip(tables, seqs, lengths)],
+              [QuerySpan(t, a, s[a:], list(range(b))) for t, s, (a, b) in zip(tables, seqs, lengths) if b]]
+    stages = [spans for spans in stages if spans]
+    # each path runs every stage in order on the same slots: its later stages read its own K/V
+    refs = [forward(spans, None) for spans in stages]
+    for spans, ref in zip(stages, refs):
+        got = forward(spans, decoder)
+        scale = max(1.0, float(ref.abs().max()))
+        deviation = max(deviation, float((got - ref).abs().max()) / scale)
     return deviation

@@ -23,8 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from speculant.model.merged_linears import MergedSlice
-from speculant.model.packed_linear import PackedLinear
+from speculant.model.linear.merged import MergedSlice
+from speculant.model.linear.packed import PackedLinear
 
 Linear = Callable[[torch.Tensor], torch.Tensor]  # [T, in] -> [T, out]
 AddLinear = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # ([T, in], residual [T, out]) -> residual

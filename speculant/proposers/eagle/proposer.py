@@ -38,16 +38,16 @@ from pydantic import BaseModel, ConfigDict, Field
 from safetensors.torch import load_file
 
 from speculant.config.models import EngineConfig
-from speculant.engine.acceptance import verifies_by_argmax
 from speculant.engine.batch import StepBatch
 from speculant.engine.request import Request
 from speculant.interfaces import Proposals, Proposer, ProposerCapabilities, ProposerContext, Scores
-from speculant.model.files import read_text_config
-from speculant.model.linear_backend import pack_linear_layers
-from speculant.model.onednn_linear import onednn_unavailable_reason
+from speculant.model.linear.backend import pack_linear_layers
+from speculant.model.linear.onednn import onednn_unavailable_reason
+from speculant.model.loading.files import read_text_config
 from speculant.proposers.drafting import DraftDraw, DraftSteps, draw_proposals
 from speculant.proposers.eagle.model import MODEL_TYPE, EagleHead, SeqKV
 from speculant.proposers.eagle.prefix_store import HeadKVStore, store_blocks, stored_prefix
+from speculant.sampling.acceptance import verifies_by_argmax
 
 OPTION = "speculative.proposer_options.path"
 # A request that does not speculate holds at most this many entries (token + [H] hidden

@@ -26,7 +26,7 @@ from speculant.config.models import EngineConfig
 from speculant.engine.batch import StepBatch
 from speculant.engine.request import Request
 from speculant.interfaces import Proposals, Proposer, ProposerCapabilities, ProposerContext, Scores
-from speculant.model.files import read_text_config
+from speculant.model.loading.files import read_text_config
 from speculant.proposers.drafting import DraftSteps, draw_proposals
 
 HEADS_CAPABILITIES = ProposerCapabilities(

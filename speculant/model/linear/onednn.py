@@ -10,8 +10,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from speculant.model.linear_rows import EXACT_ROWS, pad_rows
-from speculant.model.packed_linear import Linear, PackedLinear
+from speculant.model.linear.packed import Linear, PackedLinear
+from speculant.model.linear.rows import EXACT_ROWS, pad_rows
 
 ONEDNN_DTYPES = (torch.float32, torch.bfloat16)
 

@@ -29,8 +29,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from speculant.model.dot_linear import DotLinear
-from speculant.model.merged_linears import MergedSlice
+from speculant.model.linear.dot_linear import DotLinear
+from speculant.model.linear.merged import MergedSlice
 
 HUGE_PAGE = 2 << 20  # bytes
 ALIGN = 64  # bytes between weights in the arena: the kernels' vector loads

@@ -19,7 +19,7 @@ import importlib.metadata
 import struct
 from pathlib import Path
 
-from speculant.model.files import ModelFileError, UnsupportedModelError
+from speculant.model.loading.files import ModelFileError, UnsupportedModelError
 
 MAGIC = b"GGUF"
 INSTALL = "pip install 'speculant[gguf]'"

@@ -19,8 +19,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from speculant.model.linear_backend import PROBE_TOLERANCE, probe_error
-from speculant.model.packed_linear import PackedLinear
+from speculant.model.linear.backend import PROBE_TOLERANCE, probe_error
+from speculant.model.linear.packed import PackedLinear
 
 SIBLINGS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 

@@ -36,8 +36,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from speculant.model.attention.cpu_kernel_build import _write_atomic, cache_root, untrusted_reason
-from speculant.model.gguf_convert import check_magic, convert, converter_version, require_gguf_support
+from speculant.model.kernels.build import _write_atomic, cache_root, untrusted_reason
+from speculant.model.loading.gguf_convert import check_magic, convert, converter_version, require_gguf_support
 
 logger = logging.getLogger(__name__)
 

@@ -41,9 +41,9 @@ import torch
 from torch import nn
 from transformers.pytorch_utils import Conv1D
 
-from speculant.model.dot_linear import DotLinear, dot_linear_unavailable_reason
-from speculant.model.onednn_linear import OneDNNLinear, onednn_unavailable_reason
-from speculant.model.packed_linear import PackedLinear
+from speculant.model.linear.dot_linear import DotLinear, dot_linear_unavailable_reason
+from speculant.model.linear.onednn import OneDNNLinear, onednn_unavailable_reason
+from speculant.model.linear.packed import PackedLinear
 
 LINEAR_BACKENDS = ("auto", "default", "onednn", "avx512_bf16")
 

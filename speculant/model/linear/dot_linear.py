@@ -24,9 +24,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from speculant.model.attention.cpu_kernel_build import kernel_status, load_kernel
-from speculant.model.attention.kernel_abi import missing_cpu_features
-from speculant.model.packed_linear import PackedLinear
+from speculant.model.kernels.abi import missing_cpu_features
+from speculant.model.kernels.build import kernel_status, load_kernel
+from speculant.model.linear.packed import PackedLinear
 
 BLOCK_ROWS = 16  # output rows per blocked vector (the kernel's BLOCK_ROWS)
 

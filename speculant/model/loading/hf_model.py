@@ -10,7 +10,7 @@ import torch
 from transformers import MODEL_FOR_CAUSAL_LM_MAPPING, AutoConfig, AutoModelForCausalLM, AutoTokenizer, PretrainedConfig
 
 from speculant.model.attention.hf_seam import register_seam
-from speculant.model.files import SafetensorError, UnsupportedModelError, check_weight_files, weight_load_error
+from speculant.model.loading.files import SafetensorError, UnsupportedModelError, check_weight_files, weight_load_error
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel

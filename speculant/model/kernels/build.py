@@ -41,7 +41,7 @@ from pathlib import Path
 
 import torch  # noqa: F401  (loads torch's libgomp before the kernel needs it)
 
-from speculant.model.attention.kernel_abi import (  # noqa: F401  (re-exported: the kernel's public face)
+from speculant.model.kernels.abi import (  # noqa: F401  (re-exported: the kernel's public face)
     KERNEL_DTYPE_CODES,
     KERNEL_ISAS,
     bind,
@@ -267,7 +267,7 @@ def _report_lost(lib: ctypes.CDLL) -> ctypes.CDLL:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m speculant.model.attention.cpu_kernel_build --march x86-64 x86-64-v3 ...``:
+    """``python -m speculant.model.kernels.build --march x86-64 x86-64-v3 ...``:
     compile every kernel source for each target (CI's portability check); without ``--march``,
     build for this machine and print :func:`kernel_report`."""
     import argparse

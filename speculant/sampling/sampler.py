@@ -9,12 +9,28 @@ exactly what it drew before.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
-from speculant.engine.logits_processing import filtered_logprobs, sampling_tensors
-from speculant.engine.request import Request
+from speculant.config.sampling_params import SamplingParams
+from speculant.sampling.logits_processing import filtered_logprobs, sampling_tensors
+
+
+class Request(Protocol):
+    """What sampling reads of a request (the engine's ``Request`` has it): no engine state."""
+
+    @property
+    def seed(self) -> int: ...
+
+    @property
+    def num_output_tokens(self) -> int: ...
+
+    @property
+    def params(self) -> SamplingParams: ...
+
 
 _MIX = 0x9E3779B97F4A7C15  # odd 64-bit constant (golden ratio) for seed mixing
 ACCEPT_STREAM = 1  # the target-side draw of a step (sampling or acceptance)
@@ -73,7 +89,7 @@ class SampledTokens:
 
 
 def sample(logits: torch.Tensor,  # [R, V] raw target logits, one row per request
-           requests: list[Request]) -> SampledTokens:
+           requests: Sequence[Request]) -> SampledTokens:
     assert logits.shape[0] == len(requests)
     if not requests:
         return SampledTokens([], logits.float())

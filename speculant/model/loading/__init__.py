@@ -1,0 +1,1 @@
+"""Loading models: Hugging Face directories and GGUF files (converted once, cached)."""
