@@ -54,7 +54,7 @@ def test_chat_prompts_are_rendered_with_the_template(chat_dir, llama_dir):
 
 def test_gguf_target_in_bfloat16_with_chat_prompts(tmp_path, tokenizer_dir, one_thread, monkeypatch):
     pytest.importorskip("gguf")
-    from speculant.model.loading.hf_model import gguf_source
+    from speculant.model.loading import gguf_source
     from tiny_gguf import write_tiny_gguf
 
     monkeypatch.setenv("SPECULANT_CACHE_DIR", str(tmp_path / "cache"))

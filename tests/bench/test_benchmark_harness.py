@@ -16,7 +16,8 @@ sys.path.insert(0, str(BENCHMARKS))
 
 import harness  # noqa: E402
 
-HELPERS = {"harness.py", "bench_models.py", "oracle_proposer.py", "repeated_tasks.py", "spec_replay.py"}
+HELPERS = {"harness.py", "bench_models.py", "oracle_proposer.py", "repeated_tasks.py", "spec_replay.py",
+           "fetch_gguf_parts.py"}  # fetch_gguf_parts: fetches a model for the benchmarks, measures nothing
 OWN_HELPERS = {"environment", "git_commit", "cpu_name", "cpu_model", "write_json", "smollm2_path", "time_calls",
                "alternating_runs", "measure_read_bandwidth", "percentile", "pct", "wait_for_quiet"}
 

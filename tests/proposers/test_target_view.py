@@ -40,7 +40,7 @@ def test_the_view_holds_what_proposers_need_and_nothing_else(engine):
 
 
 def test_output_embedding_maps_hidden_states_to_the_targets_logits(engine):
-    view, runner = engine.spec.proposer.context.target, engine.runner
+    view, runner = engine.spec.proposer.context.target, engine.view
     from speculant.interfaces import QuerySpan
 
     out = runner.forward([QuerySpan(runner.block_manager.allocate("probe", 4), 0, [5, 6, 7, 8], [3])],

@@ -19,7 +19,7 @@ fused kernel prefill is 1.3x faster at 100 tokens and 4.5x at 1600.)
 
 The kernel computes float32, bfloat16 and float16 caches (float32 arithmetic,
 one rounding of the output); other dtypes (float64), or a machine where the
-kernel cannot be built (see ``cpu_kernel_build.kernel_status()``), use the
+kernel cannot be built (see ``kernels.build.kernel_status()``), use the
 reference path.
 """
 

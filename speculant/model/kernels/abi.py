@@ -2,7 +2,7 @@
 its entry points, its dtype and instruction-path codes, the CPU features its
 AVX-512 bfloat16 paths need, and the meaning of a refused span.
 
-Building and loading the library is ``cpu_kernel_build``'s job; everything
+Building and loading the library is ``kernels.build``'s job; everything
 here takes the loaded ``ctypes.CDLL``.
 """
 
