@@ -71,7 +71,7 @@ EOF
   # the suite with CUDA visible: engines take the device from the environment (auto -> cuda)
   # (the architecture matrix's default cells on the CUDA backends, float32, against transformers)
   step tests 120 python -m pytest -q -rfE -n 16 -p no:cacheprovider --junitxml="$OUT/gpu_tests.xml" \
-      tests/integration/test_arch_matrix.py tests/core/test_dummy_load.py
+      tests/integration/test_arch_matrix.py tests/model/loading/test_dummy_load.py
   # SmolLM2-135M-Instruct bf16 on the edit prompts, batch 1: every proposer, transformers beside it
   head -n 2 examples/prompts/edit_tasks.txt > "$STASH/edit2.txt"
   step bench_smollm2_bs1 110 python -m speculant.cli bench --target "$G" --dtype bfloat16 --chat \

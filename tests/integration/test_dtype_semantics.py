@@ -11,7 +11,7 @@ and tested here over architectures × dtypes × proposer/scorer pairs:
   logits (transformers' logits in the same dtype, teacher-forced along the
   common prefix) are within ``REDUCED_TIE_RTOL`` of the logit scale;
 - the C kernel (bfloat16/float16 storage, float32 arithmetic, one rounding;
-  bound per element in tests/core/test_attention_backend.py) and the torch
+  bound per element in tests/model/attention/test_attention_backend.py) and the torch
   reference path (which rounds on the way) give the same tokens except at
   near-ties, by the same rule.
 """

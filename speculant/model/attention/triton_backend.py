@@ -14,7 +14,7 @@ flags say so, so the checker refuses the CPU, float64 or a missing package
 with the reason and ``attention_backend = 'auto'`` picks this backend on CUDA
 only where it can run. Triton itself is imported when the backend is built,
 not when the plugin registers it. Tests run the kernels on the CPU under
-``TRITON_INTERPRET=1`` (see ``tests/core/test_triton_attention.py``), where
+``TRITON_INTERPRET=1`` (see ``tests/model/attention/test_triton_attention.py``), where
 the flags are widened to the CPU by the test itself.
 """
 

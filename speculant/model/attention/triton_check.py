@@ -177,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         parser.error("no CUDA device: this check runs the compiled kernels on a GPU (the CPU tests run them "
-                     "under TRITON_INTERPRET=1: tests/core/test_triton_attention.py)")
+                     "under TRITON_INTERPRET=1: tests/model/attention/test_triton_attention.py)")
     device = torch.device("cuda")
     import triton
 
