@@ -138,8 +138,9 @@ class AdaptiveDraftLengthConfig(StrictModel):
     """Cost of one more token in a target forward, as a fraction of a one-token
     forward (the cost model's slope; ``benchmarks/verify_cost.py`` measures the
     forward's, ``benchmarks/adaptive_bench.py`` what a draft row costs in the
-    engine; the default comes from both, for SmolLM2-135M: README, "Suffix
-    decoding and adaptive draft length"). 0 means tokens are free: every decode drafts k."""
+    engine; the default comes from both, for SmolLM2-135M:
+    ``benchmarks/results/verify_cost*.json``, ``adaptive_concurrent*.json``).
+    0 means tokens are free: every decode drafts k."""
     draft_token_cost: float = Field(default=0.0, ge=0, le=10)
     """The proposer's cost per drafted token, in the same unit (0 for ngram and
     suffix; about the draft's forward over the target's for draft_model)."""

@@ -1,16 +1,25 @@
-"""The docs' result tables are generated from benchmarks/results/*.json and
-checked for staleness, like the compatibility matrix."""
+"""The docs' result tables are generated from benchmarks/results/*.json by
+benchmarks/docs/ (outside the wheel) and checked for staleness, like the
+compatibility matrix."""
 
 from __future__ import annotations
 
 import json
 import shutil
+import sys
+from pathlib import Path
 
-from speculant.bench import docs, docs_tables
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks.docs import generate as docs  # noqa: E402
+from benchmarks.docs import tables as docs_tables  # noqa: E402
+from benchmarks.docs.ray_tables import ray_scaling, ray_split  # noqa: E402
 
 
 def test_the_generated_tables_in_the_docs_are_current():
-    assert docs.stale_files() == [], "run: python -m speculant.bench.docs"
+    assert docs.stale_files() == [], "run: python -m benchmarks.docs"
 
 
 def test_every_row_names_machine_date_and_commit(tmp_path):
@@ -19,6 +28,11 @@ def test_every_row_names_machine_date_and_commit(tmp_path):
     for line in blocks["headline"].splitlines()[2:]:
         assert "UTC" in line and ("AMD" in line or "Intel" in line or "NVIDIA" in line), line
     assert "measured on" in blocks["smollm2-batch-1"]
+
+
+def test_the_readme_headline_table_stays_short():
+    rows = docs.render()["headline"].splitlines()[2:]
+    assert 0 < len(rows) <= docs.MAX_HEADLINE_ROWS == 12
 
 
 def test_a_changed_result_makes_the_docs_stale(tmp_path):
@@ -53,8 +67,6 @@ def _ray_scaling_result(job_extra: dict) -> dict:
 
 
 def test_ray_scaling_table_shows_each_round_against_its_local_neighbour(tmp_path):
-    from speculant.bench.docs_ray import ray_scaling
-
     (tmp_path / "ray_scaling.json").write_text(json.dumps(_ray_scaling_result(
         {"ray_overhead_pct_by_round": {"ray_1x2": [4.0, 12.5, -1.0]},
          "ray_overhead_pct_paired_median": {"ray_1x2": 4.0}})))
@@ -64,8 +76,6 @@ def test_ray_scaling_table_shows_each_round_against_its_local_neighbour(tmp_path
 
 
 def test_ray_scaling_table_reads_a_result_written_before_the_paired_rounds(tmp_path):
-    from speculant.bench.docs_ray import ray_scaling
-
     (tmp_path / "ray_scaling.json").write_text(json.dumps(_ray_scaling_result({})))
     rows = [line for line in ray_scaling(tmp_path) if line.startswith("| 8 |")]
     assert [row.split("|")[5].strip() for row in rows] == ["–", "–"]
@@ -73,8 +83,6 @@ def test_ray_scaling_table_reads_a_result_written_before_the_paired_rounds(tmp_p
 
 
 def test_ray_scaling_text_names_the_first_ray_job_when_recorded(tmp_path):
-    from speculant.bench.docs_ray import ray_scaling
-
     data = _ray_scaling_result({})
     (tmp_path / "ray_scaling.json").write_text(json.dumps(data))
     assert not any("first Ray job" in line for line in ray_scaling(tmp_path))
@@ -88,8 +96,6 @@ def test_ray_scaling_text_names_the_first_ray_job_when_recorded(tmp_path):
 
 
 def test_ray_split_table_shows_medians_and_each_pair(tmp_path):
-    from speculant.bench.docs_ray import ray_split
-
     assert ray_split(tmp_path) == []
     row = {"wall_s": 10.0, "engine_ready_s": 3.5, "engine_phase_s": 6.0, "after_s": 0.0, "steps": 268}
     data = {"options": {"repeats": 2}, "environment": {"cpu": "AMD EPYC", "date_utc": "2026-12-06T23:00:00+00:00"},

@@ -1,4 +1,4 @@
-"""What reduced precision guarantees (README, "Dtypes").
+"""What reduced precision guarantees (docs/architectures.md, "Architectures and dtypes").
 
 float32 (and float64) are exact: the architecture matrix compares them with
 transformers token for token. In bfloat16 and float16 two correct

@@ -1,4 +1,4 @@
-"""The tables ``speculant.bench.docs`` renders: one function per block, each
+"""The tables ``benchmarks.docs`` renders: one function per block, each
 reading its ``benchmarks/results`` file and returning Markdown lines (none when
 the file is absent). Every table names the machine, date and commit measured on."""
 
@@ -147,35 +147,36 @@ def gpu_headline(results: Path) -> list[str]:
     return out
 
 
-def headline(results: Path) -> list[str]:
-    """The README's short table: one line per claim, each with its source."""
-    out = ["| result | figure | measured on | details |", "|---|---|---|---|"]
+HEADLINE_HEADER = ["| result | figure | measured on | details |", "|---|---|---|---|"]
+
+
+def smollm2_headline(results: Path) -> list[str]:
+    """SmolLM2 at batch 1 without speculation against transformers ``generate()``."""
     data = _load(results, "bench_smollm2_proposers.json")
-    if data is not None:
-        rows = {(r["engine"], r["method"]): r for r in data["rows"]
-                if r.get("concurrency") == 1 and r.get("status") == "ok"}
-        base = rows[("speculant", "no_spec")]["tokens_per_s"]
-        hf = rows.get(("transformers", "generate"))
-        if hf:
-            out.append(f"| SmolLM2-135M fp32, batch 1, no speculation vs transformers `generate()` | "
-                       f"{base:.1f} vs {hf['tokens_per_s']:.1f} tok/s ({base / hf['tokens_per_s']:.2f}×) | "
-                       f"{measured_on(data)} | [bench](docs/benchmarks.md#results-smollm2-batch-1) |")
-        spec = [r for (e, m), r in rows.items() if e == "speculant" and m != "no_spec"]
-        best = max(spec, key=lambda r: r["tokens_per_s"])
-        out.append(f"| best speculative row, same run (`{best['method']}`) | {best['tokens_per_s'] / base:.2f}× "
-                   f"({best['mean_accepted_length']:.2f} tokens per verify step), output "
-                   f"{ {True: 'identical', False: 'differs', None: 'not compared'}[best.get('matches_no_spec')]} | "
-                   f"{measured_on(data)} | [bench](docs/benchmarks.md#results-smollm2-batch-1) |")
+    if data is None:
+        return []
+    rows = {(r["engine"], r["method"]): r for r in data["rows"]
+            if r.get("concurrency") == 1 and r.get("status") == "ok"}
+    base = rows[("speculant", "no_spec")]["tokens_per_s"]
+    hf = rows.get(("transformers", "generate"))
+    if not hf:
+        return []
+    return [f"| SmolLM2-135M fp32, batch 1, no speculation vs transformers `generate()` | "
+            f"{base:.1f} vs {hf['tokens_per_s']:.1f} tok/s ({base / hf['tokens_per_s']:.2f}×) | "
+            f"{measured_on(data)} | [bench](docs/benchmarks.md#results-smollm2-batch-1) |"]
+
+
+def eagle_headline(results: Path) -> list[str]:
+    """The EAGLE head and its suffix hybrid on SmolLM2, in one line."""
     data = _load(results, "eagle_smollm2.json")
-    if data is not None:
-        for name in ("eagle", "eagle_suffix"):
-            r = data["results"].get(name)
-            if r:
-                out.append(f"| `{name}` on SmolLM2 (eagle_bench, 2 prompts) | {r['speedup_vs_no_spec']:.2f}× "
-                           f"({r['tokens_per_verify_step']:.2f} tokens per verify step) | {measured_on(data)} | "
-                           f"[eagle](docs/benchmarks.md#results-eagle) |")
-    return (out + prefix_headline(results) + llamacpp_headline(results) + gpu_headline(results)
-            + graphs_headline(results))
+    if data is None:
+        return []
+    parts = [f"`{name}` {r['speedup_vs_no_spec']:.2f}× ({r['tokens_per_verify_step']:.2f} tokens per verify step)"
+             for name in ("eagle", "eagle_suffix") if (r := data["results"].get(name))]
+    if not parts:
+        return []
+    return [f"| EAGLE head on SmolLM2 vs no speculation (eagle_bench, {data['settings']['prompts']} prompts) | "
+            f"{'; '.join(parts)} | {measured_on(data)} | [eagle](docs/benchmarks.md#results-eagle) |"]
 
 
 def llamacpp(results: Path) -> list[str]:
@@ -236,13 +237,16 @@ def graphs(results: Path) -> list[str]:
 
 
 def graphs_headline(results: Path) -> list[str]:
+    """CUDA graphs against eager forwards, every dtype in one line."""
     data = _load(results, "gpu_graph_check.json")
     rows = [r for r in (data or {}).get("rows", []) if r.get("speculation") == "none" and "graph_keys" in r]
-    return [f"| CUDA graphs, {r['dtype']} batch-1 decode step (135M-shaped llama) | "
-            f"{r['eager_ms_per_decode_step']:.1f} → {r['graphed_ms_per_decode_step']:.1f} ms "
-            f"({r['eager_ms_per_decode_step'] / r['graphed_ms_per_decode_step']:.1f}×), "
-            f"{'output identical' if r['identical'] else 'near ties only'} | {measured_on(data or {})} | "
-            f"[graphs](docs/benchmarks.md#results-graphs) |" for r in rows]
+    if not rows:
+        return []
+    parts = [f"{r['dtype']} {r['eager_ms_per_decode_step']:.1f} → {r['graphed_ms_per_decode_step']:.1f} ms "
+             f"({r['eager_ms_per_decode_step'] / r['graphed_ms_per_decode_step']:.1f}×)" for r in rows]
+    same = "output identical" if all(r["identical"] for r in rows) else "near ties only"
+    return [f"| CUDA graphs, batch-1 decode step (135M-shaped llama) | {'; '.join(parts)}, {same} | "
+            f"{measured_on(data or {})} | [graphs](docs/benchmarks.md#results-graphs) |"]
 
 
 def prefix_cache(results: Path) -> list[str]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from speculant.bench.docs_tables import measured_on
+from .tables import measured_on
 
 
 def _label(name: str, threads: int) -> str:

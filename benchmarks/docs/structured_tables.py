@@ -1,11 +1,11 @@
 """The structured-output table and headline line (``benchmarks/structured_bench.py``'s
-``benchmarks/results/structured_smollm2.json``), for ``speculant.bench.docs``."""
+``benchmarks/results/structured_smollm2.json``), for ``benchmarks.docs``."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from speculant.bench.docs_tables import _load, measured_on
+from .tables import _load, measured_on
 
 RESULT = "structured_smollm2.json"
 

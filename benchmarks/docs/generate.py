@@ -1,12 +1,13 @@
 """The result tables of the docs, generated from ``benchmarks/results/*.json``.
 
-``python -m speculant.bench.docs`` rewrites every block between
-``<!-- results:NAME:start -->`` and ``<!-- results:NAME:end -->`` in
-README.md and docs/benchmarks.md; ``--check`` only reports stale blocks
-(exit 1), which is what the test suite runs. Every row names the machine,
-date and commit its file was measured on (``commit not recorded`` for files
-written before benchmarks recorded it), so a figure can't drift from its
-source or lose its label.
+``python -m benchmarks.docs`` (from the repository root) rewrites every block
+between ``<!-- results:NAME:start -->`` and ``<!-- results:NAME:end -->`` in
+README.md, docs/benchmarks.md and docs/scaling.md; ``--check`` only reports
+stale blocks (exit 1), which is what the test suite checks. Every row names
+the machine, date and commit its file was measured on (``commit not
+recorded`` for files written before benchmarks recorded it), so a figure
+can't drift from its source or lose its label. These generators live beside
+the benchmarks, not in the wheel: they read the repository's result files.
 """
 
 from __future__ import annotations
@@ -17,33 +18,47 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from speculant.bench.docs_fast_forward import cpu_kernels, cpu_kernels_headline, fast_forward, fast_forward_headline
-from speculant.bench.docs_random import random_llama
-from speculant.bench.docs_ray import ray_breakdown, ray_scaling, ray_split
-from speculant.bench.docs_structured import structured, structured_headline
-from speculant.bench.docs_tables import (
+from .fast_forward_tables import cpu_kernels, cpu_kernels_headline, fast_forward, fast_forward_headline
+from .random_tables import random_llama
+from .ray_tables import ray_breakdown, ray_scaling, ray_split
+from .structured_tables import structured, structured_headline
+from .tables import (
+    HEADLINE_HEADER,
+    eagle_headline,
     eagle_rounds,
+    gpu_headline,
     gpu_rows,
     graphs,
-    headline,
+    graphs_headline,
     heldout_acceptance,
     llamacpp,
+    llamacpp_headline,
     prefix_cache,
+    prefix_headline,
     smollm2_batch1,
+    smollm2_headline,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results"
-DOCS = (ROOT / "README.md", ROOT / "docs" / "benchmarks.md")
+DOCS = (ROOT / "README.md", ROOT / "docs" / "benchmarks.md", ROOT / "docs" / "scaling.md")
 
 Table = Callable[[Path], list[str]]
 
 
+MAX_HEADLINE_ROWS = 12
+"""The README's table stays short: a new claim replaces an old one."""
+
+
 def headline_rows(results: Path) -> list[str]:
-    """The README's short table: one line per claim, each with its source (``docs_tables.headline``,
-    then the fast decoder's and structured output's lines)."""
-    return (headline(results) + fast_forward_headline(results) + cpu_kernels_headline(results)
-            + structured_headline(results))
+    """The README's short table: one line per claim, each with its source, newest subjects first."""
+    rows = (llamacpp_headline(results) + fast_forward_headline(results) + cpu_kernels_headline(results)
+            + smollm2_headline(results) + eagle_headline(results) + prefix_headline(results)
+            + structured_headline(results) + gpu_headline(results) + graphs_headline(results))
+    if len(rows) > MAX_HEADLINE_ROWS:
+        raise ValueError(f"the README's headline table would have {len(rows)} rows, over {MAX_HEADLINE_ROWS}: "
+                         "drop or merge one in benchmarks/docs/generate.py")
+    return HEADLINE_HEADER + rows
 
 
 BLOCKS: dict[str, Table] = {
@@ -101,13 +116,13 @@ def stale_files(paths: tuple[Path, ...] = DOCS, results: Path = RESULTS) -> list
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m speculant.bench.docs", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.docs", description=__doc__.splitlines()[0])
     ap.add_argument("--check", action="store_true", help="only report stale blocks (exit 1 if any)")
     args = ap.parse_args(argv)
     stale = stale_files()
     if args.check:
         for p in stale:
-            print(f"{p.relative_to(ROOT)}: generated result tables are stale; run python -m speculant.bench.docs")
+            print(f"{p.relative_to(ROOT)}: generated result tables are stale; run python -m benchmarks.docs")
         return 1 if stale else 0
     blocks = render()
     for p in stale:

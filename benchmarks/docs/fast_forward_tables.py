@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from speculant.bench.docs_tables import _load, _num, _x, measured_on
+from .tables import _load, _num, _x, measured_on
 
 RESULT = "fast_forward_smollm2.json"
 PARTS = (("layers", "decoder layers (GEMMs, attention, norms, rotary)"), ("lm_head", "LM head"),

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from speculant.bench.docs_tables import _num, _x, measured_on
+from .tables import _num, _x, measured_on
 
 
 def random_llama(results: Path) -> list[str]:
