@@ -25,27 +25,40 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from fastapi import FastAPI, Request, Response
-from fastapi.responses import StreamingResponse
+from fastapi import FastAPI, Request
+from fastapi.responses import PlainTextResponse, StreamingResponse
 from starlette.background import BackgroundTask
 
 from speculant.chat import as_conversations, render
 from speculant.engine.grammar import GrammarError
 from speculant.engine.llm_engine import LLMEngine
-from speculant.server.access import ApiKeyAuth
+from speculant.server import api_docs
+from speculant.server.access import OPEN_PATHS, ApiKeyAuth
 from speculant.server.body_limit import DEFAULT_MAX_REQUEST_BYTES, BodyLimit
 from speculant.server.engine_loop import EngineLoop, QueueFull
-from speculant.server.errors import APIError, install_handlers
+from speculant.server.errors import (
+    INVALID_PROMPT,
+    INVALID_STRUCTURED_OUTPUT,
+    NOT_SUPPORTED_HERE,
+    PROMPT_TOO_LONG,
+    APIError,
+    install_handlers,
+)
+from speculant.server.explain import validation_message
 from speculant.server.metrics import ServerMetrics
 from speculant.server.open_requests import OpenRequestCount, OpenRequests
 from speculant.server.prompt_limit import PromptLimit
-from speculant.server.protocol import (
-    ChatCompletionRequest,
-    CompletionRequest,
-    messages_of,
-    prompt_of,
-    sampling_params,
+from speculant.server.protocol import ChatCompletionRequest, CompletionRequest
+from speculant.server.reply_models import (
+    ChatCompletion,
+    ChatCompletionChunk,
+    Completion,
+    CompletionChunk,
+    Health,
+    ModelCard,
+    ModelList,
 )
+from speculant.server.request_params import messages_of, prompt_of, sampling_params
 from speculant.server.responses import Reply
 from speculant.server.serving import Serving
 
@@ -137,32 +150,36 @@ def build_app(state: ServerState) -> FastAPI:
 
     app = FastAPI(title="Speculant", summary="OpenAI-compatible server", lifespan=lifespan)
     app.state.speculant = state
-    install_handlers(app)
+    install_handlers(app, validation_message)
+    open_paths = OPEN_PATHS | ({"/metrics"} if state.metrics_public else set())
+    api_docs.install(app, open_paths if state.api_keys else None)
     app.add_middleware(BodyLimit, max_bytes=state.max_request_bytes)
     if state.api_keys:
         app.add_middleware(ApiKeyAuth, keys=state.api_keys, metrics_public=state.metrics_public)
     app.add_middleware(OpenRequests, count=state.open_requests)  # added last: runs first
 
-    @app.get("/health")
+    @app.get("/health", response_model=Health, responses=api_docs.errors(503))
     def health() -> dict[str, str]:
         state.ready()
         return {"status": "ok"}
 
-    @app.get("/metrics")
-    async def metrics() -> Response:
+    @app.get("/metrics", response_class=PlainTextResponse, responses=api_docs.metrics_responses())
+    async def metrics() -> PlainTextResponse:
         text = state.metrics.text() if state.gather_metrics is None else await state.gather_metrics()
-        return Response(text, media_type="text/plain; version=0.0.4; charset=utf-8")
+        return PlainTextResponse(text, media_type="text/plain; version=0.0.4; charset=utf-8")
 
-    @app.get("/v1/models")
+    @app.get("/v1/models", response_model=ModelList, responses=api_docs.errors(*api_docs.GUARDS, 503))
     def models() -> dict[str, Any]:
         return {"object": "list", "data": [_model_card(state)]}
 
-    @app.get("/v1/models/{name:path}")
+    @app.get("/v1/models/{name:path}", response_model=ModelCard,
+             responses=api_docs.errors(*api_docs.GUARDS, 404, 503))
     def model(name: str) -> dict[str, Any]:
         state.check_model(name)
         return _model_card(state)
 
-    @app.post("/v1/completions", response_model=None)
+    @app.post("/v1/completions", response_model=None,
+              responses=api_docs.completion_responses(Completion, CompletionChunk))
     async def completions(body: CompletionRequest, request: Request) -> dict[str, Any] | StreamingResponse:
         state.ready()
         state.check_model(body.model)
@@ -171,7 +188,8 @@ def build_app(state: ServerState) -> FastAPI:
         state.check_length(prompt, "prompt")
         return await _run(state, request, body, prompt, params, chat=False)
 
-    @app.post("/v1/chat/completions", response_model=None)
+    @app.post("/v1/chat/completions", response_model=None,
+              responses=api_docs.completion_responses(ChatCompletion, ChatCompletionChunk))
     async def chat(body: ChatCompletionRequest, request: Request) -> dict[str, Any] | StreamingResponse:
         engine, _ = state.ready()
         state.check_model(body.model)
@@ -189,7 +207,7 @@ def _render(tokenizer: Any, body: ChatCompletionRequest) -> str:
         conversations, _ = as_conversations(messages_of(body))
         return render(tokenizer, conversations[0])
     except (TypeError, ValueError) as exc:
-        raise APIError(400, str(exc), param="messages") from None
+        raise APIError(400, str(exc), param="messages", code=INVALID_PROMPT) from None
 
 
 def _model_card(state: ServerState) -> dict[str, Any]:
@@ -209,9 +227,13 @@ async def _run(state: ServerState, request: Request, body: CompletionRequest | C
                        code="queue_full", headers={"Retry-After": str(QUEUE_FULL_RETRY_AFTER_S)}) from None
     except GrammarError as exc:  # a schema / grammar that does not compile
         raise APIError(400, str(exc), param="response_format" if body.structured_outputs is None
-                       else "structured_outputs") from None
-    except (TypeError, ValueError) as exc:  # the engine's prompt checks (length, token ids)
-        raise APIError(400, str(exc), param="messages" if chat else "prompt") from None
+                       else "structured_outputs", code=INVALID_STRUCTURED_OUTPUT) from None
+    except (TypeError, ValueError) as exc:  # the engine's prompt checks (length, token ids), its configuration's
+        message = str(exc)
+        code = PROMPT_TOO_LONG if message.startswith("prompt has") else \
+            INVALID_PROMPT if message.startswith("prompt") else NOT_SUPPORTED_HERE
+        raise APIError(400, message, param=None if code == NOT_SUPPORTED_HERE else "messages" if chat else "prompt",
+                       code=code) from None
     except RuntimeError as exc:  # shutting down
         raise APIError(503, str(exc), code="shutting_down") from None
     reply = Reply(chat, state.model_name, stream.request_id, engine.tokenizer, params.logprobs)

@@ -12,6 +12,7 @@ the plugin).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -22,6 +23,19 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 ERROR_TYPES = {400: "invalid_request_error", 401: "invalid_request_error", 404: "not_found_error",
                413: "invalid_request_error", 422: "invalid_request_error", 429: "rate_limit_error",
                503: "service_unavailable"}
+
+
+PROMPT_TOO_LONG = "prompt_too_long"
+INVALID_PROMPT = "invalid_prompt"
+INVALID_STRUCTURED_OUTPUT = "invalid_structured_output"
+CONFLICTING_PARAMETERS = "conflicting_parameters"
+NOT_SUPPORTED_HERE = "not_supported_by_this_configuration"
+BEYOND_SCHEMA_CODES = frozenset({PROMPT_TOO_LONG, INVALID_PROMPT, INVALID_STRUCTURED_OUTPUT, CONFLICTING_PARAMETERS,
+                                 NOT_SUPPORTED_HERE})
+"""``code`` of a 400 for a request the published schema allows but the server cannot run as sent: a prompt
+longer than ``max_model_len`` or holding token ids outside the vocabulary (``invalid_prompt``), a JSON schema,
+regex or grammar that does not compile, fields that contradict each other, or an option this server's
+speculative configuration cannot honour. Every other 400 is a body the schema itself refuses."""
 
 
 class APIError(Exception):
@@ -48,41 +62,17 @@ def error_body(status: int, message: str, param: str | None = None, code: str | 
                       "code": code}}
 
 
-def validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
-    """One readable sentence per problem pydantic found in the body, and the
-    first offending field (OpenAI's ``param``)."""
-    parts, param = [], None
-    for err in exc.errors():
-        loc = [str(x) for x in err.get("loc", ()) if x != "body"]
-        field = ".".join(loc) or "body"
-        param = param or field
-        kind = err.get("type", "")
-        if kind == "json_invalid":
-            ctx = err.get("ctx", {}).get("error", "")
-            parts.append(f"the request body is not valid JSON ({ctx} at character {field}); send a JSON object")
-            param = None
-        elif kind == "extra_forbidden":
-            parts.append(f"unknown field {field!r}; remove it (see the API reference for the fields "
-                         "this endpoint accepts)")
-        elif kind == "missing":
-            parts.append(f"field {field!r} is required")
-        elif field == "body" and kind in ("model_attributes_type", "dict_type"):
-            parts.append("the request body must be a JSON object")
-        else:
-            parts.append(f"field {field!r}: {err.get('msg', 'invalid value')} (got {err.get('input')!r})")
-    return "; ".join(parts) or "invalid request", param
-
-
-def install_handlers(app: FastAPI) -> None:
-    """Answer every error raised in a route in OpenAI's shape."""
+def install_handlers(app: FastAPI, describe: Callable[[RequestValidationError, bool], tuple[str, str | None]]) -> None:
+    """Answer every error raised in a route in OpenAI's shape; ``describe(exc, chat)`` words a body the
+    request models refused (the message, and the field it is about)."""
 
     @app.exception_handler(APIError)
     async def _api_error(_: Request, exc: APIError) -> JSONResponse:
         return exc.response()
 
     @app.exception_handler(RequestValidationError)
-    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
-        message, param = validation_message(exc)
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        message, param = describe(exc, request.url.path.endswith("/chat/completions"))
         return JSONResponse(error_body(400, message, param), status_code=400)
 
     @app.exception_handler(StarletteHTTPException)

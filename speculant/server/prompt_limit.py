@@ -40,7 +40,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from speculant.server.errors import APIError
+from speculant.server.errors import PROMPT_TOO_LONG, APIError
 
 COMPOSE_FACTOR = 4
 """Code points NFC / NFKC may compose into one: the longest canonical
@@ -162,9 +162,9 @@ class PromptLimit:
         n, limit = len(prompt), self.max_model_len
         if isinstance(prompt, list) and n >= limit:
             raise APIError(400, f"prompt has {n} tokens but max_model_len is {limit}, leaving no room to generate; "
-                                "shorten the prompt or raise model.max_model_len", param=param)
+                                "shorten the prompt or raise model.max_model_len", param=param, code=PROMPT_TOO_LONG)
         if isinstance(prompt, str) and self.max_chars is not None and n > self.max_chars:
             raise APIError(400, f"{what} has {n} characters; a token of this model stands for at most "
                                 f"{self.chars_per_token} of them, so that is at least {limit} tokens, and "
                                 f"max_model_len is {limit} (room must be left to generate); shorten it to under "
-                                f"{limit} tokens, or raise model.max_model_len", param=param)
+                                f"{limit} tokens, or raise model.max_model_len", param=param, code=PROMPT_TOO_LONG)
