@@ -80,3 +80,20 @@ def test_generate_with_a_json_schema_or_regex(tmp_path, llama_dir, capsys):
     assert len(out["text"]) == 3 and set(out["text"]) <= {"a", "b"}
     assert main(["generate", "--model", str(llama_dir), "--regex", "(a", "x"]) == 2
     assert "structured output regex cannot be compiled" in capsys.readouterr().err
+
+
+def test_verbose_names_the_kernels_and_the_self_test(llama_dir, capsys, monkeypatch):
+    """One plain line says which C kernels run on this CPU and what is lost and why (here: a
+    CPU reported to lack AVX512_BF16, whatever this one has), and one the self-test's errors."""
+    from speculant.model.kernels import build
+
+    lib = build.load_kernel()
+    if lib is not None:
+        monkeypatch.setattr(lib, "speculant_cpu_features", lambda: 0b01111)  # F, BW, DQ, VL: no BF16
+    assert main(["generate", "--model", str(llama_dir), "--verbose", "--max-tokens", "2", "hello"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    kernels = [ln for ln in lines if ln.startswith("C kernels:")]
+    assert len(kernels) == 1
+    if lib is not None:
+        assert "cannot run on this CPU, which lacks avx512_bf16" in kernels[0]
+    assert any(ln.startswith("self-test: largest per-layer error against an upcast reference") for ln in lines)
