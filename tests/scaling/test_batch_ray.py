@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -59,27 +60,40 @@ def test_killed_actor_is_restarted_and_its_lines_redone(ray_cluster, flag, tmp_p
     assert [r["id"] for r in records] == [r["id"] if isinstance(r, dict) else None for r in rows]
 
 
-class CallTimes(Predictor):
-    """A Predictor that notes when each call starts and ends, a file per actor (never killed)."""
+class CallCounts(Predictor):
+    """A Predictor that notes, for each call, the calls running when it began (itself included), a file per
+    actor (never killed). Its first call waits (at most ``WAIT`` s) for a second call to begin: an actor that
+    takes its next batch while one runs lets it, one that does not leaves the first call to give up waiting."""
 
     out_dir = ""  # set before the job: the class goes to the workers by value
+    WAIT = 120.0
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.kill_after = None
+        self.count_lock, self.running, self.calls = threading.Lock(), 0, 0
+        self.second = threading.Event()
 
     def __call__(self, batch):
-        start = time.monotonic()
+        with self.count_lock:
+            self.running += 1
+            self.calls += 1
+            first, running = self.calls == 1, self.running
+            if running >= 2:
+                self.second.set()
+        saw_second = self.second.wait(self.WAIT) if first else None
         out = super().__call__(batch)
+        with self.count_lock:
+            self.running -= 1
         with open(Path(self.out_dir) / f"{os.getpid()}.jsonl", "a") as f:
-            f.write(json.dumps([start, time.monotonic()]) + "\n")
+            f.write(json.dumps({"running": running, "first_saw_a_second": saw_second}) + "\n")
         return out
 
 
 def test_an_actor_takes_its_next_batch_while_one_runs(ray_cluster, tmp_path, model, one_thread, monkeypatch):
     ray_cluster.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    monkeypatch.setattr(CallTimes, "out_dir", str(tmp_path))
-    monkeypatch.setattr(ray_job, "Predictor", CallTimes)
+    monkeypatch.setattr(CallCounts, "out_dir", str(tmp_path))
+    monkeypatch.setattr(ray_job, "Predictor", CallCounts)
     rows = greedy_rows(8)
     for i, row in enumerate(rows):
         row["max_tokens"] = 24 if i < 2 else 2  # the first batch runs longest
@@ -92,8 +106,9 @@ def test_an_actor_takes_its_next_batch_while_one_runs(ray_cluster, tmp_path, mod
     [calls] = [[json.loads(line) for line in f.read_text().splitlines()] for f in tmp_path.glob("*.jsonl")
                if f.stem.isdigit()]
     assert len(calls) == 4
-    overlapping = [(a, b) for a in calls for b in calls if a < b and b[0] < a[1]]
-    assert overlapping, f"every batch waited for the one before it to return: {calls}"
+    # counts, not clock times: the first call saw a second one begin, which began with two running
+    assert [c["first_saw_a_second"] for c in calls if c["first_saw_a_second"] is not None] == [True], calls
+    assert max(c["running"] for c in calls) >= 2, f"every batch waited for the one before it to return: {calls}"
 
 
 def _cpus_back(ray, want: float, within: float = 20.0) -> float:
@@ -141,38 +156,55 @@ def test_a_refused_config_in_process_cancels_the_job_and_keeps_the_connection(ra
 
 
 class SlowBatches:
-    """A Ray Data actor that takes half a second per batch."""
+    """A Ray Data actor that says it has started (creates ``started``), then takes half a second per batch."""
+
+    def __init__(self, started: str) -> None:
+        Path(started).touch()
 
     def __call__(self, batch):
         time.sleep(0.5)
         return batch
 
 
-def test_a_row_stream_cancelled_before_its_rows_are_taken_ends_and_frees_its_actor(ray_cluster):
+def _until(condition, within: float = 120.0) -> bool:
+    """Whether ``condition()`` holds within ``within`` s (polled: a signal to wait for, not a time to sleep)."""
+    deadline = time.monotonic() + within
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return condition()
+
+
+def test_a_row_stream_cancelled_before_its_rows_are_taken_ends_and_frees_its_actor(ray_cluster, tmp_path):
     from ray.data import ActorPoolStrategy
 
     from speculant.batch.ray_stream import RowStream
 
     ray_cluster.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    started = tmp_path / "started"
     ds = ray_cluster.data.range(40, override_num_blocks=40).map_batches(
-        SlowBatches, batch_size=None, compute=ActorPoolStrategy(size=1), num_cpus=2)
+        SlowBatches, batch_size=None, compute=ActorPoolStrategy(size=1), num_cpus=2,
+        fn_constructor_kwargs={"started": str(started)})
     stream = RowStream(ds)
-    time.sleep(1.0)  # the pool's actor starting, as when the driver's config check ends
+    # the pool's actor has started and holds the cluster's CPUs, as when the driver's config check ends
+    assert _until(started.exists), "the pool's actor never started"
+    assert _until(lambda: ray_cluster.available_resources().get("CPU", 0.0) == 0.0), "the actor holds no CPUs"
     assert stream.cancel(timeout=15.0), "the pump thread did not end"
     assert _cpus_back(ray_cluster, 2.0) == 2.0, "the cancelled job's actor still holds its CPUs"
 
 
 def test_a_command_line_job_equals_the_in_process_one_and_leaves_the_cluster_free(ray_cluster, tmp_path, model):
     """The command line (which connects, starts the job, checks, and disconnects) writes what the
-    in-process call (already connected: check first) writes."""
+    in-process call (already connected: check first) writes, and both what the local run writes."""
     src = write_jsonl(tmp_path / "in.jsonl", greedy_rows(6))
-    inproc, cli = tmp_path / "inproc.jsonl", tmp_path / "cli.jsonl"
+    local, inproc, cli = tmp_path / "local.jsonl", tmp_path / "inproc.jsonl", tmp_path / "cli.jsonl"
+    assert main(["batch", str(src), "--output", str(local), "--model", str(model), "--no-progress"]) == 0
     ray_args = ["--no-progress", "--ray", "--replicas", "1", "--cpus-per-replica", "1"]
     assert main(["batch", str(src), "--output", str(inproc), "--model", str(model), *ray_args]) == 0
     done = _cli("batch", str(src), "--output", str(cli), "--model", str(model), *ray_args,
                 env={"RAY_ADDRESS": ray_cluster.get_runtime_context().gcs_address})
     assert done.returncode == 0, done.stderr[-2000:]
-    assert cli.read_text() == inproc.read_text()
+    assert inproc.read_text() == local.read_text(), "Ray in process differs from the local run"
+    assert cli.read_text() == local.read_text(), "Ray from the command line differs from the local run"
     assert _cpus_back(ray_cluster, 2.0) == 2.0
 
 

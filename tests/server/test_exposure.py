@@ -1,8 +1,10 @@
 """A server fit to expose, measured on real servers on loopback: requests without a
-valid key are 401 and never reach the engine; a 50 MB body is 413 within a second,
-declared or chunked, and the server's memory does not grow; a 20 MB prompt (under
-the body limit, far over max_model_len) is a 400 within a second, refused by its
-length before tokenizing, while small requests keep their latency."""
+valid key are 401 and never reach the engine; a 50 MB body is 413 before the
+client has sent it, declared or chunked, and the server's memory does not grow; a
+20 MB prompt (under the body limit, far over max_model_len) is a 400 about as fast
+as its JSON parses, refused by its length before tokenizing, while small requests
+keep their latency. No absolute time bound: bytes sent, and ratios of times taken
+side by side (a shared machine slows both)."""
 
 from __future__ import annotations
 
@@ -81,19 +83,22 @@ def test_a_thousand_requests_without_a_valid_key_are_401_and_none_reaches_the_en
     assert exposed.metrics()[SUBMISSIONS] == before[SUBMISSIONS] + 2
 
 
-def _raw_post(port: int, headers: list[str], body: Iterable[bytes]) -> tuple[int, dict, float]:
+def _raw_post(port: int, headers: list[str], body: Iterable[bytes]) -> tuple[int, dict, float, int]:
     """POST with the body written by a second thread, as a client that sends its whole
-    body before reading would; returns the status, the JSON answer and the seconds from
-    the headers sent to the answer read."""
+    body before reading would; returns the status, the JSON answer, the seconds from
+    the headers sent to the answer read, and the body bytes sent by then (at most what
+    the server read plus what the sockets' buffers hold)."""
     sock = socket.create_connection(("127.0.0.1", port), timeout=30)
     head = "\r\n".join(["POST /v1/completions HTTP/1.1", "Host: x", "Content-Type: application/json", *headers])
     start = time.perf_counter()
     sock.sendall(head.encode() + b"\r\n\r\n")
+    sent = [0]
 
     def write() -> None:
         try:
             for chunk in body:
                 sock.sendall(chunk)
+                sent[0] += len(chunk)
         except OSError:
             pass  # the server may close once it has answered
 
@@ -104,11 +109,11 @@ def _raw_post(port: int, headers: list[str], body: Iterable[bytes]) -> tuple[int
         part = sock.recv(65536)
         assert part, f"connection closed after {data!r}"
         data += part
-    seconds = time.perf_counter() - start
+    seconds, sent_by_then = time.perf_counter() - start, sent[0]
     writer.join(60)
     sock.close()
     status = int(data.split(b" ", 2)[1])
-    return status, json.loads(data.partition(b"\r\n\r\n")[2]), seconds
+    return status, json.loads(data.partition(b"\r\n\r\n")[2]), seconds, sent_by_then
 
 
 def _length(data: bytes) -> int:
@@ -127,18 +132,18 @@ def _megabytes(n: int, chunked: bool) -> Iterable[bytes]:
 
 
 @pytest.mark.parametrize("chunked", [False, True], ids=["content-length", "chunked"])
-def test_a_50mb_body_is_413_within_a_second_and_memory_does_not_grow(server, chunked):
+def test_a_50mb_body_is_413_before_it_is_sent_and_memory_does_not_grow(server, chunked):
     """On the main server (the default limit, 4 MiB): declared, it is refused from its
     headers; chunked, at the limit. Either way the process holds at most the limit."""
     rss_before = server.rss_bytes()
     headers = ["Transfer-Encoding: chunked"] if chunked else [f"Content-Length: {50 * MiB}"]
-    status, answer, seconds = _raw_post(server.port, headers, _megabytes(50, chunked))
+    status, answer, seconds, sent = _raw_post(server.port, headers, _megabytes(50, chunked))
     rss_growth = server.rss_bytes() - rss_before
     print(f"413 ({'chunked' if chunked else 'content-length'}) in {seconds * 1000:.0f} ms, "
-          f"RSS {rss_growth / MiB:+.1f} MiB")
+          f"{sent / MiB:.0f} MiB sent by then, RSS {rss_growth / MiB:+.1f} MiB")
     assert status == 413 and answer["error"]["code"] == "request_too_large", answer
     assert "--max-request-bytes 4194304" in answer["error"]["message"]
-    assert seconds < 1.0
+    assert sent < 50 * MiB, "answered only after the whole body was sent"  # bytes, not seconds
     assert rss_growth < 20 * MiB, f"RSS grew {rss_growth / MiB:.1f} MiB"
     assert httpx.post(server.url + "/v1/completions", json={"prompt": "x", "max_tokens": 2}).status_code == 200
 
@@ -162,7 +167,7 @@ class _Ticker(threading.Thread):
                 self.spans.append(self.one(client))
 
 
-def test_a_20mb_prompt_is_a_400_within_a_second_and_small_requests_keep_their_latency(exposed):
+def test_a_20mb_prompt_is_a_400_as_fast_as_it_parses_and_small_requests_keep_their_latency(exposed):
     probe = _Ticker(exposed)
     with httpx.Client(base_url=exposed.url, headers=exposed.headers, timeout=60) as client:
         baseline = [end - start for start, end in (probe.one(client) for _ in range(12))][2:]
@@ -170,6 +175,15 @@ def test_a_20mb_prompt_is_a_400_within_a_second_and_small_requests_keep_their_la
     bodies = {"/v1/completions": {"model": "tiny", "prompt": text, "max_tokens": 4},
               "/v1/chat/completions": {"model": "tiny", "messages": [{"role": "user", "content": text}]}}
     contents = {path: json.dumps(body).encode() for path, body in bodies.items()}  # before any timing
+    # the cost of reading and parsing such a body: the same bytes less the closing brace, a 400 (bad JSON)
+    # once the parser reaches the end
+    parsing = {}
+    with httpx.Client(base_url=exposed.url, headers=exposed.headers, timeout=60) as client:
+        for path, content in contents.items():
+            start = time.perf_counter()
+            r = client.post(path, content=content[:-1], headers={"Content-Type": "application/json"})
+            parsing[path] = time.perf_counter() - start
+            assert r.status_code == 400 and "JSON" in r.text, r.text
     tickers = [_Ticker(exposed) for _ in range(2)]
     for t in tickers:
         t.start()
@@ -185,11 +199,12 @@ def test_a_20mb_prompt_is_a_400_within_a_second_and_small_requests_keep_their_la
         t.stop.set()
         t.join(60)
     spans = [s for t in tickers for s in t.spans]
-    limit = max(1.0, 10 * statistics.median(baseline))
+    small = statistics.median(baseline)
     for path, (r, big_start, big_end) in results.items():
         during = [end - start for start, end in spans if start < big_end and end > big_start]
-        print(f"{path}: 400 in {(big_end - big_start) * 1000:.0f} ms; small requests meanwhile: {len(during)}, "
-              f"max {max(during, default=0) * 1000:.0f} ms (alone: median {statistics.median(baseline) * 1000:.0f}"
+        print(f"{path}: 400 in {(big_end - big_start) * 1000:.0f} ms (bad JSON of that size: "
+              f"{parsing[path] * 1000:.0f} ms); small requests meanwhile: {len(during)}, "
+              f"max {max(during, default=0) * 1000:.0f} ms (alone: median {small * 1000:.0f}"
               f" ms, max {max(baseline) * 1000:.0f} ms)")
         assert r.status_code == 400, r.text
         error = r.json()["error"]
@@ -197,6 +212,8 @@ def test_a_20mb_prompt_is_a_400_within_a_second_and_small_requests_keep_their_la
         head = "the prompt the messages render to has " if chat else f"prompt has {len(text)} characters"
         assert error["message"].startswith(head) and "max_model_len is 256" in error["message"], error
         assert error["param"] == ("messages" if chat else "prompt")
-        assert big_end - big_start < 1.0
+        # ratios of times taken together (no absolute bound): refused about as fast as the body parses
+        # (tokenizing 20 MB would take seconds), and a small request waits at most about that long
+        assert big_end - big_start < 5 * parsing[path] + 5 * small, (big_end - big_start, parsing[path], small)
         assert during, "no small request overlapped the large one"
-        assert max(during) < limit, (during, baseline)
+        assert max(during) < 5 * parsing[path] + 10 * small, (during, parsing[path], baseline)

@@ -1,12 +1,15 @@
 """The two ASGI guards in front of the routes, in process: ``ApiKeyAuth`` answers
-401 from the headers alone (the body is never read, the app never called) and
-lets /health, and /metrics with --metrics-public, through; ``BodyLimit`` answers
+401 from the headers alone (the body is never read, the app never called),
+compares the key sent with every configured key in constant time, and lets
+/health, and /metrics with --metrics-public, through; ``BodyLimit`` answers
 413 from Content-Length without reading the body, and stops a chunked body at
 the limit (the app never holds more than that)."""
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import hmac
 import json
 import threading
 
@@ -86,6 +89,32 @@ def test_a_request_without_a_valid_key_is_401_from_its_headers_alone():
         for scheme in ("Bearer", "bearer"):
             sent, _ = _call(auth, _scope(headers={"Authorization": f"{scheme} {key}"}), [b"{}"])
             assert _status_and_error(sent)[0] == 200
+
+
+def test_keys_are_compared_in_constant_time(monkeypatch):
+    """One ``hmac.compare_digest`` per configured key, whichever key matches
+    (the first, the last, none): no early exit tells which key matched; and
+    the SHA-256 digests are compared, never the keys, so every comparison is
+    of 32 bytes with 32 whatever the keys' lengths."""
+    calls: list[tuple[bytes, bytes]] = []
+    compare = hmac.compare_digest
+
+    def counted(a, b):
+        calls.append((bytes(a), bytes(b)))
+        return compare(a, b)
+
+    monkeypatch.setattr(hmac, "compare_digest", counted)
+    keys = ("key-one", "key-two", "a-much-longer-third-key")
+    digests = {hashlib.sha256(k.encode()).digest() for k in keys}
+    auth = ApiKeyAuth(_app({}), keys)
+    for sent_key, status in [(k, 200) for k in keys] + [("key-on", 401), ("x" * 200, 401)]:
+        calls.clear()
+        sent, _ = _call(auth, _scope(headers={"Authorization": f"Bearer {sent_key}"}), [b"{}"])
+        assert _status_and_error(sent)[0] == status, sent_key
+        assert len(calls) == len(keys), (sent_key, len(calls))
+        assert {b for _, b in calls} == digests, sent_key  # every configured key, once each
+        assert {a for a, _ in calls} == {hashlib.sha256(sent_key.encode()).digest()}, sent_key
+        assert all(len(a) == len(b) == 32 for a, b in calls)
 
 
 def test_health_is_open_and_metrics_only_with_metrics_public():

@@ -1,7 +1,11 @@
 """``speculant serve`` refuses bad arguments and configs before opening a port,
-and refuses to listen beyond loopback without an API key."""
+and refuses to listen beyond loopback without an API key (with ``--ray`` too)."""
 
 from __future__ import annotations
+
+import importlib.util
+import sys
+import types
 
 import pytest
 
@@ -45,6 +49,19 @@ def test_listening_beyond_loopback_without_a_key_is_refused_at_start(chat_model_
     assert main(["serve", "--model", str(chat_model_dir), "--host", host]) == 2
     err = capsys.readouterr().err
     assert f"--host {host} listens beyond this machine" in err and "--api-key" in err and EXPOSED in err, err
+
+
+@pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="Ray is not installed: pip install speculant[ray]")
+@pytest.mark.parametrize("replicas", ["1", "2"])
+def test_serving_on_ray_beyond_loopback_without_a_key_is_refused_at_start(chat_model_dir, replicas, monkeypatch,
+                                                                          capsys):
+    """``--ray`` (Ray Serve's proxy listens on --host) is refused the same way, before Ray starts."""
+    started = types.ModuleType("speculant.server.ray_serve")  # in place of the real one, which would start Ray
+    started.serve_on_ray = lambda args: pytest.fail("Ray Serve started on an open host")
+    monkeypatch.setitem(sys.modules, "speculant.server.ray_serve", started)
+    assert main(["serve", "--model", str(chat_model_dir), "--ray", "--replicas", replicas, "--host", "0.0.0.0"]) == 2
+    err = capsys.readouterr().err
+    assert "--host 0.0.0.0 listens beyond this machine" in err and "--api-key" in err and EXPOSED in err, err
 
 
 @pytest.mark.parametrize("extra,env", [([EXPOSED], None), (["--api-key", "k"], None), ([], "k1, k2")])

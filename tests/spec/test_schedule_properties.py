@@ -33,9 +33,10 @@ results are cached per (request, speculation config) across examples.
 The default profile is small and derandomized (reproducible in CI); the
 ``slow`` variants draw more examples (the hybrids ``eagle_suffix`` /
 ``draft_suffix`` have a slow variant of their own, with the same budget):
-``pytest -m slow tests/spec/test_schedule_properties.py``. The suffix, hybrid
-and slow tests count the examples that preempted or aborted a request and fail
-when the drawn schedules include no preemption or no abort (``check_schedules``).
+``pytest -m slow tests/spec/test_schedule_properties.py``. The suffix, hybrid,
+shared-prefix, structured and slow tests count the examples that preempted or
+aborted a request (shared-prefix: or hit the prefix cache) and fail when the
+drawn schedules include no preemption, no abort or no hit (``check_schedules``).
 """
 
 from __future__ import annotations
@@ -62,6 +63,7 @@ MAX_REQUESTS = 6
 # 1-11 hybrid examples preempted, 3-15 aborted)
 SUFFIX_EXAMPLES = 12
 HYBRID_EXAMPLES = 12
+SHARED_PREFIX_EXAMPLES = 16
 SLOW_EXAMPLES = 300
 HYBRIDS = ("eagle_suffix", "draft_suffix")
 
@@ -207,10 +209,10 @@ def setups(draw, reqs: list[Req], proposers: tuple = (None, "ngram", "suffix", "
 
 
 def run_example(data, schedule_models, shared_prefix: bool = False, structured: bool = False,
-                **setup_kw) -> tuple[str | None, bool, bool]:
+                **setup_kw) -> tuple[str | None, bool, bool, bool]:
     """Draw and check one schedule (prompts sharing prefixes with ``shared_prefix``, grammars on
     some requests with ``structured``); (proposer, whether a request was preempted, whether one
-    was aborted)."""
+    was aborted, whether the prefix cache was hit)."""
     checker, pools = schedule_models
     reqs = data.draw(requests(pools, shared_prefix, structured), label="requests")
     setup = data.draw(setups(reqs, **setup_kw), label="setup")
@@ -223,7 +225,7 @@ def run_example(data, schedule_models, shared_prefix: bool = False, structured: 
     event("prefix cache hit" if trace.prefix_hit_tokens else "no prefix cache hit")
     for reason in sorted(set(checker.events)):
         event(reason)
-    return setup.proposer, bool(trace.preempted), bool(trace.aborted)
+    return setup.proposer, bool(trace.preempted), bool(trace.aborted), trace.prefix_hit_tokens > 0
 
 
 ANY = "any proposer"
@@ -231,37 +233,41 @@ ROUNDS = 5
 
 
 def counts(seen: Counter, proposer: str | None) -> dict[str, int]:
-    """Examples, and those that preempted / aborted a request, of ``proposer`` (``ANY``: all)."""
+    """Examples, and those that preempted / aborted a request / hit the prefix cache, of ``proposer``
+    (``ANY``: all)."""
     return {what: sum(n for (w, p), n in seen.items() if w == what and proposer in (ANY, p))
-            for what in ("examples", "preempted", "aborted")}
+            for what in ("examples", "preempted", "aborted", "prefix cache hit")}
 
 
 def check_schedules(schedule_models, name: str, max_examples: int, need: tuple, structured: bool = False,
-                    **setup_kw) -> None:
+                    shared_prefix: bool = False, **setup_kw) -> None:
     """Rounds of ``max_examples`` examples of ``run_example`` (round r seeded from ``name`` and r,
     so every run draws the same examples) until the drawn schedules include a preemption and
-    an abort for each proposer of ``need`` (``ANY``: any proposer), at most ``ROUNDS`` rounds;
+    an abort (with ``shared_prefix``, also a prefix cache hit) for each proposer of ``need``
+    (``ANY``: any proposer), at most ``ROUNDS`` rounds;
     then assert that they do. ``event()`` alone would not fail if they stopped happening.
     Hypothesis draws correlated examples, so one round can miss either (one of eight seeds drew
     no preemption in 20 suffix examples); further rounds keep that from failing the test when
     a hypothesis upgrade changes the draws, while a scheduler or strategy that never preempts
     or aborts still fails after ``ROUNDS`` rounds."""
+    wanted = ("preempted", "aborted") + (("prefix cache hit",) if shared_prefix else ())
     seen: Counter = Counter()
     for r in range(ROUNDS):
         @seed(zlib.crc32(f"{name}/{r}".encode()))
         @settings(max_examples=max_examples, **COMMON)
         @given(data=st.data())
         def schedules_match_solo_runs(data):
-            proposer, preempted, aborted = run_example(data, schedule_models, structured=structured, **setup_kw)
+            proposer, preempted, aborted, hit = run_example(data, schedule_models, structured=structured,
+                                                            shared_prefix=shared_prefix, **setup_kw)
             seen.update([("examples", proposer)] + [("preempted", proposer)] * preempted
-                        + [("aborted", proposer)] * aborted)
+                        + [("aborted", proposer)] * aborted + [("prefix cache hit", proposer)] * hit)
 
         schedules_match_solo_runs()
-        if all(counts(seen, p)["preempted"] and counts(seen, p)["aborted"] for p in need):
+        if all(counts(seen, p)[w] for p in need for w in wanted):
             return
     missing = {p: counts(seen, p) for p in need}
-    pytest.fail(f"in {ROUNDS} rounds of {max_examples} examples the drawn schedules never preempted or "
-                f"never aborted a request: {missing}")
+    pytest.fail(f"in {ROUNDS} rounds of {max_examples} examples the drawn schedules never did one of "
+                f"{wanted}: {missing}")
 
 
 @settings(max_examples=40, **COMMON)
@@ -282,14 +288,13 @@ def test_hybrid_schedules_match_solo_runs(schedule_models):
     check_schedules(schedule_models, "hybrid", HYBRID_EXAMPLES, (ANY,), proposers=HYBRIDS)
 
 
-@settings(max_examples=16, **COMMON)
-@given(data=st.data())
-def test_shared_prefix_schedules_match_solo_runs(data, schedule_models):
+def test_shared_prefix_schedules_match_solo_runs(schedule_models):
     """Prompts sharing prefixes (prefix caching on, as by default): cached
     blocks of finished, running, preempted and aborted requests are reused,
-    and every request still equals its solo run without caching."""
-    run_example(data, schedule_models, shared_prefix=True,
-                proposers=(None, "ngram", "suffix", "draft_model", "eagle", "eagle_suffix", "draft_suffix"))
+    and every request still equals its solo run without caching; the drawn
+    schedules hit the cache, preempt and abort (``check_schedules``)."""
+    check_schedules(schedule_models, "shared-prefix", SHARED_PREFIX_EXAMPLES, (ANY,), shared_prefix=True,
+                    proposers=(None, "ngram", "suffix", "draft_model", "eagle", "eagle_suffix", "draft_suffix"))
 
 
 STRUCTURED_EXAMPLES = 12

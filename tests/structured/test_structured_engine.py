@@ -5,14 +5,23 @@ runs, preemption, aborts and a broken matcher in another request."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
+import torch
+from safetensors.torch import load_file, save_file
+from transformers import AutoTokenizer
 
 from grammar_cases import LARK, LARK_AS_REGEX, REGEX, SCHEMAS, check_json, check_regex, run
+from json_prefix import check_json_prefix
 from speculant import LLM, SamplingParams
 from speculant.acceptance.rejection import RejectionSampler
 from speculant.config.matrix import builtin_registry, compute_matrix
 from speculant.interfaces import AcceptanceCapabilities
 from speculant.plugins.manager import load_plugins, reset_plugins
+from speculant.proposers.heads.common import save_heads
+from speculant.proposers.heads.medusa import MedusaHeads, medusa_config
+from tiny_eagle import save_random_eagle
 from tiny_models import random_prompts
 
 PROMPTS = random_prompts([5, 11, 17, 8, 23, 13], seed=41)
@@ -69,10 +78,15 @@ def test_regex_lark_and_json_object(llama_dir, tokenizer_dir):
     for o in obj:
         c = o.outputs[0]
         assert c.text.startswith("{")
-        # a finished object parses; one cut by max_tokens is still a prefix the grammar accepts
+        # a finished object parses; one cut by max_tokens is still a prefix the grammar accepts (the engine's
+        # matcher) and the start of an object (closed by hand, parsed and validated without it)
         assert matcher.validate_tokens(c.token_ids) == len(c.token_ids)
         if c.finish_reason == "stop":
             check_json(c.text, {"type": "object"})
+        else:
+            assert (c.finish_reason, len(c.token_ids)) == ("length", 48)
+            check_json_prefix(c.text, {"type": "object"})
+    assert {o.outputs[0].finish_reason for o in obj} == {"stop", "length"}  # both kinds were checked
 
 
 def test_a_complete_grammar_stops_the_request_even_with_ignore_eos(llama_dir):
@@ -99,13 +113,39 @@ def _cells():
 
 
 @pytest.fixture(scope="module")
-def proposer_options(spec_noisy_draft_dir, random_heads_dirs) -> dict[str, dict]:
+def quote_heads_dirs(tmp_path_factory, llama_dir) -> dict[str, Path]:
+    """An EAGLE head whose draft vocabulary is the quote token alone and Medusa
+    heads whose every logit but the quote's is about 0 (blocks adding a
+    constant, LM heads reading only that constant): both always propose '"',
+    the token these schemas' outputs hold most, so the target accepts some
+    proposals and rows past the first decide tokens under their masks (random
+    heads' proposals were never accepted under the grammar)."""
+    (quote,) = AutoTokenizer.from_pretrained(llama_dir)('"', add_special_tokens=False)["input_ids"]
+    root = tmp_path_factory.mktemp("quote_heads")
+    eagle = save_random_eagle(llama_dir, root / "eagle", draft_vocab_size=1)
+    weights = load_file(eagle / "model.safetensors")
+    weights["draft_ids"] = torch.tensor([quote])
+    save_file(weights, eagle / "model.safetensors")
+    cfg = medusa_config(64, 384, 4)
+    medusa = MedusaHeads.from_config(cfg)
+    with torch.no_grad():
+        for head in medusa.heads:
+            head.blocks[0].linear.weight.zero_()
+            head.blocks[0].linear.bias.fill_(10.0)  # silu(10) ~ 10 added to every hidden entry
+            head.lm_head.weight.zero_()
+            head.lm_head.weight[quote].fill_(1.0)  # the quote's logit ~ 640 + sum(hidden), every other 0
+    save_heads(medusa, cfg, root / "medusa")
+    return {"eagle": eagle, "medusa": root / "medusa"}
+
+
+@pytest.fixture(scope="module")
+def proposer_options(spec_noisy_draft_dir, random_heads_dirs, quote_heads_dirs) -> dict[str, dict]:
     draft = str(spec_noisy_draft_dir)  # agrees only partly: runs get rejected and the grammar rolls back
     return {"ngram": {}, "suffix": {}, "draft_model": {"model": draft},
-            "medusa": {"path": str(random_heads_dirs["medusa"])},
+            "medusa": {"path": str(quote_heads_dirs["medusa"])},
             "mlp_speculator": {"path": str(random_heads_dirs["mlp_speculator"])},
-            "eagle": {"path": str(random_heads_dirs["eagle"])},
-            "eagle_suffix": {"eagle": {"path": str(random_heads_dirs["eagle"])}, "min_match_len": 1},
+            "eagle": {"path": str(quote_heads_dirs["eagle"])},
+            "eagle_suffix": {"eagle": {"path": str(quote_heads_dirs["eagle"])}, "min_match_len": 1},
             "draft_suffix": {"draft": {"model": draft}, "min_match_len": 1}}
 
 
@@ -132,8 +172,12 @@ def test_greedy_with_speculation_equals_without_under_a_grammar(cell, llama_dir,
     outs = run(llm, PROMPTS[:3], [params(s) for s in MATRIX_SCHEMAS])
     assert [o.outputs[0].token_ids for o in outs] == no_spec_reference[cell.enable_chunked_prefill]
     for o, s in zip(outs, MATRIX_SCHEMAS):
+        assert o.outputs[0].finish_reason == "stop", (s, o.outputs[0].text)
         check_json(o.outputs[0].text, SCHEMAS[s])
-    assert llm.get_metrics()["num_draft_tokens"] > 0
+    m = llm.get_metrics()
+    assert m["num_draft_tokens"] > 0
+    # proposals verified and accepted under the grammar: rows past the first were scored under their masks
+    assert m["num_accepted_tokens"] > 0, m
 
 
 def test_forbidden_proposals_are_cut_before_verification(llama_dir):
@@ -148,6 +192,7 @@ def test_forbidden_proposals_are_cut_before_verification(llama_dir):
 
 
 def test_structured_and_free_requests_together_equal_their_solo_runs(llama_dir):
+    schemas = ["person", None, "nested", None, "either", None]  # None: a free request
     mixed = [params("person"), SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True),
              params("nested", temperature=1.0, seed=7), SamplingParams(temperature=1.0, seed=9, max_tokens=24),
              params("either"), SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)]
@@ -155,11 +200,16 @@ def test_structured_and_free_requests_together_equal_their_solo_runs(llama_dir):
     alone = [run(engine(llama_dir, spec), [p], sp)[0].outputs[0].token_ids for p, sp in zip(PROMPTS, mixed)]
     together = run(engine(llama_dir, spec), PROMPTS, mixed)
     assert [o.outputs[0].token_ids for o in together] == alone
+    for o, name in zip(together, schemas):  # each structured one closes and validates
+        if name is not None:
+            assert o.outputs[0].finish_reason == "stop", (name, o.outputs[0].text, o.outputs[0].finish_reason)
+            check_json(o.outputs[0].text, SCHEMAS[name])
 
 
 def test_grammar_state_survives_preemption_and_aborts(llama_dir):
     spec = {"proposer": "ngram", "num_speculative_tokens": 3}
-    ps = [params(name, temperature=1.0 if i % 2 else 0.0, seed=i) for i, name in enumerate(list(SCHEMAS) * 2)]
+    names = list(SCHEMAS) * 2
+    ps = [params(name, temperature=1.0 if i % 2 else 0.0, seed=i) for i, name in enumerate(names)]
     prompts = (PROMPTS * 2)[:len(ps)]
     roomy = [o.outputs[0].token_ids for o in run(engine(llama_dir, spec, block_size=4, max_model_len=96),
                                                  prompts, ps)]
@@ -167,6 +217,9 @@ def test_grammar_state_survives_preemption_and_aborts(llama_dir):
     outs = run(tight, prompts, ps)
     assert sum(o.metrics["num_preemptions"] for o in outs) >= 2, "the small pool was meant to preempt"
     assert [o.outputs[0].token_ids for o in outs] == roomy
+    for o, name in zip(outs, names):  # each closes and validates through its preemptions
+        assert o.outputs[0].finish_reason == "stop", (name, o.outputs[0].text, o.outputs[0].finish_reason)
+        check_json(o.outputs[0].text, SCHEMAS[name])
 
     eng = tight.engine
     ids = [eng.add_request(None, p, sp) for p, sp in zip(prompts, ps)]
@@ -184,6 +237,8 @@ def test_grammar_state_survives_preemption_and_aborts(llama_dir):
             assert rid not in done or done[rid].outputs[0].finish_reason == "abort"
         else:
             assert done[rid].outputs[0].token_ids == roomy[i]
+            assert done[rid].outputs[0].finish_reason == "stop"
+            check_json(done[rid].outputs[0].text, SCHEMAS[names[i]])
     assert eng.blocks.num_used_blocks == 0
 
 
