@@ -62,3 +62,11 @@ def test_the_report_says_why_there_are_no_kernels(monkeypatch):
     finally:
         cpu_kernel_build.load_kernel.cache_clear()
     assert line.startswith("C kernels: none (disabled by SPECULANT_CPU_KERNEL=0)") and "\n" not in line
+
+
+@pytest.mark.skipif(shutil.which("aarch64-linux-gnu-gcc") is None,
+                    reason="no aarch64 cross compiler (apt-get install gcc-aarch64-linux-gnu)")
+@pytest.mark.parametrize("march", ["armv8-a", "armv8.2-a+bf16"])
+def test_every_source_compiles_for_aarch64(march):
+    """The x86 paths sit behind __x86_64__ guards: on ARM the portable C kernels build."""
+    assert cpu_kernel_build.compile_check(march, "aarch64-linux-gnu-gcc") is None
