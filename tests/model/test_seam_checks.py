@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from kernel_marks import require_bf16_paths, require_kernel
 
 from speculant import LLM
 from speculant.model import runner as model_runner
@@ -92,19 +93,32 @@ def _runner(path, backend, dtype="bfloat16"):
     return model_runner.ModelRunner(ModelConfig(path=str(path), dtype=dtype), CacheConfig(num_blocks=64), backend)
 
 
-@pytest.mark.parametrize("backend", ["cpu_kernel", "torch"])
+@pytest.mark.parametrize("backend", ["cpu_kernel/avx512_bf16", "cpu_kernel/portable", "torch"])
 def test_two_correct_bf16_paths_that_drift_apart_are_accepted(backend, deep_bf16_dir):
+    """Each bf16 instruction path of the C kernel (forced: the CPU's own choice is one of them),
+    and the torch reference backend."""
     from speculant.model.attention.cpu_kernel import CpuKernelAttentionBackend
     from speculant.model.attention.hf_seam import SEAM_NAME
+    from speculant.model.kernels.build import load_kernel, set_kernel_isa
     from speculant.model.seam_selftest import RATIO, SeamSelfTestError, _logits_test, _test_sequences
 
-    runner = _runner(deep_bf16_dir, CpuKernelAttentionBackend() if backend == "cpu_kernel" else
-                     TorchAttentionBackend())
-    result = runner.self_test
-    assert result.transformers_error is not None and 0 < result.engine_error <= RATIO * result.transformers_error
-    if backend == "cpu_kernel":  # the old whole-model comparison of the two bf16 paths refused this model
-        with pytest.raises(SeamSelfTestError, match=r"differ from transformers' own 'eager' attention by 0\.1"):
-            _logits_test(runner, SEAM_NAME, _test_sequences(runner))
+    path = backend.partition("/")[2]
+    if path:
+        require_kernel()
+        if path == "avx512_bf16":
+            require_bf16_paths()
+        set_kernel_isa(load_kernel(), path)
+    try:
+        runner = _runner(deep_bf16_dir, CpuKernelAttentionBackend() if path else TorchAttentionBackend())
+        result = runner.self_test
+        assert result.transformers_error is not None
+        assert 0 < result.engine_error <= RATIO * result.transformers_error
+        if path:  # the old whole-model comparison of the two bf16 paths refused this model
+            with pytest.raises(SeamSelfTestError, match=r"differ from transformers' own 'eager' attention by 0\.1"):
+                _logits_test(runner, SEAM_NAME, _test_sequences(runner))
+    finally:
+        if path:
+            set_kernel_isa(load_kernel(), None)
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
