@@ -104,10 +104,9 @@ class Mailbox:
         if isinstance(item, BaseException) or item.finished:
             self.items.append((request_id, item))
 
-    def take(self, ready: Callable[[], bool] | None = None,
-             timeout: float | None = None) -> list[tuple[str, RequestOutput | BaseException]]:
-        """Wait until something finished (or ``ready()``), then everything that has."""
-        self.loop.wait(lambda: bool(self.items) or (ready is not None and ready()), timeout)
+    def take(self, timeout: float | None = None) -> list[tuple[str, RequestOutput | BaseException]]:
+        """Wait until something finished, then everything that has."""
+        self.loop.wait(lambda: bool(self.items), timeout)
         with self.loop.lock:
             taken = list(self.items)
             self.items.clear()
@@ -147,8 +146,8 @@ class EngineLoop:
         request_id = request_id or self.new_id()
         with self.lock:
             if self._stopping:
-                raise LoopClosed("the engine loop is stopped (the server is shutting down): no request is "
-                                 "taken any more")
+                raise LoopClosed("the engine loop is stopped: it takes no more requests (its server or job "
+                                 "is shutting down)")
             if request_id in self._sinks:
                 raise ValueError(f"request_id {request_id!r} is already in flight in this engine loop; "
                                  "pick a unique id")
@@ -164,8 +163,11 @@ class EngineLoop:
             raise
         with self.lock:
             self._adding.discard(request_id)
+            aborted = self._sinks.get(request_id) is not sink  # by ``abort`` or ``stop`` while it was added
             self._wakeups += 1
             self.lock.notify_all()
+        if aborted:
+            self.engine.abort_request(request_id)
         return request_id
 
     def stream(self, prompt: str | list[int], params: SamplingParams | None = None) -> RequestStream:

@@ -190,3 +190,26 @@ def test_a_refused_prompt_leaves_nothing_behind(engine):
     assert loop.num_in_flight == 0 and not engine.has_unfinished_requests()
     with pytest.raises(RuntimeError, match="waiting for outputs of no request"):
         Mailbox(loop).take()
+
+
+def test_an_abort_while_the_request_is_being_added_leaves_nothing_running(engine):
+    loop = EngineLoop(engine)
+    entered, release = threading.Event(), threading.Event()
+    add = engine.add_request
+
+    def slow_add(*args, **kwargs):  # a long prompt being tokenized
+        entered.set()
+        assert release.wait(TIMEOUT)
+        return add(*args, **kwargs)
+
+    engine.add_request = slow_add  # type: ignore[method-assign]
+    box = Mailbox(loop)
+    adding = threading.Thread(target=loop.submit, args=(PROMPTS[0], greedy(50), box, "late-1"))
+    adding.start()
+    assert entered.wait(TIMEOUT)
+    assert loop.abort("late-1") is True
+    release.set()
+    adding.join(TIMEOUT)
+    [(rid, item)] = box.take(timeout=TIMEOUT)
+    assert rid == "late-1" and isinstance(item, RequestAborted)
+    assert not engine.has_unfinished_requests() and loop.num_in_flight == 0
