@@ -20,14 +20,14 @@
  * a verify span give the same bits.
  *
  * bfloat16 on CPUs with AVX512-BF16 (chosen at run time from cpuid): the
- * task is attention_bf16.c's vectorised one (head sizes up to 256; scores of 16
+ * task is attention_avx512_bf16.c's vectorised one (head sizes up to 256; scores of 16
  * keys at a time, a vector exp, values widened in registers), else the
  * query-key dot products below run on VDPBF16PS straight from the stored bfloat16
  * rows. Its products of two bfloat16 numbers are exact in float32 and it
  * accumulates in float32 (denormal inputs and results flushed to zero), so the
  * scores are the same float32 sums in another order; there softmax and the weighted
- * sum of values are the portable path's. speculant_kernel_set_isa(0) forces the
- * portable path (tests walk both).
+ * sum of values are the portable path's. A dispatch cap under AVX512_BF16
+ * (speculant_isa_set, kernels.h) forces the portable path (tests walk every path).
  *
  * Layouts (all contiguous, row-major; elements of `dtype`):
  *   q, out          [T, H, D]
@@ -66,37 +66,6 @@ enum { DT_F32 = 0, DT_BF16 = 1, DT_F16 = 2 };
 int speculant_kernel_dtypes(void)
 {
     return (1 << DT_F32) | (1 << DT_BF16) | (HAVE_F16 << DT_F16);
-}
-
-/* Which instruction path bfloat16 scores take: 0 portable, 1 AVX512-BF16.
- * -1 until the first call reads cpuid. */
-static int isa = -1;
-
-static int cpu_has_bf16_dot(void)
-{
-#if HAVE_BF16_DOT_BUILD
-    return speculant_cpu_has_bf16_paths();
-#else
-    return 0;
-#endif
-}
-
-/* The path in use (after detection): 0 portable, 1 AVX512-BF16 dot products. */
-int speculant_kernel_isa(void)
-{
-    if (isa < 0)
-        isa = cpu_has_bf16_dot();
-    return isa;
-}
-
-/* Force a path: 0 portable; 1 AVX512-BF16 (refused, returning -1, where the CPU
- * lacks it); -1 back to detection. Returns the path now in use. */
-int speculant_kernel_set_isa(int wanted)
-{
-    if (wanted == 1 && !cpu_has_bf16_dot())
-        return -1;
-    isa = wanted < 0 ? cpu_has_bf16_dot() : wanted;
-    return isa;
 }
 
 #if HAVE_BF16_DOT_BUILD
@@ -179,7 +148,8 @@ int speculant_attend_task(const void *q, const void *k_cache, const void *v_cach
                           float scale)
 {
 #if HAVE_BF16_DOT_BUILD
-    if (dtype == DT_BF16 && speculant_kernel_isa() == 1) {  /* attention_bf16.c: the vectorised task */
+    if (dtype == DT_BF16 && speculant_isa_active() == ISA_AVX512_BF16 && speculant_attend_task_bf16) {
+        /* attention_avx512_bf16.c: the vectorised task */
         const int status = speculant_attend_task_bf16(q, k_cache, v_cache, out, row0, n_query, start, table,
                                                       kv_head, g0, gn, H, H_kv, D, block_size, scale);
         if (status != -2)
@@ -204,7 +174,7 @@ int speculant_attend_task(const void *q, const void *k_cache, const void *v_cach
             memcpy(qf + r * D, src, sizeof(float) * (size_t)D);
     }
 #if HAVE_BF16_DOT_BUILD
-    if (dtype == DT_BF16 && speculant_kernel_isa() == 1) {
+    if (dtype == DT_BF16 && speculant_isa_active() == ISA_AVX512_BF16) {
         const uint16_t *q16 = (const uint16_t *)q, *k16 = (const uint16_t *)k_cache;
         for (int64_t j = 0; j < n; j++) {
             const uint16_t *k = k16 + ((table[j / block_size] * block_size + j % block_size) * H_kv + kv_head) * D;
