@@ -18,21 +18,13 @@ import os
 import pytest
 
 from speculant.config.cpu_isa import requested_isa
+from speculant.config.dtype_choice import cpu_flags
 from speculant.model.kernels.abi import SIMD_BF16_ISAS, detected_isa, fast_bf16_unavailable_reason
 from speculant.model.kernels.build import kernel_status, load_kernel
 
 REQUIRE = os.environ.get("SPECULANT_REQUIRE_KERNELS") == "1"
 needs_kernel = pytest.mark.needs_kernel
 needs_bf16_paths = pytest.mark.needs_bf16_paths
-
-
-def cpu_flags() -> set[str]:
-    """The CPU's feature flags as the kernel reports them in /proc/cpuinfo (empty where unknown)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next((set(ln.split(":", 1)[1].split()) for ln in f if ln.startswith("flags")), set())
-    except OSError:
-        return set()
 
 
 def kernel_problem() -> str | None:

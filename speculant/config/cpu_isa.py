@@ -52,12 +52,14 @@ def requested_isa() -> str | None:
 
 def cap_torch_isa() -> str | None:
     """Set torch's three variables for ``SPECULANT_CPU_ISA`` (overriding theirs); returns the cap.
-    Warns when torch is already imported: its operators may then run wider instructions."""
+    Warns when torch was imported before they held these values: its operators may then run wider
+    instructions."""
     name = requested_isa()
     if name is None:
         return None
+    already = all(os.environ.get(key) == value for key, value in TORCH_CAPS[name].items())
     os.environ.update(TORCH_CAPS[name])
-    if "torch" in sys.modules:
+    if "torch" in sys.modules and not already:  # set before the process started: torch saw them
         warnings.warn(f"{ENV}={name}: torch was imported before speculant, so its own instruction set may not "
                       f"be capped; set {ENV} in the environment before the program starts, or import speculant "
                       "before torch", RuntimeWarning, stacklevel=2)
