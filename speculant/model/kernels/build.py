@@ -50,7 +50,7 @@ from speculant.model.kernels.abi import (  # noqa: F401  (re-exported: the kerne
     lost_paths_line,
     set_kernel_isa,
 )
-from speculant.model.kernels.compile import FLAGS, all_sources, build_library
+from speculant.model.kernels.compile import FLAGS, all_sources, build_library, prebuilt_library
 
 DIGEST_SUFFIX = ".sha256"
 _status: list[str] = ["not built yet"]
@@ -214,9 +214,18 @@ def load_kernel() -> ctypes.CDLL | None:
     if os.environ.get("SPECULANT_CPU_KERNEL", "1") == "0":
         _status[0] = "disabled by SPECULANT_CPU_KERNEL=0"
         return None
+    prebuilt = prebuilt_library(platform.machine())
+    if isinstance(prebuilt, Path):  # a binary wheel: no compiler needed
+        try:
+            lib = bind(ctypes.CDLL(str(prebuilt)))
+        except (OSError, AttributeError) as err:
+            prebuilt = f"the prebuilt library at {prebuilt} does not load: {err}"
+        else:
+            _status[0] = f"loaded the library shipped with the package at {prebuilt}"
+            return _report_lost(lib)
     cc = os.environ.get("CC") or "cc"
     if shutil.which(cc) is None:
-        _status[0] = f"no C compiler ({cc!r} not on PATH; install gcc or set CC)"
+        _status[0] = f"no C compiler ({cc!r} not on PATH; install gcc or set CC), and {prebuilt}"
         return None
     try:
         name = library_name(cc)

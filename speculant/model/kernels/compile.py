@@ -58,6 +58,49 @@ def all_sources() -> list[Path]:
     return sorted(CSRC.glob("*.c")) + sorted(CSRC.glob("*.h"))
 
 
+def sources_digest() -> str:
+    """SHA-256 of every source file (name and bytes) and the flags: what a prebuilt library was built from."""
+    import hashlib
+
+    h = hashlib.sha256(" ".join(FLAGS).encode())
+    for src in all_sources():
+        h.update(b"\0" + src.name.encode() + b"\0" + src.read_bytes())
+    return h.hexdigest()
+
+
+PREBUILT_DIR = Path(__file__).with_name("prebuilt")
+"""Where a binary wheel carries the library, built at wheel time (setup.py): ``<machine>.so`` and its
+``<machine>.json`` (``sources_digest`` and the paths it holds)."""
+
+
+def build_prebuilt(cc: str, folder: Path, machine: str) -> Path:
+    """Build the wheel's library into ``folder`` (every path of the architecture, or ``RuntimeError``)."""
+    import json
+
+    folder.mkdir(parents=True, exist_ok=True)
+    out = folder / f"{machine}.so"
+    dropped = build_library(cc, out)
+    if dropped:
+        raise RuntimeError(f"a wheel must hold every instruction path; {cc} failed on {'; '.join(dropped)}")
+    meta = {"sources": sources_digest(), "paths": [path_of(p, machine) for p in path_sources(machine)]}
+    out.with_suffix(".json").write_text(json.dumps(meta) + "\n")
+    return out
+
+
+def prebuilt_library(machine: str) -> Path | str:
+    """The library shipped in the wheel for ``machine``, or why there is none to use."""
+    import json
+
+    path = PREBUILT_DIR / f"{machine}.so"
+    try:
+        meta = json.loads(path.with_suffix(".json").read_text())
+    except (OSError, ValueError):
+        return f"no prebuilt library at {path} (a source install)"
+    if not path.is_file() or meta.get("sources") != sources_digest():
+        return f"the prebuilt library at {path} was built from other sources"
+    return path
+
+
 def first_error(stderr: str) -> str:
     """The compiler's first error line (file, line and message), else its last line: one line for a log."""
     lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
