@@ -92,7 +92,7 @@ BF16_PATH_TARGET static float dot_bf16(const uint16_t *a, const uint16_t *b, int
 
 /* Row `offset` (in elements) of `base` as float32: a pointer into `base` for
  * float32 storage, else widened into `scratch` [D]. */
-static const float *row_f32(const void *base, int64_t offset, int dtype, int64_t D, float *scratch)
+static inline __attribute__((always_inline)) const float *row_f32(const void *base, int64_t offset, int dtype, int64_t D, float *scratch)
 {
     if (dtype == DT_F32)
         return (const float *)base + offset;
@@ -117,7 +117,7 @@ static const float *row_f32(const void *base, int64_t offset, int dtype, int64_t
 }
 
 /* Write float32 `src` [D] as row `offset` of `base`, rounded to the dtype. */
-static void store_row(void *base, int64_t offset, int dtype, const float *src, int64_t D)
+static inline __attribute__((always_inline)) void store_row(void *base, int64_t offset, int dtype, const float *src, int64_t D)
 {
     if (dtype == DT_F32) {
         memcpy((float *)base + offset, src, sizeof(float) * (size_t)D);
@@ -142,20 +142,18 @@ int speculant_attend_slices(int64_t tasks, int64_t G, int threads)
     return (int)slices;
 }
 
-int speculant_attend_task(const void *q, const void *k_cache, const void *v_cache, void *out, int dtype,
-                          int64_t row0, int64_t n_query, int64_t start, const int64_t *table, int64_t kv_head,
-                          int64_t g0, int64_t gn, int64_t H, int64_t H_kv, int64_t D, int64_t block_size,
-                          float scale)
+#define TASK_ARGS                                                                                          \
+    (const void *q, const void *k_cache, const void *v_cache, void *out, int dtype, int64_t row0, int64_t n_query, \
+     int64_t start, const int64_t *table, int64_t kv_head, int64_t g0, int64_t gn, int64_t H, int64_t H_kv,        \
+     int64_t D, int64_t block_size, float scale)
+#define TASK_CALL (q, k_cache, v_cache, out, dtype, row0, n_query, start, table, kv_head, g0, gn, H, H_kv, D, \
+                   block_size, scale)
+
+/* The portable task; compiled per path below (the compiler vectorises its simd loops for each path's
+ * registers: the float32 sums of a score then take another order per path, within float32 round-off,
+ * and a row's result still depends only on its own query and keys). */
+static inline __attribute__((always_inline)) int task_body TASK_ARGS
 {
-#if HAVE_BF16_DOT_BUILD
-    if (dtype == DT_BF16 && speculant_isa_active() == ISA_AVX512_BF16 && speculant_attend_task_bf16) {
-        /* attention_avx512_bf16.c: the vectorised task */
-        const int status = speculant_attend_task_bf16(q, k_cache, v_cache, out, row0, n_query, start, table,
-                                                      kv_head, g0, gn, H, H_kv, D, block_size, scale);
-        if (status != -2)
-            return status;
-    }
-#endif
     const int64_t G = H / H_kv;             /* query heads per K/V head */
     const int64_t R = n_query * gn;         /* rows r = i * gn + (g - g0) */
     const int64_t n = start + n_query;      /* keys visible to the last query token */
@@ -238,34 +236,32 @@ int speculant_attend_task(const void *q, const void *k_cache, const void *v_cach
     return 0;
 }
 
-static int span_fault(int64_t *bad, int kind, int64_t span, int64_t entry, int64_t id, int64_t start, int64_t end)
-{
-    const int64_t fields[SPAN_BAD_FIELDS] = {kind, span, entry, id, start, end};
-    memcpy(bad, fields, sizeof fields);
-    return -3;
-}
+static int task_scalar TASK_ARGS { return task_body TASK_CALL; }
+#if HAVE_BF16_DOT_BUILD
+PATH_AVX2 static int task_avx2 TASK_ARGS { return task_body TASK_CALL; }
+#endif /* no AVX-512 clone: GCC 12 warns (falsely) on its 64-byte simd widening; the AVX-512 paths take AVX2's */
 
-int speculant_check_spans(const int64_t *cu_query_lens, const int64_t *starts, const int64_t *block_tables,
-                          int64_t n_seqs, int64_t max_blocks, const int64_t *span_ids, int64_t n_spans,
-                          int64_t num_tokens, int64_t num_blocks, int64_t block_size, int64_t *bad)
+int speculant_attend_task TASK_ARGS
 {
-    for (int64_t s = 0; s < n_spans; s++) {
-        const int64_t b = span_ids[s];
-        if (b < 0 || b >= n_seqs)
-            return span_fault(bad, BAD_SPAN_ID, b, -1, -1, -1, -1);
-        const int64_t row0 = cu_query_lens[b], row1 = cu_query_lens[b + 1], start = starts[b];
-        const int64_t end = start + row1 - row0;
-        if (row0 < 0 || row1 < row0 || row1 > num_tokens || start < 0 || block_size <= 0)
-            return span_fault(bad, BAD_ROWS, b, -1, -1, start, end);
-        const int64_t needed = (end + block_size - 1) / block_size;  /* blocks holding positions < end */
-        if (needed > max_blocks)
-            return span_fault(bad, BAD_TABLE_SHORT, b, max_blocks, -1, start, end);
-        const int64_t *table = block_tables + b * max_blocks;
-        for (int64_t i = 0; i < needed; i++)
-            if (table[i] < 0 || table[i] >= num_blocks)
-                return span_fault(bad, BAD_BLOCK_ID, b, i, table[i], start, end);
+    typedef int (*task_fn) TASK_ARGS;
+    static const task_fn TABLE[ISA_COUNT] = {
+        [ISA_SCALAR] = task_scalar,
+#if HAVE_BF16_DOT_BUILD
+        [ISA_AVX2] = task_avx2,
+#endif
+    };
+#if HAVE_BF16_DOT_BUILD
+    if (dtype == DT_BF16 && speculant_isa_active() == ISA_AVX512_BF16 && speculant_attend_task_bf16) {
+        /* attention_avx512_bf16.c: the vectorised task */
+        const int status = speculant_attend_task_bf16(q, k_cache, v_cache, out, row0, n_query, start, table,
+                                                      kv_head, g0, gn, H, H_kv, D, block_size, scale);
+        if (status != -2)
+            return status;
     }
-    return 0;
+#endif
+    task_fn f;
+    SPECULANT_PICK(TABLE, f);
+    return f TASK_CALL;
 }
 
 int speculant_paged_attention(int dtype, const void *q, const void *k_cache, const void *v_cache, void *out,
