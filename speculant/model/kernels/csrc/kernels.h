@@ -125,6 +125,7 @@ void speculant_linear_bf16_pair(int64_t T, const uint16_t *x, int64_t ldx, const
 SPECULANT_VARIANT void speculant_linear_bf16_pair_avx2(LINEAR_PAIR_ARGS);
 SPECULANT_VARIANT void speculant_linear_bf16_pair_avx512(LINEAR_PAIR_ARGS);
 SPECULANT_VARIANT void speculant_linear_bf16_pair_avx512_bf16(LINEAR_PAIR_ARGS);
+SPECULANT_VARIANT void speculant_linear_bf16_pair_neon(LINEAR_PAIR_ARGS);
 
 /* paged_attention.c: how many slices of query heads to cut each of `tasks` (span, K/V head) pairs
  * into (at most G, the group size) so that `threads` threads have about four tasks each. */

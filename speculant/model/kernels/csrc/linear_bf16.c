@@ -16,7 +16,8 @@
  * Paths (kernels.h dispatch): scalar (this file, the reference); AVX2+FMA
  * (linear_bf16_avx2.c, 8 outputs per vector, groups of 4 rows); AVX-512
  * (linear_bf16_avx512.c, 16 outputs, groups of 8 rows); AVX512-BF16
- * (linear_bf16_avx512_bf16.c, VDPBF16PS, groups of 12 rows).
+ * (linear_bf16_avx512_bf16.c, VDPBF16PS, groups of 12 rows); NEON (linear_bf16_neon.c, aarch64, the
+ * AVX2 plan on 128-bit registers).
  *
  * Arithmetic, the same on every path: per output, a float32 accumulator runs over
  * k in order, adding the odd feature's product then the even one's (the order
@@ -88,6 +89,7 @@ static pair_fn pick_pair(void)
         [ISA_AVX2] = speculant_linear_bf16_pair_avx2,
         [ISA_AVX512] = speculant_linear_bf16_pair_avx512,
         [ISA_AVX512_BF16] = speculant_linear_bf16_pair_avx512_bf16,
+        [ISA_NEON] = speculant_linear_bf16_pair_neon,
     };
     pair_fn f;
     SPECULANT_PICK(TABLE, f);

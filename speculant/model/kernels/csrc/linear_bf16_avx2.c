@@ -12,6 +12,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "linear_blocks.h"
 #include "simd_bf16.h"
 
 #define BLOCK_ROWS 16
@@ -78,20 +79,5 @@ PATH_AVX2 void speculant_linear_bf16_pair_avx2(int64_t T, const uint16_t *x, int
                                                int64_t nblk, int64_t k2, const float *bias, const uint16_t *res,
                                                int64_t ldr, int64_t N, int64_t pair, uint16_t *y, int64_t ldy)
 {
-    for (int64_t b = 2 * pair; b < 2 * pair + 2 && b < nblk; b++) {
-        const int64_t n0 = b * BLOCK_ROWS, valid = N - n0 < BLOCK_ROWS ? N - n0 : BLOCK_ROWS;
-        const uint16_t *w = blocked + b * k2 * 2 * BLOCK_ROWS;
-        const float *bb = bias ? bias + n0 : NULL;
-        for (int64_t t0 = 0; t0 < T; t0 += ROW_GROUP) {
-            const int64_t n = T - t0 < ROW_GROUP ? T - t0 : ROW_GROUP;
-            const uint16_t *xt = x + t0 * ldx, *rt = res ? res + t0 * ldr + n0 : NULL;
-            uint16_t *yt = y + t0 * ldy + n0;
-            switch (n) {
-            case 1: one_block(1, xt, ldx, w, k2, bb, rt, ldr, yt, ldy, valid); break;
-            case 2: one_block(2, xt, ldx, w, k2, bb, rt, ldr, yt, ldy, valid); break;
-            case 3: one_block(3, xt, ldx, w, k2, bb, rt, ldr, yt, ldy, valid); break;
-            default: one_block(4, xt, ldx, w, k2, bb, rt, ldr, yt, ldy, valid); break;
-            }
-        }
-    }
+    FOR_EACH_BLOCK_OF_PAIR(one_block)
 }
