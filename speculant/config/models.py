@@ -61,8 +61,9 @@ class ModelConfig(StrictModel):
     attention_backend: str = "auto"
     """``auto``, ``torch`` (reference) or a registered backend name."""
     linear_backend: Literal["auto", "default", "onednn", "avx512_bf16"] = "auto"
-    """``avx512_bf16`` runs linears on Speculant's bfloat16 dot-product kernel
-    (CPU with AVX512-BF16, model.dtype bfloat16); ``onednn`` pre-packs weights
+    """``avx512_bf16`` runs linears on Speculant's bfloat16 C kernel (the name is
+    historical: it runs on the CPU's best path, AVX2+FMA, AVX-512 or AVX512-BF16;
+    model.dtype bfloat16); ``onednn`` pre-packs weights
     for oneDNN (CPU, float32/bfloat16); ``auto`` takes the first of the two that
     supports each layer, where exact; ``default`` is ``F.linear``."""
     linear_dense_max_rows: int | None = Field(default=None, ge=0, le=64)
