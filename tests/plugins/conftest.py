@@ -204,3 +204,11 @@ def fake_plugin() -> type[FakePlugin]:
 @pytest.fixture
 def standard_fakes_factory() -> Callable[[], dict[str, list[type]]]:
     return standard_fakes
+
+
+@pytest.fixture(scope="session")
+def kit_models(tmp_path_factory):
+    """The conformance kit's tiny models (built once per session)."""
+    from speculant.plugin_api.testing import TinyModels
+
+    return TinyModels.build(tmp_path_factory.mktemp("kit-models"))
