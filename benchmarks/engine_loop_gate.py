@@ -96,6 +96,8 @@ def main() -> None:
     ap = harness.arg_parser(__doc__, out=harness.RESULTS_DIR / "engine_loop_gate.json", repeats=5,
                             dtype="bfloat16", threads=2)
     ap.add_argument("--base", type=Path, default=Path("/work/wt-base"), help="checkout of the code before")
+    ap.add_argument("--branch", type=Path, default=harness.REPO_ROOT,
+                    help="checkout of the code after (default: this one)")
     ap.add_argument("--max-tokens", type=int, default=128, help="tokens per request at batch 1")
     ap.add_argument("--max-tokens-c32", type=int, default=64, help="tokens per request with 32 requests")
     ap.add_argument("--num-prompts", type=int, default=4)
@@ -105,7 +107,7 @@ def main() -> None:
         worker(args)
         return
     bench = harness.start("engine_loop_gate", args)
-    workers = {"base": Worker(args.base.resolve(), args), "branch": Worker(harness.REPO_ROOT, args)}
+    workers = {"base": Worker(args.base.resolve(), args), "branch": Worker(args.branch.resolve(), args)}
     try:
         runs = harness.rounds(NAMES, args.repeats, lambda name: workers[name].run(),
                               describe=lambda r: ", ".join(f"{w} {r[w]:.1f} tok/s ({r[w + '_cpu']:.1f} per CPU s)"
@@ -125,7 +127,8 @@ def main() -> None:
                   f"median {harness.median(ratios):.4f} (min {min(ratios):.4f}, max {max(ratios):.4f}); "
                   f"same tokens: {len(digests) == 1}")
     bench.write({"base": {"path": str(args.base), "speculant": workers["base"].ready},
-                 "branch": {"speculant": workers["branch"].ready}, "results": results, "runs": runs})
+                 "branch": {"path": str(args.branch), "speculant": workers["branch"].ready},
+                 "results": results, "runs": runs})
 
 
 def argparse_hidden() -> str:

@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from speculant.engine.loop import Mailbox, RequestAborted
 from speculant.interfaces import PLUGIN_KINDS, Kind, SamplingParams
 from speculant.llm import LLM
 from speculant.plugin_api.testing.stats import chi_square_p, marginals, total_variation
@@ -109,19 +110,35 @@ def run_with_abort(llm: LLM, prompt_ids: Sequence[list[int]], params: SamplingPa
                    abort_index: int, after_steps: int) -> dict[int, list[int]]:
     """Every request but ``abort_index``'s, which is aborted after
     ``after_steps`` engine steps: prompt index -> its token ids."""
-    eng = llm.engine
-    ids = [eng.add_request(f"kit-{i}", list(p), params) for i, p in enumerate(prompt_ids)]
-    done: dict[str, list[int]] = {}
+    loop = llm.loop
+    box = Mailbox(loop)
+    ids = [loop.submit(list(p), params, box, f"kit-{i}") for i, p in enumerate(prompt_ids)]
     steps = 0
-    while eng.has_unfinished_requests():
-        if steps == after_steps:
-            eng.abort_request(ids[abort_index])
-        for out in eng.step():
-            if out.finished:
-                if out.error is not None:
-                    raise ConformanceError(f"request {out.request_id!r} failed: {out.error}")
-                done[out.request_id] = list(out.outputs[0].token_ids)
+
+    def count(seconds: float, outputs: list) -> None:
+        nonlocal steps
         steps += 1
+        if steps == after_steps:
+            loop.abort(ids[abort_index])
+
+    if after_steps == 0:
+        loop.abort(ids[abort_index])
+    done: dict[str, list[int]] = {}
+    ended = 0
+    loop.on_step, before = count, loop.on_step
+    try:
+        while ended < len(ids):
+            for rid, out in box.take():
+                ended += 1
+                if isinstance(out, RequestAborted) and rid == ids[abort_index]:
+                    continue
+                if isinstance(out, BaseException):
+                    raise ConformanceError(f"request {rid!r} failed: {out}")
+                if out.error is not None:
+                    raise ConformanceError(f"request {rid!r} failed: {out.error}")
+                done[rid] = list(out.outputs[0].token_ids)
+    finally:
+        loop.on_step = before
     return {i: done[rid] for i, rid in enumerate(ids) if i != abort_index}
 
 
