@@ -16,6 +16,8 @@ with their block sizes. A tensor of any other type is dequantized at load
 
 from __future__ import annotations
 
+import ctypes
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -26,6 +28,11 @@ from speculant.model.kernels.build import kernel_status, load_kernel
 KERNEL_ISAS = {0: "scalar", 1: "avx2", 2: "avx512_vnni"}
 """The quantized kernel's instruction paths (``speculant_qlinear_isa``)."""
 _DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
+ACTIVATION_ROUNDING = 2e-2
+"""Relative error a layer's output may show from 8-bit activations alone: two inputs that differ
+by float rounding can round to different 8-bit codes (one code is 1/127 of a block's largest
+input). Load-time probes that compare two correct paths allow this much where a model has
+layers that quantize their activations; a wrong seam or layout is off by tens of percent."""
 
 
 @dataclass(frozen=True)
@@ -76,8 +83,16 @@ def available_isas() -> list[str]:
     return [] if lib is None else [n for c, n in KERNEL_ISAS.items() if lib.speculant_qlinear_isa_available(c)]
 
 
+def activation_rounding(model: nn.Module) -> float:
+    """``ACTIVATION_ROUNDING`` where some layer of ``model`` quantizes its activations, else 0."""
+    return ACTIVATION_ROUNDING if any(getattr(m, "quantizes_activations", False) for m in model.modules()) else 0.0
+
+
 class QuantLinear(nn.Module):
     """Inference-only ``nn.Linear`` replacement over GGUF blocks: ``[..., in] -> [..., out]``."""
+
+    quantizes_activations = True
+    """Capability: inputs are rounded to 8 bits per block (see ``ACTIVATION_ROUNDING``)."""
 
     def __init__(self, blocks: torch.Tensor, type_id: int, in_features: int, bias: torch.Tensor | None,
                  dtype: torch.dtype) -> None:
@@ -113,24 +128,46 @@ class QuantLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: [..., in_features] -> [..., out_features]
-        lead = x.shape[:-1]
-        flat = x.reshape(-1, self.in_features)
-        if flat.dtype != self.compute_dtype:
-            flat = flat.to(self.compute_dtype)
-        if flat.stride(-1) != 1:
-            flat = flat.contiguous()
-        rows = flat.shape[0]
-        out = torch.empty(rows, self.out_features, dtype=self.compute_dtype)
-        if rows:
-            bias = self.bias_f32
-            code = self._lib.speculant_qlinear(
-                self.format.type_id, self.blocks.data_ptr(), self.out_features, self.in_features, flat.data_ptr(),
-                rows, flat.stride(0), _DTYPE_CODES[self.compute_dtype], None if bias is None else bias.data_ptr(),
-                out.data_ptr(), self.out_features, torch.get_num_threads())
-            if code != 0:
-                raise RuntimeError(f"quantized linear kernel failed with code {code} "
-                                   f"({'out of memory' if code == -2 else 'bad arguments'})")
-        return out.reshape(*lead, self.out_features).to(x.dtype)
+        return self._call(x)
+
+    @functools.cached_property
+    def _call(self):
+        return QuantLinear.siblings_call([self])
+
+    @staticmethod
+    def siblings_call(layers: list[QuantLinear]):
+        """One call computing the concatenated outputs of ``layers`` (same input width):
+        ``[..., in] -> [..., sum(out)]``, the input quantized once."""
+        first = layers[0]
+        if any(m.in_features != first.in_features or m.compute_dtype != first.compute_dtype for m in layers):
+            raise ValueError("sibling quantized layers must read the same input width and dtype")
+        n = len(layers)
+        types = (ctypes.c_int * n)(*[m.format.type_id for m in layers])
+        weights = (ctypes.c_void_p * n)(*[m.blocks.data_ptr() for m in layers])
+        outs = (ctypes.c_int64 * n)(*[m.out_features for m in layers])
+        biases = (ctypes.c_void_p * n)(*[None if m.bias_f32 is None else m.bias_f32.data_ptr() for m in layers])
+        keep = [m.blocks for m in layers] + [m.bias_f32 for m in layers]  # the pointers' owners
+        width, dtype, total = first.in_features, first.compute_dtype, sum(m.out_features for m in layers)
+        kernel, code_of = first._lib.speculant_qlinear_multi, _DTYPE_CODES[first.compute_dtype]
+
+        def call(x: torch.Tensor) -> torch.Tensor:
+            lead = x.shape[:-1]
+            flat = x.reshape(-1, width)
+            if flat.dtype != dtype:
+                flat = flat.to(dtype)
+            if flat.stride(-1) != 1 or flat.stride(0) < width:
+                flat = flat.contiguous()
+            rows = flat.shape[0]
+            out = torch.empty(rows, total, dtype=dtype)
+            if rows:
+                code = kernel(n, types, weights, outs, biases, width, flat.data_ptr(), rows, flat.stride(0),
+                              code_of, out.data_ptr(), total, torch.get_num_threads())
+                if code != 0:
+                    raise RuntimeError(f"quantized linear kernel failed with code {code} "
+                                       f"({'out of memory' if code == -2 else 'bad arguments'})")
+            del keep[:0]  # the closure holds the tensors the pointers point into
+            return out.reshape(*lead, total).to(x.dtype)
+        return call
 
 
 class QuantEmbedding(nn.Module):

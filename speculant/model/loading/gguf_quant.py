@@ -134,7 +134,7 @@ def keep_quantized(model: nn.Module, source: Path, dtype: torch.dtype) -> QuantR
             if not ok:
                 report.dequantized.setdefault("rows do not match the converted weight", []).append(tensor.name)
                 continue
-            blocks = torch.from_numpy(np.ascontiguousarray(raw if order is None else raw[order]))
+            blocks = torch.from_numpy(np.array(raw if order is None else raw[order]))  # a copy: the file may change
             shared[tensor.name] = blocks
             report.quantized_bytes += blocks.numel()
         _replace(model, module_name, QuantLinear(blocks, fmt.type_id, module.in_features, module.bias, dtype))
@@ -166,7 +166,7 @@ def _quantize_embedding(model: nn.Module, tensors: dict, shared: dict[str, torch
         if not ok:
             report.dequantized.setdefault("rows do not match the converted weight", []).append(tensor.name)
             return
-        blocks = torch.from_numpy(np.ascontiguousarray(raw))
+        blocks = torch.from_numpy(np.array(raw))
         report.quantized_bytes += blocks.numel()
     model.set_input_embeddings(QuantEmbedding(blocks, fmt.type_id, embed.embedding_dim, dtype, embed.padding_idx))
 

@@ -84,7 +84,9 @@ def test_writer_round_trips_through_transformers(tmp_path, tokenizer_dir):
 
 
 def test_generates_like_transformers_loading_the_gguf(gguf_path, cache):
-    llm = LLM(str(gguf_path), max_num_batched_tokens=8, max_num_seqs=4, block_size=4)
+    # the dequantized conversion is transformers' own model; model.quantization = "gguf" is
+    # tested against its kernels' reference in tests/model/loading/test_gguf_quant.py
+    llm = LLM(str(gguf_path), max_num_batched_tokens=8, max_num_seqs=4, block_size=4, quantization="dequantize")
     outs = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
     hf_tok = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
     assert len(outs) == len(PROMPTS)

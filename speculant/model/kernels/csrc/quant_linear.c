@@ -185,9 +185,16 @@ static void dot_tile(int isa, const qtile *t, const qact *a, float *accv)
 
 #define ACC_LANES 17  /* 16 vector lanes + one scalar tail */
 
+/* sums[r] = dot(weight row, activation row r) for r < R; acc: R * ACC_LANES floats of scratch */
 static void weight_row(int type, const qformat *f, int isa, const uint8_t *row, int64_t K, int64_t R,
-                       const int8_t *xq, const float *xd, const float *xs, float *acc)
+                       const int8_t *xq, const float *xd, const float *xs, float *acc, float *sums)
 {
+#if HAVE_QUANT_X86
+    if (isa == QISA_AVX512_VNNI && (type == QT_Q4_K || type == QT_Q6_K)) {
+        speculant_qrow_k_vnni(type, row, K, R, xq, xd, xs, sums);
+        return;
+    }
+#endif
     uint8_t u[QTILE] __attribute__((aligned(64)));
     float ws[QTILE / QGROUP], wb[QTILE / QGROUP];
     memset(acc, 0, sizeof(float) * (size_t)(R * ACC_LANES));
@@ -200,17 +207,32 @@ static void weight_row(int type, const qformat *f, int isa, const uint8_t *row, 
             dot_tile(isa, &t, &a, acc + r * ACC_LANES);
         }
     }
+    for (int64_t r = 0; r < R; r++) {
+        float sum = 0.0f;
+        for (int l = 0; l < ACC_LANES; l++)
+            sum += acc[r * ACC_LANES + l];
+        sums[r] = sum;
+    }
 }
 
-/* 0; -1 for a type without a kernel or a K it cannot split into blocks; -2 when memory runs out */
-int speculant_qlinear(int type, const uint8_t *w, int64_t N, int64_t K, const void *x, int64_t R, int64_t ldx,
-                      int dtype, const float *bias, void *y, int64_t ldy, int threads)
+/* y[:, cols of matrix m] = x @ W_m^T + bias_m for n_mats matrices that read the same x (q/k/v, gate/up),
+ * concatenated along y's columns: the activations are quantized once. 0; -1 for a type without a
+ * kernel or a K it cannot split into blocks; -2 when memory runs out. */
+int speculant_qlinear_multi(int n_mats, const int *types, const uint8_t *const *ws, const int64_t *Ns,
+                            const float *const *biases, int64_t K, const void *x, int64_t R, int64_t ldx, int dtype,
+                            void *y, int64_t ldy, int threads)
 {
-    const qformat *f = speculant_qformat(type);
-    if (!f || K <= 0 || K % f->block_elems || K % 32 || (dtype != 0 && dtype != 1))
+    int64_t total = 0;
+    for (int m = 0; m < n_mats; m++) {
+        const qformat *f = speculant_qformat(types[m]);
+        if (!f || K <= 0 || K % f->block_elems || K % 32 || Ns[m] < 0)
+            return -1;
+        total += Ns[m];
+    }
+    if (dtype != 0 && dtype != 1)
         return -1;
     int isa = speculant_qlinear_isa();
-    int64_t row_bytes = K / f->block_elems * f->block_bytes, ng = K / QGROUP;
+    int64_t ng = K / QGROUP;
     int8_t *xq = malloc((size_t)(R * K));
     float *xd = malloc(sizeof(float) * (size_t)(R * ng)), *xs = malloc(sizeof(float) * (size_t)(R * ng));
     int failed = !xq || !xd || !xs;
@@ -219,28 +241,31 @@ int speculant_qlinear(int type, const uint8_t *w, int64_t N, int64_t K, const vo
 #pragma omp parallel for schedule(static) num_threads(threads) if (R > 1)
         for (int64_t r = 0; r < R; r++)
             quantize_row((const char *)x + (size_t)(r * ldx) * esize, dtype, K, xq + r * K, xd + r * ng, xs + r * ng);
-#pragma omp parallel num_threads(threads) if (N > 1)
+#pragma omp parallel num_threads(threads) if (total > 1)
         {
-            float *acc = aligned_alloc(64, sizeof(float) * (size_t)(((R * ACC_LANES) + 15) / 16 * 16));
+            float *acc = aligned_alloc(64, sizeof(float) * (size_t)(((R * (ACC_LANES + 1)) + 15) / 16 * 16));
+            float *sums = acc ? acc + R * ACC_LANES : 0;
             if (!acc) {
 #pragma omp atomic write
                 failed = 1;
             }
 #pragma omp for schedule(static)
-            for (int64_t n = 0; n < N; n++) {
+            for (int64_t col = 0; col < total; col++) {
                 if (!acc)
                     continue;
-                weight_row(type, f, isa, w + n * row_bytes, K, R, xq, xd, xs, acc);
+                int m = 0;
+                int64_t n = col;
+                while (n >= Ns[m])
+                    n -= Ns[m++];
+                const qformat *f = speculant_qformat(types[m]);
+                int64_t row_bytes = K / f->block_elems * f->block_bytes;
+                weight_row(types[m], f, isa, ws[m] + n * row_bytes, K, R, xq, xd, xs, acc, sums);
                 for (int64_t r = 0; r < R; r++) {
-                    const float *a = acc + r * ACC_LANES;
-                    float sum = 0.0f;
-                    for (int l = 0; l < ACC_LANES; l++)
-                        sum += a[l];
-                    sum += bias ? bias[n] : 0.0f;
+                    float sum = sums[r] + (biases[m] ? biases[m][n] : 0.0f);
                     if (dtype)
-                        ((uint16_t *)y)[r * ldy + n] = round_bf16(sum);
+                        ((uint16_t *)y)[r * ldy + col] = round_bf16(sum);
                     else
-                        ((float *)y)[r * ldy + n] = sum;
+                        ((float *)y)[r * ldy + col] = sum;
                 }
             }
             free(acc);
@@ -250,6 +275,12 @@ int speculant_qlinear(int type, const uint8_t *w, int64_t N, int64_t K, const vo
     free(xd);
     free(xs);
     return failed ? -2 : 0;
+}
+
+int speculant_qlinear(int type, const uint8_t *w, int64_t N, int64_t K, const void *x, int64_t R, int64_t ldx,
+                      int dtype, const float *bias, void *y, int64_t ldy, int threads)
+{
+    return speculant_qlinear_multi(1, &type, &w, &N, &bias, K, x, R, ldx, dtype, y, ldy, threads);
 }
 
 /* out[i, :] = row ids[i] of W dequantized (float32 [n_ids, K]): embedding lookups on a quantized table.
