@@ -43,7 +43,6 @@ def tiny_llama(tokenizer_dir: Path, seed: int = 0, layers: int = 2, hidden: int 
 def quantize_as(data: np.ndarray, type_name: str) -> np.ndarray:
     """``data`` [n, k] as blocks of ``type_name``: our K-quant quantizers, else gguf-py's."""
     import gguf
-
     from k_quantize import quantize_q4_k, quantize_q6_k
 
     own = {"Q4_K": quantize_q4_k, "Q6_K": quantize_q6_k}

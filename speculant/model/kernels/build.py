@@ -53,7 +53,8 @@ from speculant.model.kernels.abi import (  # noqa: F401  (re-exported: the kerne
 
 SOURCES = [Path(__file__).with_name("csrc") / name for name in (
     "paged_attention.c", "kv_write.c", "linear_bf16.c", "rms_norm.c", "rotary.c",
-    "silu_mul.c", "decoder_bf16.c", "attention_bf16.c", "cpu_features.c", "quant_decode.c", "quant_linear.c", "quant_vnni.c")]
+    "silu_mul.c", "decoder_bf16.c", "attention_bf16.c", "cpu_features.c", "quant_decode.c", "quant_linear.c",
+    "quant_vnni.c")]
 HEADERS = [Path(__file__).with_name("csrc") / name for name in ("bf16.h", "kernels.h", "quant.h")]
 """Included by the sources: part of the build's cache key, not compiled on their own."""
 FLAGS = ["-O3", "-fPIC", "-shared", "-fopenmp", "-fno-math-errno", "-std=c11"]

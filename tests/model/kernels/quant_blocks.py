@@ -3,7 +3,8 @@
 Random bytes are valid codes in every block format; only the float16 scale
 fields are overwritten with finite values of a realistic size. The reference
 dequantizes with gguf-py (an implementation independent of ours) and quantizes
-the activations as the kernel's contract says: per block of 32, scale =
+the activations as the kernel's contract says: per block of 32 (256 for K-quant
+layers), scale =
 max|x| / 127, codes rounded half away from zero.
 """
 
@@ -36,10 +37,15 @@ def dequantize(blocks: np.ndarray, fmt_name: str, k: int) -> np.ndarray:
     return gguf.quants.dequantize(blocks, qtype).astype(np.float64).reshape(blocks.shape[0], k)
 
 
-def quantize_activations(x: np.ndarray) -> np.ndarray:
-    """``x`` [R, K] as the kernel sees it: 8-bit codes per block of 32, back in float64."""
+def activation_block(block_elems: int) -> int:
+    """The kernel's activation block for a layer whose weights come in blocks of ``block_elems``."""
+    return 256 if block_elems == 256 else 32
+
+
+def quantize_activations(x: np.ndarray, block: int) -> np.ndarray:
+    """``x`` [R, K] as the kernel sees it: 8-bit codes per ``block``, back in float64."""
     rows, k = x.shape
-    blocks = x.astype(np.float64).reshape(rows, k // 32, 32)
+    blocks = x.astype(np.float64).reshape(rows, k // block, block)
     amax = np.abs(blocks).max(axis=-1, keepdims=True)
     scale = (amax / 127.0).astype(np.float32).astype(np.float64)
     inv = np.where(amax > 0, (127.0 / np.where(amax > 0, amax, 1)).astype(np.float32), 0).astype(np.float32)

@@ -8,7 +8,7 @@ import torch
 
 from speculant.model.linear.quantized import QUANT_FORMATS, QuantLinear, available_isas, set_kernel_isa
 from tests.kernel_marks import needs_kernel
-from tests.model.kernels.quant_blocks import dequantize, quantize_activations, random_blocks
+from tests.model.kernels.quant_blocks import activation_block, dequantize, quantize_activations, random_blocks
 
 pytestmark = needs_kernel
 FORMATS = sorted(QUANT_FORMATS.values(), key=lambda f: f.type_id)
@@ -45,7 +45,8 @@ def test_matches_float64_reference(fmt, isa):
         for rows in ROWS:
             x = torch.from_numpy(np.random.default_rng(rows).normal(size=(rows, k)).astype(np.float32))
             got = layer(x).double().numpy()
-            ref = quantize_activations(x.numpy()) @ w.T + (0 if bias is None else bias.double().numpy())
+            offset = 0 if bias is None else bias.double().numpy()
+            ref = quantize_activations(x.numpy(), activation_block(fmt.block_elems)) @ w.T + offset
             scale = np.abs(ref).max() + 1e-30
             assert np.abs(got - ref).max() / scale < 2e-5, (fmt.name, isa, n, k, rows)
             exact = x.double().numpy() @ w.T + (0 if bias is None else bias.double().numpy())

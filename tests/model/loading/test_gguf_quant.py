@@ -17,7 +17,7 @@ from speculant.config.compat import build_config
 from speculant.config.models import ConfigError
 from speculant.model.linear.quantized import QuantEmbedding, QuantLinear
 from tests.kernel_marks import needs_kernel
-from tests.model.kernels.quant_blocks import quantize_activations
+from tests.model.kernels.quant_blocks import activation_block, quantize_activations
 from tiny_gguf import write_tiny_gguf
 
 pytestmark = needs_kernel
@@ -68,7 +68,7 @@ def test_quantized_layers_compute_the_file_weights_in_their_rows(quant_llm, quan
         ref_layer = reader_model.get_submodule(name)
         w = ref_layer.weight.double().numpy()  # transformers' dequantization, in HF row order
         xin = torch.randn(5, layer.in_features, generator=torch.Generator().manual_seed(1))
-        ref = quantize_activations(xin.numpy()) @ w.T
+        ref = quantize_activations(xin.numpy(), activation_block(layer.format.block_elems)) @ w.T
         got = layer(xin).double().numpy()
         assert np.abs(got - ref).max() <= 1e-4 * np.abs(ref).max(), name
     ids = torch.tensor([[3, 0, 299]])

@@ -6,7 +6,7 @@
  * wb[g] (g = i / 16). Q4_K: ws = d * sc, wb = -dmin * m. Q6_K: u = the 6-bit
  * code, ws = d * sc, wb = -32 * d * sc. Q8_0: u = q + 128, wb = -128 * d.
  * The dot product of a weight row with an activation row quantized to 8 bits
- * per block of 32 (scale dx, codes xq, and per group the sum of its codes) is
+ * per block of 32 or 256 (scale dx, codes xq, and per group the sum of its codes) is
  * then sum_g ws[g] * dx * <u, xq>_g + wb[g] * dx * sum_g(xq): integer dot
  * products of 16 codes and one float multiply per group, the same for every
  * format and every instruction path.
@@ -45,5 +45,5 @@ float speculant_half_to_float(uint16_t h);
 /* quant_vnni.c: one Q4_K or Q6_K weight row (K a multiple of 256) against R activation rows,
  * sums[r] = its dot product with row r (AVX-512 VNNI CPUs only) */
 void speculant_qrow_k_vnni(int type, const uint8_t *row, int64_t K, int64_t R, const int8_t *xq, const float *xd,
-                           const float *xs, float *sums);
+                           const int16_t *xn, float *sums);
 #endif

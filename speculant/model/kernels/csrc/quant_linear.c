@@ -1,7 +1,8 @@
 /* y[R, N] = x[R, K] @ W[N, K]^T + bias with W kept in a GGUF block format (quant.h).
  *
- * Activations are quantized per row to 8 bits per block of 32 (scale = max|x| / 127,
- * codes rounded to nearest), once per call. Each output element is then one
+ * Activations are quantized per row to 8 bits per block (scale = max|x| / 127, codes
+ * rounded half away from zero), once per call: blocks of 256 where every matrix of the
+ * call is a K-quant (super-blocks of 256), else of 32. Each output element is then one
  * thread's walk over its weight row, tile by tile (decode the tile once, then
  * one dot product per activation row against the decoded tile), accumulating in
  * a fixed order that does not depend on R or on the other rows: a row's output
@@ -146,29 +147,33 @@ QUANT_VNNI_TARGET static void dot_vnni(const qtile *t, const qact *a, float *acc
 }
 #endif
 
-/* Quantize row r of x (dtype 0 float32, 1 bfloat16) into q[K], d[K / 16], s[K / 16]. */
-static void quantize_row(const void *x, int dtype, int64_t K, int8_t *q, float *d, float *s)
+/* Quantize one row of x (dtype 0 float32, 1 bfloat16) per block of `block` (32, or 256 for
+ * layers that are all K-quants): q[K] codes, and per group of 16 d[] = the block's scale,
+ * s[] = scale * the group's code sum, n[] = that sum as an integer. */
+static void quantize_row(const void *x, int dtype, int64_t K, int block, int8_t *q, float *d, float *s, int16_t *n)
 {
-    float v[32];
-    for (int64_t b = 0; b < K / 32; b++) {
+    float v[QTILE];
+    for (int64_t b0 = 0; b0 < K; b0 += block) {
         float amax = 0.0f;
-        for (int i = 0; i < 32; i++) {
-            v[i] = dtype ? widen(((const uint16_t *)x)[32 * b + i]) : ((const float *)x)[32 * b + i];
+        for (int i = 0; i < block; i++) {
+            v[i] = dtype ? widen(((const uint16_t *)x)[b0 + i]) : ((const float *)x)[b0 + i];
             float m = v[i] < 0 ? -v[i] : v[i];
             amax = m > amax ? m : amax;
         }
         float scale = amax / 127.0f, inv = amax > 0 ? 127.0f / amax : 0.0f;
-        int32_t sums[2] = {0, 0};
-        for (int i = 0; i < 32; i++) {
-            float r = v[i] * inv;
-            int c = (int)(r + (r >= 0 ? 0.5f : -0.5f));
-            c = c > 127 ? 127 : c < -127 ? -127 : c;
-            q[32 * b + i] = (int8_t)c;
-            sums[i / 16] += c;
-        }
-        for (int h = 0; h < 2; h++) {
-            d[2 * b + h] = scale;
-            s[2 * b + h] = scale * (float)sums[h];
+        for (int g = 0; g < block / QGROUP; g++) {
+            int32_t sum = 0;
+            for (int i = g * QGROUP; i < (g + 1) * QGROUP; i++) {
+                float r = v[i] * inv;
+                int c = (int)(r + (r >= 0 ? 0.5f : -0.5f));
+                c = c > 127 ? 127 : c < -127 ? -127 : c;
+                q[b0 + i] = (int8_t)c;
+                sum += c;
+            }
+            int64_t at = (b0 + g * QGROUP) / QGROUP;
+            d[at] = scale;
+            s[at] = scale * (float)sum;
+            n[at] = (int16_t)sum;
         }
     }
 }
@@ -187,11 +192,12 @@ static void dot_tile(int isa, const qtile *t, const qact *a, float *accv)
 
 /* sums[r] = dot(weight row, activation row r) for r < R; acc: R * ACC_LANES floats of scratch */
 static void weight_row(int type, const qformat *f, int isa, const uint8_t *row, int64_t K, int64_t R,
-                       const int8_t *xq, const float *xd, const float *xs, float *acc, float *sums)
+                       const int8_t *xq, const float *xd, const float *xs, const int16_t *xn, int block, float *acc,
+                       float *sums)
 {
 #if HAVE_QUANT_X86
-    if (isa == QISA_AVX512_VNNI && (type == QT_Q4_K || type == QT_Q6_K)) {
-        speculant_qrow_k_vnni(type, row, K, R, xq, xd, xs, sums);
+    if (isa == QISA_AVX512_VNNI && block == QTILE && (type == QT_Q4_K || type == QT_Q6_K)) {
+        speculant_qrow_k_vnni(type, row, K, R, xq, xd, xn, sums);
         return;
     }
 #endif
@@ -223,11 +229,13 @@ int speculant_qlinear_multi(int n_mats, const int *types, const uint8_t *const *
                             void *y, int64_t ldy, int threads)
 {
     int64_t total = 0;
+    int block = QTILE;  /* activation blocks of 256 where every matrix is a K-quant, else 32 */
     for (int m = 0; m < n_mats; m++) {
         const qformat *f = speculant_qformat(types[m]);
         if (!f || K <= 0 || K % f->block_elems || K % 32 || Ns[m] < 0)
             return -1;
         total += Ns[m];
+        block = f->block_elems == QTILE ? block : 32;
     }
     if (dtype != 0 && dtype != 1)
         return -1;
@@ -235,12 +243,14 @@ int speculant_qlinear_multi(int n_mats, const int *types, const uint8_t *const *
     int64_t ng = K / QGROUP;
     int8_t *xq = malloc((size_t)(R * K));
     float *xd = malloc(sizeof(float) * (size_t)(R * ng)), *xs = malloc(sizeof(float) * (size_t)(R * ng));
-    int failed = !xq || !xd || !xs;
+    int16_t *xn = malloc(sizeof(int16_t) * (size_t)(R * ng));
+    int failed = !xq || !xd || !xs || !xn;
     if (!failed) {
         size_t esize = dtype ? 2 : 4;
 #pragma omp parallel for schedule(static) num_threads(threads) if (R > 1)
         for (int64_t r = 0; r < R; r++)
-            quantize_row((const char *)x + (size_t)(r * ldx) * esize, dtype, K, xq + r * K, xd + r * ng, xs + r * ng);
+            quantize_row((const char *)x + (size_t)(r * ldx) * esize, dtype, K, block, xq + r * K, xd + r * ng,
+                         xs + r * ng, xn + r * ng);
 #pragma omp parallel num_threads(threads) if (total > 1)
         {
             float *acc = aligned_alloc(64, sizeof(float) * (size_t)(((R * (ACC_LANES + 1)) + 15) / 16 * 16));
@@ -259,7 +269,7 @@ int speculant_qlinear_multi(int n_mats, const int *types, const uint8_t *const *
                     n -= Ns[m++];
                 const qformat *f = speculant_qformat(types[m]);
                 int64_t row_bytes = K / f->block_elems * f->block_bytes;
-                weight_row(types[m], f, isa, ws[m] + n * row_bytes, K, R, xq, xd, xs, acc, sums);
+                weight_row(types[m], f, isa, ws[m] + n * row_bytes, K, R, xq, xd, xs, xn, block, acc, sums);
                 for (int64_t r = 0; r < R; r++) {
                     float sum = sums[r] + (biases[m] ? biases[m][n] : 0.0f);
                     if (dtype)
@@ -274,6 +284,7 @@ int speculant_qlinear_multi(int n_mats, const int *types, const uint8_t *const *
     free(xq);
     free(xd);
     free(xs);
+    free(xn);
     return failed ? -2 : 0;
 }
 
