@@ -88,9 +88,22 @@ def test_resident_weights_stay_within_the_file_size(quant_llm, quant_path):
     assert total <= 1.15 * quant_path.stat().st_size
 
 
+@pytest.fixture(scope="module")
+def prompts(quant_llm):
+    """PROMPTS plus the first random prompt whose greedy continuation repeats an earlier token
+    twice, so that the n-gram and suffix proposers have something to propose."""
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(200):
+        prompt = torch.randint(1, 300, (10,), generator=gen).tolist()
+        out = quant_llm.generate([prompt], GREEDY, use_tqdm=False)[0].outputs[0].token_ids
+        if sum(out[j] in prompt + out[:j] for j in range(len(out) - 1)) >= 2:
+            return PROMPTS + [prompt]
+    pytest.fail("no prompt gives the n-gram proposer a match")
+
+
 @pytest.mark.parametrize("proposer", ["ngram", "suffix", "draft_model"])
-def test_speculative_greedy_equals_no_speculation(quant_llm, quant_path, draft_path, proposer):
-    base = [o.outputs[0].token_ids for o in quant_llm.generate(PROMPTS, GREEDY, use_tqdm=False)]
+def test_speculative_greedy_equals_no_speculation(quant_llm, quant_path, draft_path, proposer, prompts):
+    base = [o.outputs[0].token_ids for o in quant_llm.generate(prompts, GREEDY, use_tqdm=False)]
     options = {"ngram": {"min_n": 1, "max_n": 3}, "suffix": {"max_spec_factor": 3.0, "min_token_prob": 0.0},
                "draft_model": {"model": str(draft_path)}}[proposer]
     llm = LLM(str(quant_path), block_size=4, max_num_batched_tokens=32, max_num_seqs=4,
@@ -99,7 +112,7 @@ def test_speculative_greedy_equals_no_speculation(quant_llm, quant_path, draft_p
         draft_runner = llm.engine.proposer.runner if hasattr(llm.engine, "proposer") else None
         if draft_runner is not None:
             assert draft_runner.quant_report is not None and draft_runner.quant_report.num_quantized == 15
-    outs = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, GREEDY, use_tqdm=False)]
+    outs = [o.outputs[0].token_ids for o in llm.generate(prompts, GREEDY, use_tqdm=False)]
     assert outs == base
     assert llm.get_metrics()["num_draft_tokens"] > 0
 
