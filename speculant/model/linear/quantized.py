@@ -93,6 +93,8 @@ class QuantLinear(nn.Module):
 
     quantizes_activations = True
     """Capability: inputs are rounded to 8 bits per block (see ``ACTIVATION_ROUNDING``)."""
+    blocks: torch.Tensor  # [out_features, row_bytes] uint8
+    bias_f32: torch.Tensor | None  # [out_features]
 
     def __init__(self, blocks: torch.Tensor, type_id: int, in_features: int, bias: torch.Tensor | None,
                  dtype: torch.dtype) -> None:
@@ -173,6 +175,8 @@ class QuantLinear(nn.Module):
 class QuantEmbedding(nn.Module):
     """``nn.Embedding`` over GGUF blocks: ids ``[...]`` -> ``[..., embedding_dim]``, each row
     dequantized when looked up (the table may be the output projection's blocks, shared)."""
+
+    blocks: torch.Tensor  # [num_embeddings, row_bytes] uint8
 
     def __init__(self, blocks: torch.Tensor, type_id: int, embedding_dim: int, dtype: torch.dtype,
                  padding_idx: int | None = None) -> None:

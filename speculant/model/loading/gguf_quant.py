@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -96,7 +97,7 @@ def _tensor_name(map_, module_name: str) -> str | None:
     return map_.get_name(module_name)
 
 
-def keep_quantized(model: nn.Module, source: Path, dtype: torch.dtype) -> QuantReport:
+def keep_quantized(model: Any, source: Path, dtype: torch.dtype) -> QuantReport:
     """Swap ``model``'s linear layers (and input embedding) for quantized ones over ``source``'s blocks."""
     import gguf
 
@@ -148,7 +149,7 @@ def keep_quantized(model: nn.Module, source: Path, dtype: torch.dtype) -> QuantR
     return report
 
 
-def _quantize_embedding(model: nn.Module, tensors: dict, shared: dict[str, torch.Tensor], dtype: torch.dtype,
+def _quantize_embedding(model: Any, tensors: dict, shared: dict[str, torch.Tensor], dtype: torch.dtype,
                         report: QuantReport) -> None:
     embed = model.get_input_embeddings()
     tensor = tensors.get("token_embd.weight")
