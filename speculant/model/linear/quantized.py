@@ -11,7 +11,11 @@ gives each row the bits a one-row decode gives it.
 
 ``QUANT_FORMATS`` is the capability table: the GGUF types that have a kernel,
 with their block sizes. A tensor of any other type is dequantized at load
-(``loading/gguf_quant.py``), never refused.
+(``loading/gguf_quant.py``), never refused. Every format runs the scalar
+reference and the AVX2 and AVX-512 VNNI dot products over decoded tiles
+(``csrc/quant_linear.c``; Q4_0, Q4_1, Q8_0, Q4_K and Q6_K tiles decoded with
+AVX2, Q5_0 and Q5_K with scalar code); Q4_K and Q6_K also have integer-only
+AVX-512 VNNI rows decoded into registers (``csrc/quant_vnni.c``).
 """
 
 from __future__ import annotations
@@ -44,15 +48,13 @@ class QuantFormat:
     """ggml's type number, as the GGUF file records it."""
     block_elems: int
     block_bytes: int
-    simd: bool
-    """Has the AVX2 / AVX-512 VNNI paths (the others run the scalar reference on every CPU)."""
 
 
 QUANT_FORMATS = {f.type_id: f for f in (
-    QuantFormat("Q4_0", 2, 32, 18, False), QuantFormat("Q4_1", 3, 32, 20, True),
-    QuantFormat("Q5_0", 6, 32, 22, True), QuantFormat("Q8_0", 8, 32, 34, True),
-    QuantFormat("Q4_K", 12, 256, 144, True), QuantFormat("Q5_K", 13, 256, 176, False),
-    QuantFormat("Q6_K", 14, 256, 210, True))}
+    QuantFormat("Q4_0", 2, 32, 18), QuantFormat("Q4_1", 3, 32, 20),
+    QuantFormat("Q5_0", 6, 32, 22), QuantFormat("Q8_0", 8, 32, 34),
+    QuantFormat("Q4_K", 12, 256, 144), QuantFormat("Q5_K", 13, 256, 176),
+    QuantFormat("Q6_K", 14, 256, 210))}
 
 
 def quant_kernel_unavailable_reason() -> str | None:

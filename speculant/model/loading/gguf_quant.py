@@ -26,6 +26,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from speculant.model.linear import quantized
 from speculant.model.linear.quantized import QUANT_FORMATS, QuantEmbedding, QuantLinear
 
 logger = logging.getLogger(__name__)
@@ -101,11 +102,15 @@ def keep_quantized(model: Any, source: Path, dtype: torch.dtype) -> QuantReport:
     """Swap ``model``'s linear layers (and input embedding) for quantized ones over ``source``'s blocks."""
     import gguf
 
+    report = QuantReport()
+    if (why := quantized.quant_kernel_unavailable_reason()) is not None:
+        report.notice = f"every tensor stays dequantized: {why}"
+        logger.warning("model.quantization = 'gguf': %s", report.notice)
+        return report
     reader = gguf.GGUFReader(source)
     arch_name = reader.fields["general.architecture"].contents()
     cfg = model.config.get_text_config()
     arch = {v: k for k, v in gguf.MODEL_ARCH_NAMES.items()}.get(arch_name)
-    report = QuantReport()
     if arch is None:
         report.notice = f"architecture {arch_name!r} has no gguf-py name map: every tensor stays dequantized"
         return report

@@ -130,6 +130,18 @@ def test_type_without_kernel_is_dequantized_with_one_notice(tmp_path, tokenizer_
     assert len(llm.generate([[1, 2, 3]], GREEDY, use_tqdm=False)[0].outputs[0].token_ids) == 12
 
 
+def test_without_the_c_kernels_everything_is_dequantized_with_a_notice(quant_path, monkeypatch, caplog):
+    from speculant.model.linear import quantized
+
+    monkeypatch.setattr(quantized, "quant_kernel_unavailable_reason", lambda: "no C compiler (test)")
+    with caplog.at_level(logging.WARNING, logger="speculant.model.loading.gguf_quant"):
+        llm = LLM(str(quant_path), block_size=4)
+    assert not any(isinstance(m, (QuantLinear, QuantEmbedding)) for m in _runner(llm).model.modules())
+    assert [r.getMessage() for r in caplog.records if "model.quantization" in r.getMessage()] == [
+        "model.quantization = 'gguf': every tensor stays dequantized: no C compiler (test)"]
+    assert len(llm.generate([[1, 2, 3]], GREEDY, use_tqdm=False)[0].outputs[0].token_ids) == 12
+
+
 def test_dequantize_keeps_the_dense_path(quant_path):
     llm = LLM(str(quant_path), block_size=4, quantization="dequantize")
     assert _runner(llm).quant_report is None
