@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+from pathlib import Path
 
 from selftest_check import model_path
 
@@ -52,6 +53,13 @@ def main() -> None:
     path = model_path(args.model)
     llm = LLM(model=path, dtype=args.dtype, max_num_seqs=1, max_num_batched_tokens=max(256, args.depth + 8))
     runner = llm.engine.runner
+    import psutil
+
+    from speculant.model.loading.gguf_quant import resident_weight_bytes
+
+    memory = {"file_bytes": Path(path).stat().st_size, "weight_bytes": resident_weight_bytes(runner.model),
+              "process_rss_bytes": psutil.Process().memory_info().rss}
+    bench.log(f"memory: {memory}")
     prompt = [int(t) for t in range(1000, 1000 + args.depth)]
 
     def ours() -> dict:
@@ -88,7 +96,7 @@ def main() -> None:
         bench.log(f"llama.cpp n={row['rows']:3d}: {1e3 * row['median_s']:.2f} ms, t(n)/t(1) {row['ratio_to_1']:.2f}")
     bench.write({"model": args.model, "file": path, "dtype": args.dtype, "depth": args.depth, "gen": args.gen,
                  "quantized_layers": runner.quant_report.describe() if runner.quant_report else None,
-                 "forward_path": runner.fast_forward.describe(), "rows": rows,
+                 "forward_path": runner.fast_forward.describe(), "rows": rows, "memory": memory,
                  "ratio_median": harness.median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios),
                  "runs": runs, "llamacpp_prompt_rows": pp})
 

@@ -29,7 +29,7 @@ from speculant.model.kernels.build import kernel_report
 from speculant.model.linear.backend import pack_linear_layers
 from speculant.model.linear.huge_pages import place_packed_weights
 from speculant.model.linear.merged import merge_sibling_linears
-from speculant.model.loading.gguf_quant import QuantReport, keep_quantized
+from speculant.model.loading.gguf_quant import QuantReport, keep_quantized, release_freed_memory
 from speculant.model.loading.gguf_source import gguf_source_file, resolve_model_source
 from speculant.model.loading.hf_model import (
     eos_token_ids,
@@ -121,6 +121,7 @@ class ModelRunner:
             return None
         with torch.inference_mode():
             report = keep_quantized(self.model, gguf_file, self.model.dtype)
+        release_freed_memory()
         logger.info("%s: %s", option, report.describe())
         return report
 

@@ -17,6 +17,8 @@ of a type without a kernel, stays dequantized, with one notice line for all.
 
 from __future__ import annotations
 
+import ctypes
+import gc
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -175,6 +177,26 @@ def _quantize_embedding(model: Any, tensors: dict, shared: dict[str, torch.Tenso
         blocks = torch.from_numpy(np.array(raw))
         report.quantized_bytes += blocks.numel()
     model.set_input_embeddings(QuantEmbedding(blocks, fmt.type_id, embed.embedding_dim, dtype, embed.padding_idx))
+
+
+def release_freed_memory() -> None:
+    """Hand the heap pages the dropped dense weights held back to the OS (glibc's ``malloc_trim``;
+    elsewhere nothing): without it the process keeps the bf16 conversion's size resident. Call
+    it once ``keep_quantized`` has returned (its frame held the last references)."""
+    gc.collect()
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+def resident_weight_bytes(model: nn.Module) -> int:
+    """Bytes of every distinct parameter and buffer of ``model`` (shared blocks counted once)."""
+    seen: dict[int, int] = {}
+    for t in [*model.parameters(), *model.buffers()]:
+        seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+    return sum(seen.values())
 
 
 def _replace(model: nn.Module, qualified: str, new: nn.Module) -> None:
