@@ -135,43 +135,51 @@ class QuantLinear(nn.Module):
         return self._call(x)
 
     @functools.cached_property
-    def _call(self):
-        return QuantLinear.siblings_call([self])
+    def _call(self) -> SiblingsCall:
+        return SiblingsCall([self])
 
     @staticmethod
-    def siblings_call(layers: list[QuantLinear]):
-        """One call computing the concatenated outputs of ``layers`` (same input width):
-        ``[..., in] -> [..., sum(out)]``, the input quantized once."""
+    def siblings_call(layers: list[QuantLinear]) -> SiblingsCall:
+        """One call computing the concatenated outputs of ``layers`` (see ``SiblingsCall``)."""
+        return SiblingsCall(layers)
+
+
+class SiblingsCall:
+    """The concatenated outputs of quantized layers that read one input (q/k/v, gate/up):
+    ``[..., in] -> [..., sum(out)]`` in one kernel call, the input quantized once."""
+
+    def __init__(self, layers: list[QuantLinear]) -> None:
         first = layers[0]
         if any(m.in_features != first.in_features or m.compute_dtype != first.compute_dtype for m in layers):
             raise ValueError("sibling quantized layers must read the same input width and dtype")
-        n = len(layers)
-        types = (ctypes.c_int * n)(*[m.format.type_id for m in layers])
-        weights = (ctypes.c_void_p * n)(*[m.blocks.data_ptr() for m in layers])
-        outs = (ctypes.c_int64 * n)(*[m.out_features for m in layers])
-        biases = (ctypes.c_void_p * n)(*[None if m.bias_f32 is None else m.bias_f32.data_ptr() for m in layers])
-        keep = [m.blocks for m in layers] + [m.bias_f32 for m in layers]  # the pointers' owners
-        width, dtype, total = first.in_features, first.compute_dtype, sum(m.out_features for m in layers)
-        kernel, code_of = first._lib.speculant_qlinear_multi, _DTYPE_CODES[first.compute_dtype]
+        n = self.num = len(layers)
+        self.owners = [(m.blocks, m.bias_f32) for m in layers]  # what the pointers below point into
+        self.types = (ctypes.c_int * n)(*[m.format.type_id for m in layers])
+        self.weights = (ctypes.c_void_p * n)(*[m.blocks.data_ptr() for m in layers])
+        self.outs = (ctypes.c_int64 * n)(*[m.out_features for m in layers])
+        self.biases = (ctypes.c_void_p * n)(*[None if m.bias_f32 is None else m.bias_f32.data_ptr() for m in layers])
+        self.width, self.dtype = first.in_features, first.compute_dtype
+        self.total = sum(m.out_features for m in layers)
+        self.kernel, self.code = first._lib.speculant_qlinear_multi, _DTYPE_CODES[first.compute_dtype]
 
-        def call(x: torch.Tensor) -> torch.Tensor:
-            lead = x.shape[:-1]
-            flat = x.reshape(-1, width)
-            if flat.dtype != dtype:
-                flat = flat.to(dtype)
-            if flat.stride(-1) != 1 or flat.stride(0) < width:
-                flat = flat.contiguous()
-            rows = flat.shape[0]
-            out = torch.empty(rows, total, dtype=dtype)
-            if rows:
-                code = kernel(n, types, weights, outs, biases, width, flat.data_ptr(), rows, flat.stride(0),
-                              code_of, out.data_ptr(), total, torch.get_num_threads())
-                if code != 0:
-                    raise RuntimeError(f"quantized linear kernel failed with code {code} "
-                                       f"({'out of memory' if code == -2 else 'bad arguments'})")
-            del keep[:0]  # the closure holds the tensors the pointers point into
-            return out.reshape(*lead, total).to(x.dtype)
-        return call
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        # x: [..., in] -> [..., sum(out)]
+        lead = x.shape[:-1]
+        flat = x.reshape(-1, self.width)
+        if flat.dtype != self.dtype:
+            flat = flat.to(self.dtype)
+        if flat.stride(-1) != 1 or flat.stride(0) < self.width:
+            flat = flat.contiguous()
+        rows = flat.shape[0]
+        out = torch.empty(rows, self.total, dtype=self.dtype)
+        if rows:
+            code = self.kernel(self.num, self.types, self.weights, self.outs, self.biases, self.width,
+                               flat.data_ptr(), rows, flat.stride(0), self.code, out.data_ptr(), self.total,
+                               torch.get_num_threads())
+            if code != 0:
+                raise RuntimeError(f"quantized linear kernel failed with code {code} "
+                                   f"({'out of memory' if code == -2 else 'bad arguments'})")
+        return out.reshape(*lead, self.total).to(x.dtype)
 
 
 class QuantEmbedding(nn.Module):

@@ -234,3 +234,28 @@ void speculant_qdecode(int type, const uint8_t *row, int64_t k0, int n, uint8_t 
         }
     }
 }
+
+/* out[i, :] = row ids[i] of W dequantized (float32 [n_ids, K]): embedding lookups on a quantized table.
+ * 0, or -1 for a type without a kernel, a bad K or an id outside [0, N). */
+int speculant_qdequant_rows(int type, const uint8_t *w, int64_t N, int64_t K, const int64_t *ids, int64_t n_ids,
+                            float *out)
+{
+    const qformat *f = speculant_qformat(type);
+    if (!f || K <= 0 || K % f->block_elems || K % 32)
+        return -1;
+    for (int64_t i = 0; i < n_ids; i++)
+        if (ids[i] < 0 || ids[i] >= N)
+            return -1;
+    int64_t row_bytes = K / f->block_elems * f->block_bytes;
+    for (int64_t i = 0; i < n_ids; i++) {
+        uint8_t u[QTILE];
+        float ws[QTILE / QGROUP], wb[QTILE / QGROUP];
+        for (int64_t k0 = 0; k0 < K; k0 += QTILE) {
+            int n = K - k0 < QTILE ? (int)(K - k0) : QTILE;
+            speculant_qdecode(type, w + ids[i] * row_bytes, k0, n, u, ws, wb, 0);
+            for (int j = 0; j < n; j++)
+                out[i * K + k0 + j] = ws[j / QGROUP] * (float)u[j] + wb[j / QGROUP];
+        }
+    }
+    return 0;
+}
