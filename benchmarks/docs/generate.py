@@ -19,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from .fast_forward_tables import cpu_kernels, cpu_kernels_headline, fast_forward, fast_forward_headline
+from .isa_tables import isa_compare
 from .quant_tables import quant_1p5b
 from .random_tables import random_llama
 from .ray_tables import ray_breakdown, ray_scaling, ray_split
@@ -75,6 +76,7 @@ BLOCKS: dict[str, Table] = {
     "structured": structured,
     "fast-forward": fast_forward,
     "cpu-kernels": cpu_kernels,
+    "isa-compare": isa_compare,
     "quant-1.5b": quant_1p5b,
     "ray-scaling": ray_scaling,
     "ray-breakdown": ray_breakdown,

@@ -15,7 +15,7 @@ with their block sizes. A tensor of any other type is dequantized at load
 reference and the AVX2 and AVX-512 VNNI dot products over decoded tiles
 (``csrc/quant_linear.c``; Q4_0, Q4_1, Q8_0, Q4_K and Q6_K tiles decoded with
 AVX2, Q5_0 and Q5_K with scalar code); Q4_K and Q6_K also have integer-only
-AVX-512 VNNI rows decoded into registers (``csrc/quant_vnni.c``).
+AVX-512 VNNI rows decoded into registers (``csrc/quant_avx512_vnni.c``, a path file).
 """
 
 from __future__ import annotations

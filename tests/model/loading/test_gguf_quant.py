@@ -43,7 +43,9 @@ def draft_path(tmp_path_factory, tokenizer_dir):
 
 @pytest.fixture(scope="module")
 def quant_llm(quant_path):
-    return LLM(str(quant_path), block_size=4, max_num_batched_tokens=32, max_num_seqs=4)
+    # float32 so the reference comparison is not blurred by bfloat16 outputs; the speculative
+    # cells below run the default dtype (bfloat16 on CPUs with the fast kernels)
+    return LLM(str(quant_path), block_size=4, max_num_batched_tokens=32, max_num_seqs=4, dtype="float32")
 
 
 def _runner(llm):
@@ -55,7 +57,7 @@ def test_quantized_layers_compute_the_file_weights_in_their_rows(quant_llm, quan
     transformers' order (q/k un-permuted from llama.cpp's rotary layout)."""
     import gguf
 
-    dense = LLM(str(quant_path), block_size=4, quantization="dequantize")
+    dense = LLM(str(quant_path), block_size=4, quantization="dequantize", dtype="float32")
     reader_model = _runner(dense).model
     model = _runner(quant_llm).model
     report = _runner(quant_llm).quant_report
@@ -87,21 +89,26 @@ def test_resident_weights_stay_within_the_file_size(quant_llm, quant_path):
 
 
 @pytest.fixture(scope="module")
-def prompts(quant_llm):
+def prompts(default_llm):
     """PROMPTS plus the first random prompt whose greedy continuation repeats an earlier token
     twice, so that the n-gram and suffix proposers have something to propose."""
     gen = torch.Generator().manual_seed(0)
     for _ in range(200):
         prompt = torch.randint(1, 300, (10,), generator=gen).tolist()
-        out = quant_llm.generate([prompt], GREEDY, use_tqdm=False)[0].outputs[0].token_ids
+        out = default_llm.generate([prompt], GREEDY, use_tqdm=False)[0].outputs[0].token_ids
         if sum(out[j] in prompt + out[:j] for j in range(len(out) - 1)) >= 2:
             return PROMPTS + [prompt]
     pytest.fail("no prompt gives the n-gram proposer a match")
 
 
+@pytest.fixture(scope="module")
+def default_llm(quant_path):
+    return LLM(str(quant_path), block_size=4, max_num_batched_tokens=32, max_num_seqs=4)
+
+
 @pytest.mark.parametrize("proposer", ["ngram", "suffix", "draft_model"])
-def test_speculative_greedy_equals_no_speculation(quant_llm, quant_path, draft_path, proposer, prompts):
-    base = [o.outputs[0].token_ids for o in quant_llm.generate(prompts, GREEDY, use_tqdm=False)]
+def test_speculative_greedy_equals_no_speculation(default_llm, quant_path, draft_path, proposer, prompts):
+    base = [o.outputs[0].token_ids for o in default_llm.generate(prompts, GREEDY, use_tqdm=False)]
     options = {"ngram": {"min_n": 1, "max_n": 3}, "suffix": {"max_spec_factor": 3.0, "min_token_prob": 0.0},
                "draft_model": {"model": str(draft_path)}}[proposer]
     llm = LLM(str(quant_path), block_size=4, max_num_batched_tokens=32, max_num_seqs=4,

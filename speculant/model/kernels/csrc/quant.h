@@ -42,8 +42,9 @@ void speculant_qdecode(int type, const uint8_t *row, int64_t k0, int n, uint8_t 
 
 float speculant_half_to_float(uint16_t h);
 
-/* quant_vnni.c: one Q4_K or Q6_K weight row (K a multiple of 256) against R activation rows,
- * sums[r] = its dot product with row r (AVX-512 VNNI CPUs only) */
-void speculant_qrow_k_vnni(int type, const uint8_t *row, int64_t K, int64_t R, const int8_t *xq, const float *xd,
+/* quant_avx512_vnni.c (a path file, compiled on its own: NULL where the compiler could not build it):
+ * one Q4_K or Q6_K weight row (K a multiple of 256) against R activation rows, sums[r] = its dot
+ * product with row r (AVX-512 VNNI CPUs only) */
+__attribute__((weak)) void speculant_qrow_k_vnni(int type, const uint8_t *row, int64_t K, int64_t R, const int8_t *xq, const float *xd,
                            const int16_t *xn, float *sums);
 #endif

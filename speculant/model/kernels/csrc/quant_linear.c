@@ -196,7 +196,7 @@ static void weight_row(int type, const qformat *f, int isa, const uint8_t *row, 
                        float *sums)
 {
 #if HAVE_QUANT_X86
-    if (isa == QISA_AVX512_VNNI && block == QTILE && (type == QT_Q4_K || type == QT_Q6_K)) {
+    if (isa == QISA_AVX512_VNNI && block == QTILE && (type == QT_Q4_K || type == QT_Q6_K) && speculant_qrow_k_vnni) {
         speculant_qrow_k_vnni(type, row, K, R, xq, xd, xn, sums);
         return;
     }
