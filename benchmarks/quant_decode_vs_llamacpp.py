@@ -22,9 +22,11 @@ of its forward follows (compare ``verify_rows.py`` for ours).
 from __future__ import annotations
 
 import json
+import statistics
 import subprocess
 from pathlib import Path
 
+from bench_speculative import forward_times
 from selftest_check import model_path
 
 import harness
@@ -45,7 +47,9 @@ def main() -> None:
     ap.add_argument("--llama-bench", default="/work/llama-build/bin/llama-bench")
     ap.add_argument("--depth", type=int, default=120, help="tokens already in the context")
     ap.add_argument("--gen", type=int, default=64)
-    ap.add_argument("--pp-sizes", default="1,2,4,8,16,32", help="llama.cpp prompt batch sizes ('' for none)")
+    ap.add_argument("--pp-sizes", default="1,2,4,8,16,32",
+                    help="row counts n for t(n)/t(1): ours (forwards of n rows over --depth cached tokens) and "
+                         "llama.cpp's prompt rate at batch n ('' for none)")
     args = ap.parse_args()
     bench = harness.start("quant_decode_vs_llamacpp", args)
     from speculant import LLM, SamplingParams
@@ -60,7 +64,7 @@ def main() -> None:
     memory = {"file_bytes": Path(path).stat().st_size, "weight_bytes": resident_weight_bytes(runner.model),
               "process_rss_bytes": psutil.Process().memory_info().rss}
     bench.log(f"memory: {memory}")
-    prompt = [int(t) for t in range(1000, 1000 + args.depth)]
+    prompt = [(1000 + i) % runner.vocab_size for i in range(args.depth)]
 
     def ours() -> dict:
         first = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
@@ -85,8 +89,17 @@ def main() -> None:
     bench.log(f"decode at depth {args.depth}: ours {rows[0]['tok_s']:.2f} tok/s ({min(mine):.2f}-{max(mine):.2f}), "
               f"llama.cpp {rows[1]['tok_s']:.2f} ({min(theirs):.2f}-{max(theirs):.2f}), "
               f"ratio {harness.median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f})")
+    sizes = [int(x) for x in args.pp_sizes.split(",") if x]
+    ours_rows = []
+    if sizes:
+        times = forward_times(llm.engine.view, args.depth, sizes, args.repeats)
+        for n in sizes:
+            ratio = statistics.median(times[n][r] / times[sizes[0]][r] for r in range(args.repeats))
+            ours_rows.append({"rows": n, "median_s": harness.median(times[n]), "min_s": min(times[n]),
+                              "max_s": max(times[n]), "ratio_to_1": ratio if sizes[0] == 1 else None})
+            bench.log(f"ours n={n:3d}: {1e3 * ours_rows[-1]['median_s']:.2f} ms, t(n)/t(1) {ratio:.2f}")
     pp = []
-    for n in [int(x) for x in args.pp_sizes.split(",") if x]:
+    for n in sizes:
         rec = llama_bench(args.llama_bench, path, args, n, 0, repeats=args.repeats)
         samples = rec["samples_ts"] or [rec["avg_ts"]]
         times = sorted(n / ts for ts in samples)
@@ -98,7 +111,7 @@ def main() -> None:
                  "quantized_layers": runner.quant_report.describe() if runner.quant_report else None,
                  "forward_path": runner.fast_forward.describe(), "rows": rows, "memory": memory,
                  "ratio_median": harness.median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios),
-                 "runs": runs, "llamacpp_prompt_rows": pp})
+                 "runs": runs, "ours_rows": ours_rows, "llamacpp_prompt_rows": pp})
 
 
 if __name__ == "__main__":

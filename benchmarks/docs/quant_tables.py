@@ -21,6 +21,8 @@ def quant_1p5b(results: Path) -> list[str]:
     out = []
     columns = [(name, data, {r["rows"]: r for r in data["rows"]}) for name, data in
                (("Speculant bf16 (dequantized)", bf16), ("Speculant Q4_K (quantized kernels)", q4k)) if data]
+    if q4k is None and cmp and cmp.get("ours_rows"):
+        columns.append(("Speculant Q4_K (quantized kernels)", cmp, {r["rows"]: r for r in cmp["ours_rows"]}))
     if cmp and cmp.get("llamacpp_prompt_rows"):
         theirs_pp = {r["rows"]: r for r in cmp["llamacpp_prompt_rows"]}
         columns.append(("llama.cpp Q4_K_M (llama-bench -p n)", cmp, theirs_pp))
