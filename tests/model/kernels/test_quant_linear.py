@@ -57,9 +57,9 @@ def test_matches_float64_reference(fmt, isa):
 def test_rows_do_not_depend_on_the_batch(fmt, isa):
     k = 512 if fmt.block_elems == 256 else 160
     layer, _, _ = _layer(fmt, 37, k, seed=3, bias=True, dtype=torch.bfloat16)
-    x = torch.randn(64, k, generator=torch.Generator().manual_seed(1)).bfloat16()
+    x = torch.randn(150, k, generator=torch.Generator().manual_seed(1)).bfloat16()  # more than one 64-row chunk
     batched = layer(x)
-    for r in (0, 1, 31, 63):
+    for r in (0, 1, 31, 63, 64, 127, 149):
         assert torch.equal(layer(x[r:r + 1]), batched[r:r + 1])
     assert torch.equal(layer(x[5:12]), batched[5:12])
 

@@ -188,6 +188,7 @@ static void dot_tile(int isa, const qtile *t, const qact *a, float *accv)
     dot_scalar(t, a, accv);
 }
 
+#define ROW_CHUNK 64  /* activation rows per pass over the weights (64 rows of K = 8960: 560 KiB) */
 #define ACC_LANES 17  /* 16 vector lanes + one scalar tail */
 
 /* sums[r] = dot(weight row, activation row r) for r < R; acc: R * ACC_LANES floats of scratch */
@@ -259,23 +260,28 @@ int speculant_qlinear_multi(int n_mats, const int *types, const uint8_t *const *
 #pragma omp atomic write
                 failed = 1;
             }
+            /* rows in chunks whose activations stay in L2 while every weight row passes over them */
+            for (int64_t r0 = 0; r0 < R; r0 += ROW_CHUNK) {
+                int64_t nr = R - r0 < ROW_CHUNK ? R - r0 : ROW_CHUNK;
 #pragma omp for schedule(static)
-            for (int64_t col = 0; col < total; col++) {
-                if (!acc)
-                    continue;
-                int m = 0;
-                int64_t n = col;
-                while (n >= Ns[m])
-                    n -= Ns[m++];
-                const qformat *f = speculant_qformat(types[m]);
-                int64_t row_bytes = K / f->block_elems * f->block_bytes;
-                weight_row(types[m], f, isa, ws[m] + n * row_bytes, K, R, xq, xd, xs, xn, block, acc, sums);
-                for (int64_t r = 0; r < R; r++) {
-                    float sum = sums[r] + (biases[m] ? biases[m][n] : 0.0f);
-                    if (dtype)
-                        ((uint16_t *)y)[r * ldy + col] = round_bf16(sum);
-                    else
-                        ((float *)y)[r * ldy + col] = sum;
+                for (int64_t col = 0; col < total; col++) {
+                    if (!acc)
+                        continue;
+                    int m = 0;
+                    int64_t n = col;
+                    while (n >= Ns[m])
+                        n -= Ns[m++];
+                    const qformat *f = speculant_qformat(types[m]);
+                    int64_t row_bytes = K / f->block_elems * f->block_bytes;
+                    weight_row(types[m], f, isa, ws[m] + n * row_bytes, K, nr, xq + r0 * K, xd + r0 * ng,
+                               xs + r0 * ng, xn + r0 * ng, block, acc, sums);
+                    for (int64_t r = 0; r < nr; r++) {
+                        float sum = sums[r] + (biases[m] ? biases[m][n] : 0.0f);
+                        if (dtype)
+                            ((uint16_t *)y)[(r0 + r) * ldy + col] = round_bf16(sum);
+                        else
+                            ((float *)y)[(r0 + r) * ldy + col] = sum;
+                    }
                 }
             }
             free(acc);
