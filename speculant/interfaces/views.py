@@ -61,6 +61,9 @@ class ModelSettingsView(Protocol):
     @property
     def fast_forward(self) -> Literal["auto", "on", "off"]: ...
 
+    @property
+    def quantization(self) -> Literal["gguf", "dequantize"]: ...
+
 
 class SpeculativeSettingsView(Protocol):
     """``EngineConfig.speculative``, as far as plugins read it."""
