@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from speculant.engine.loop import Mailbox, RequestAborted
+from speculant.engine.loop import EngineLoop, Mailbox
 from speculant.interfaces import PLUGIN_KINDS, Kind, SamplingParams
 from speculant.llm import LLM
 from speculant.plugin_api.testing.stats import chi_square_p, marginals, total_variation
@@ -106,39 +106,33 @@ def token_ids(llm: LLM, prompt_ids: Sequence[list[int]], params: SamplingParams 
     return [list(o.outputs[0].token_ids) for o in outs]
 
 
+class _Counter:
+    """A loop sink that only counts the outputs it is handed."""
+
+    def __init__(self) -> None:
+        self.outputs = 0
+
+    def put(self, request_id: str, item: object) -> None:
+        self.outputs += 1
+
+
 def run_with_abort(llm: LLM, prompt_ids: Sequence[list[int]], params: SamplingParams,
-                   abort_index: int, after_steps: int) -> dict[int, list[int]]:
-    """Every request but ``abort_index``'s, which is aborted after
-    ``after_steps`` engine steps: prompt index -> its token ids."""
-    loop = llm.loop
-    box = Mailbox(loop)
-    ids = [loop.submit(list(p), params, box, f"kit-{i}") for i, p in enumerate(prompt_ids)]
-    steps = 0
-
-    def count(seconds: float, outputs: list) -> None:
-        nonlocal steps
-        steps += 1
-        if steps == after_steps:
-            loop.abort(ids[abort_index])
-
-    if after_steps == 0:
-        loop.abort(ids[abort_index])
+                   abort_index: int, after_outputs: int) -> dict[int, list[int]]:
+    """Every request but ``abort_index``'s, which is aborted once it has streamed
+    ``after_outputs`` outputs (through the engine loop, stepping in this
+    thread): prompt index -> its token ids."""
+    loop = EngineLoop(llm.engine, id_prefix="kit")
+    box, victim = Mailbox(loop), _Counter()
+    ids = [loop.submit(list(p), params, victim if i == abort_index else box) for i, p in enumerate(prompt_ids)]
+    loop.wait(lambda: victim.outputs >= after_outputs)
+    loop.abort(ids[abort_index])
     done: dict[str, list[int]] = {}
-    ended = 0
-    loop.on_step, before = count, loop.on_step
-    try:
-        while ended < len(ids):
-            for rid, out in box.take():
-                ended += 1
-                if isinstance(out, RequestAborted) and rid == ids[abort_index]:
-                    continue
-                if isinstance(out, BaseException):
-                    raise ConformanceError(f"request {rid!r} failed: {out}")
-                if out.error is not None:
-                    raise ConformanceError(f"request {rid!r} failed: {out.error}")
-                done[rid] = list(out.outputs[0].token_ids)
-    finally:
-        loop.on_step = before
+    while len(done) < len(ids) - 1:
+        for request_id, item in box.take():
+            if isinstance(item, BaseException) or item.error is not None:
+                why = item if isinstance(item, BaseException) else item.error
+                raise ConformanceError(f"request {request_id!r} failed: {why}")
+            done[request_id] = list(item.outputs[0].token_ids)
     return {i: done[rid] for i, rid in enumerate(ids) if i != abort_index}
 
 
