@@ -48,7 +48,7 @@ class ModelConfig(StrictModel):
     """File name of a GGUF checkpoint inside the ``path`` directory."""
     tokenizer: str | None = None
     """Tokenizer directory; defaults to ``path``."""
-    dtype: Literal["float32", "float64", "bfloat16", "float16"] = "float32"
+    dtype: Literal["auto", "float32", "float64", "bfloat16", "float16"] = "auto"
     """Weights and activations dtype, or ``auto`` (the default: left out means ``auto``),
     resolved when the config is validated: bfloat16 where the CPU has a vector bfloat16
     path of ours (AVX2+FMA or AVX-512) or the device is CUDA, and the checkpoint is
@@ -62,6 +62,12 @@ class ModelConfig(StrictModel):
     """Longest prompt + output; defaults to the model's max_position_embeddings."""
     attention_backend: str = "auto"
     """``auto``, ``torch`` (reference) or a registered backend name."""
+    quantization: Literal["gguf", "dequantize"] = "gguf"
+    """For a quantized GGUF checkpoint: ``gguf`` keeps each quantized linear
+    layer (and the embedding table) in the file's block format and runs it on
+    Speculant's quantized kernels (``speculant/model/linear/quantized.py``); a
+    block type without a kernel is dequantized, with a notice. ``dequantize``
+    converts every tensor to ``model.dtype``. No effect on other checkpoints."""
     linear_backend: Literal["auto", "default", "onednn", "avx512_bf16"] = "auto"
     """``avx512_bf16`` runs linears on Speculant's bfloat16 C kernel (the name is
     historical: it runs on the CPU's best path, AVX2+FMA, AVX-512 or AVX512-BF16;
