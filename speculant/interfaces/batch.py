@@ -124,6 +124,11 @@ class RequestView:
         return len(self._req.token_ids) - self._req.num_prompt_tokens
 
     @property
+    def prompt_token_ids(self) -> list[int]:
+        """A copy of the prompt's tokens."""
+        return self._req.token_ids[:self._req.num_prompt_tokens]
+
+    @property
     def output_token_ids(self) -> list[int]:
         """A copy of the generated tokens."""
         return self._req.token_ids[self._req.num_prompt_tokens:]

@@ -82,6 +82,7 @@ def test_the_request_view_is_live_and_read_only():
     assert view is req.view and view.token_ids == [1, 2, 3, 4] and view.num_output_tokens == 1
     req.token_ids.append(7)
     assert view.token_ids == [1, 2, 3, 4, 7] and view.output_token_ids == [4, 7]
+    assert view.prompt_token_ids == [1, 2, 3]
     with pytest.raises(AttributeError):
         view.token_ids = [0]  # type: ignore[misc]
     with pytest.raises(AttributeError):

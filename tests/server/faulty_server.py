@@ -8,6 +8,10 @@ prompt starts with ``SLOW``, so a test can keep running slots busy. ``faulty_sco
 that it raises whenever a request whose prompt starts with ``SCORE_FAIL`` is
 in the batch: the engine retries, isolates, and fails that request alone,
 with a message naming the plugin.
+
+Plugins see token ids, not prompt text (the contract's ``RequestView``), so
+the markers are matched as token ids: the served model's tokenizer (from the
+``--config`` file) encodes each marker once at start-up.
 """
 
 from __future__ import annotations
@@ -26,8 +30,32 @@ SLOW = "SLOW"  # steps with such a request take SLOW_STEP_S more: it holds its s
 SLOW_STEP_S = 0.2
 
 
+MARKER_IDS: dict[str, tuple[int, ...]] = {}  # marker -> its token ids, set in __main__
+SPECIAL_IDS: set[int] = set()
+
+
+def encode_markers(argv: list[str]) -> None:
+    from transformers import AutoTokenizer
+
+    from speculant.config.models import read_config_file
+
+    config = read_config_file(argv[argv.index("--config") + 1])
+    tok = AutoTokenizer.from_pretrained(config["model"].get("tokenizer") or config["model"]["path"])
+    SPECIAL_IDS.update(tok.all_special_ids)
+    for marker in (PROPOSE_FAIL, SCORE_FAIL, SLOW):
+        MARKER_IDS[marker] = tuple(tok(marker, add_special_tokens=False).input_ids)
+
+
+def _starts_with(prompt_ids, marker: str) -> bool:
+    ids = MARKER_IDS[marker]
+    start = 0
+    while start < len(prompt_ids) and prompt_ids[start] in SPECIAL_IDS:
+        start += 1
+    return tuple(prompt_ids[start:start + len(ids)]) == ids
+
+
 def _marked(batch, marker: str) -> bool:
-    return any((e.request.prompt or "").startswith(marker) for e in batch.entries)
+    return any(_starts_with(e.request.token_ids[:e.request.num_prompt_tokens], marker) for e in batch.entries)
 
 
 class RaisingNgram(NgramProposer):
@@ -63,6 +91,7 @@ class ServerTestPlugin:
 
 
 if __name__ == "__main__":
+    encode_markers(sys.argv)
     register_plugin(ServerTestPlugin(), "server-test-faults")
     from speculant.cli import main
 
