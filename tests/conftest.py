@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -8,6 +9,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 torch.set_num_threads(1)  # tiny models: one thread is as fast and stable under load
+# The adaptive draft-length policy (the default) prices steps with figures measured at load and
+# from propose timings; tests fix them so that no output depends on timing (tests/engine/test_cost_model.py
+# measures on purpose, with these unset).
+os.environ.setdefault("SPECULANT_TOKEN_COST", "0.05")
+os.environ.setdefault("SPECULANT_DRAFT_TOKEN_COST", "0")
 
 from tiny_models import build_model, build_tokenizer  # noqa: E402
 
