@@ -76,10 +76,18 @@ def cost_key(config: EngineConfig, runner: ModelRunner) -> dict[str, Any]:
         "version": CACHE_VERSION, "model": str(source.resolve()), "files": files,
         "gguf_file": config.model.gguf_file, "dtype": config.model.dtype, "device": str(runner.device),
         "attention_backend": getattr(runner.backend, "name", type(runner.backend).__name__),
-        "linear": runner.linear_report.describe(), "fast_forward": runner.fast_forward.describe(),
+        "linear": runner.linear_report.describe(), "fast_forward": _forward_path(runner),
         "kernels": runner.kernel_report, "cpu": cpu, "threads": torch.get_num_threads(),
         "torch": torch.__version__,
     }
+
+
+def _forward_path(runner: ModelRunner) -> str:
+    """The decoder path, without the load-time timings its description carries."""
+    ff = runner.fast_forward
+    if ff.decoder is None:
+        return f"transformers' modules ({ff.reason})"
+    return f"fast decoder ({ff.decoder.plan.spec.model_type}; fused: {ff.decoder.fused_reason or 'yes'})"
 
 
 def cache_file(key: dict[str, Any]) -> Path:

@@ -7,7 +7,8 @@ speculation cost and did, beyond the verify counters ``commit.apply`` records.
 - The proposer's time in the step is shared among the requests it worked for:
   in proportion to the tokens drafted for each decode, or, in a step that drafted
   nothing (a stateful proposer following prefill chunks), equally among the
-  step's entries.
+  step's entries that may speculate (a request with speculation turned off by
+  its ``SamplingParams.speculative`` costs its proposer nothing and is charged nothing).
 """
 
 from __future__ import annotations
@@ -27,12 +28,13 @@ def account_step(batch: StepBatch, plans: Sequence[Plan], propose_s: float, spec
     decodes = {id(d) for d in batch.decodes}
     drafted = {id(p.entry): p.outcome.num_drafted for p in plans if id(p.entry) in decodes}
     total = sum(drafted.values())
+    enabled = sum(1 for e in batch.entries if e.request.params.speculation.enabled)
     for p in plans:
         stats = p.entry.request.spec_stats
         if id(p.entry) in decodes and p.outcome.num_drafted == 0:
             stats.num_off_steps += 1
         if total:
             stats.propose_s += propose_s * drafted.get(id(p.entry), 0) / total
-        elif plans:
-            stats.propose_s += propose_s / len(batch.entries)
+        elif p.entry.request.params.speculation.enabled:
+            stats.propose_s += propose_s / enabled
     return total
