@@ -144,10 +144,11 @@ class AdaptiveDraftLengthConfig(StrictModel):
     forward (``benchmarks/verify_rows.py`` measures the curve); 0 means tokens
     are free: every decode drafts k."""
     draft_token_cost: float | None = Field(default=None, ge=0, le=10)
-    """The proposer's cost per drafted token, in one-token target forwards.
-    None (the default): learnt from this engine's own propose timings (0 until a
-    proposal was timed; ``SPECULANT_DRAFT_TOKEN_COST`` replaces it). About 0 for
-    ngram and suffix; about the draft's forward over the target's for draft_model."""
+    """The cost per drafted token outside the target's forward (the proposer's
+    time and what verifying the row adds to acceptance), in one-token target
+    forwards. None (the default): learnt from this engine's own step timings (0
+    until a proposal was timed; ``SPECULANT_DRAFT_TOKEN_COST`` replaces it).
+    Small for ngram and suffix; about the draft's forward over the target's for draft_model."""
     acceptance_decay: float = Field(default=0.8, ge=0, lt=1)
     """Weight of the past in a request's running acceptance estimate, per verify
     step; a step without proposals moves the estimate back toward the prior

@@ -9,14 +9,14 @@ which no single slope describes (``benchmarks/results/verify_rows*.json``).
 
 ``measure_curve`` times the target at load (``cost_cache.py`` keeps the
 result per model, dtype, backend and CPU). ``CostModel`` pairs the curve with
-the proposer's cost per drafted token, either a configured figure or one
-learnt from the engine's own propose timings (a running mean of seconds per
-drafted token over the seconds of a one-row forward).
+the cost per drafted token outside the forward, either a configured figure or
+one learnt from the engine's own step timings (a running mean of the
+proposer's seconds plus the acceptance seconds the drafts added, per drafted
+token, over the seconds of a one-row forward).
 """
 
 from __future__ import annotations
 
-import statistics
 import time
 from bisect import bisect_right
 from collections.abc import Callable
@@ -71,11 +71,14 @@ class CostCurve:
         return {"sizes": list(self.sizes), "ratios": list(self.ratios), "t1_s": self.t1_s}
 
 
-def measure_curve(runner: RunnerView, max_rows: int, *, ctx: int = 64, rounds: int = 5,
+def measure_curve(runner: RunnerView, max_rows: int, *, ctx: int = 64, rounds: int = 7,
                   clock: Callable[[], float] = time.perf_counter) -> CostCurve:
     """Time forwards of n query rows (logits at every row, as a verify) over a
     cached prefix of ``ctx`` random tokens, sizes interleaved round by round so
-    that load drift hits them alike; t(n)/t(1) is the median of each round's ratio."""
+    that load drift hits them alike. t(n)/t(1) is the ratio of the fastest
+    times: other processes only ever add time, so on a busy machine the
+    minimum is the closest to the forward's own cost (a median taken under a
+    load of 6 per core measured t(2)/t(1) = 2.9 where a quiet run gives 1.02)."""
     sizes = [n for n in MEASURE_SIZES if n <= max_rows] or [1]
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, runner.vocab_size, (ctx + sizes[-1],), generator=g).tolist()
@@ -96,9 +99,9 @@ def measure_curve(runner: RunnerView, max_rows: int, *, ctx: int = 64, rounds: i
                 times[n].append(clock() - t0)
     finally:
         blocks.free(rid)
-    ratios = [statistics.median(a / b for a, b in zip(times[n], times[1]) if b > 0) if any(times[1]) else 1.0
-              for n in sizes]
-    return CostCurve(tuple(sizes), (1.0, *ratios[1:]), statistics.median(times[1]))
+    t1 = min(times[1])
+    ratios = [min(times[n]) / t1 if t1 > 0 else 1.0 for n in sizes]
+    return CostCurve(tuple(sizes), (1.0, *ratios[1:]), t1)
 
 
 def _sync(runner: RunnerView) -> None:
@@ -108,27 +111,38 @@ def _sync(runner: RunnerView) -> None:
 
 
 class CostModel:
-    """The figures the adaptive policy prices a step with: ``curve`` and the
-    proposer's cost per drafted token (``draft_token_cost``, in one-row forwards)."""
+    """The figures the adaptive policy prices a step with: ``curve`` and the cost
+    per drafted token outside the target's forward (``draft_token_cost``, in
+    one-row forwards): the proposer's time plus what verifying the extra rows
+    adds to acceptance (filtering and sampling their distributions)."""
 
     def __init__(self, curve: CostCurve, draft_token_cost: float | None = None, *, learn_rate: float = 0.1) -> None:
         self.curve = curve
-        self.fixed_draft_cost = draft_token_cost  # None: learnt from propose timings
+        self.fixed_draft_cost = draft_token_cost  # None: learnt from step timings
         self._learnt = 0.0
         self._samples = 0
+        self._accept_per_row: float | None = None  # acceptance seconds per decode in steps without proposals
         self.learn_rate = learn_rate
 
     @property
     def draft_token_cost(self) -> float:
         return self.fixed_draft_cost if self.fixed_draft_cost is not None else self._learnt
 
-    def observe_propose(self, seconds: float, num_drafted: int) -> None:
-        """A propose call that drafted ``num_drafted`` tokens in ``seconds``
-        (learns nothing without a measured one-row time or a configured figure)."""
+    def observe_step(self, propose_s: float, accept_s: float, num_decodes: int, num_drafted: int) -> None:
+        """A step's proposer and acceptance seconds, with ``num_decodes`` decodes
+        verifying ``num_drafted`` proposals. Steps without proposals price a
+        decode's own acceptance; steps with them, the rest per drafted token
+        (nothing is learnt without a measured one-row time, or with a configured figure)."""
         t1 = self.curve.t1_s
-        if self.fixed_draft_cost is not None or not t1 or num_drafted <= 0:
+        if self.fixed_draft_cost is not None or not t1 or num_decodes <= 0:
             return
-        sample = min(10.0, max(0.0, seconds / num_drafted / t1))
+        if num_drafted <= 0:
+            row = accept_s / num_decodes
+            self._accept_per_row = row if self._accept_per_row is None else \
+                self._accept_per_row + self.learn_rate * (row - self._accept_per_row)
+            return
+        extra = max(0.0, accept_s - (self._accept_per_row or 0.0) * num_decodes)
+        sample = min(10.0, (propose_s + extra) / num_drafted / t1)
         self._samples += 1
         w = max(self.learn_rate, 1.0 / self._samples)  # a plain mean at first, then a running one
         self._learnt += w * (sample - self._learnt)

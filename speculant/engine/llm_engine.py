@@ -284,7 +284,7 @@ class LLMEngine:
             apply(plan)  # plain assignments: cannot fail halfway
         drafted = account_step(batch, run.plans, run.times.propose_s, proposer is not None)
         if self.cost is not None:
-            self.cost.observe_propose(run.times.propose_s, drafted)
+            self.cost.observe_step(run.times.propose_s, run.times.accept_s, len(batch.decodes), drafted)
         for plan in run.plans:
             self.scheduler.cache_committed(plan.entry.request)
         if proposer is not None:

@@ -62,17 +62,18 @@ def test_measure_curve_times_each_size_and_gives_blocks_back():
     assert runner.calls[0] == 8 and runner.calls.count(16) == 1 + 3  # prefix, warm-up, 3 rounds
 
 
-def test_proposer_cost_is_learnt_from_propose_timings_unless_configured():
+def test_draft_cost_is_learnt_from_step_timings_unless_configured():
     learnt = CostModel(CostCurve((1, 2), (1.0, 1.1), t1_s=0.01))
     assert learnt.draft_token_cost == 0.0
-    learnt.observe_propose(0.004, 4)  # 1 ms a drafted token = 0.1 of a 10 ms forward
-    assert learnt.draft_token_cost == pytest.approx(0.1)
-    learnt.observe_propose(0.0, 0)  # nothing drafted: nothing learnt
-    assert learnt.draft_token_cost == pytest.approx(0.1)
-    learnt.observe_propose(0.012, 4)
-    assert learnt.draft_token_cost == pytest.approx(0.2)  # a plain mean over the first samples
+    learnt.observe_step(0.0, 0.002, 2, 0)  # no proposals: acceptance costs 1 ms a decode
+    learnt.observe_step(0.004, 0.002, 2, 4)  # 1 ms a drafted token to propose, nothing more to accept
+    assert learnt.draft_token_cost == pytest.approx(0.1)  # of a 10 ms forward
+    learnt.observe_step(0.004, 0.006, 2, 4)  # and now 1 ms more a drafted token to accept
+    assert learnt.draft_token_cost == pytest.approx(0.15)  # a plain mean over the first samples
+    learnt.observe_step(1.0, 1.0, 0, 0)  # a step of prefills only: nothing learnt
+    assert learnt.draft_token_cost == pytest.approx(0.15)
     fixed = CostModel(CostCurve((1, 2), (1.0, 1.1), t1_s=0.01), 0.5)
-    fixed.observe_propose(1.0, 1)
+    fixed.observe_step(1.0, 0.0, 1, 1)
     assert fixed.draft_token_cost == 0.5
 
 

@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_spec_lossless import (  # noqa: F401 - small_vocab is the shared fixture
+from test_spec_lossless import (
     MAX_TOKENS,
     PROPOSER_OPTIONS,
     K,
     N,
     assert_follows_marginals,
     marginals,
-    small_vocab,
+    small_vocab,  # noqa: F401 - the shared fixture
 )
 
 from spec_helpers import run
@@ -37,7 +37,7 @@ class Switching(FixedDraftLength):
 
 
 @pytest.mark.parametrize("proposer", ["draft_model", "ngram"])
-def test_switching_speculation_keeps_the_target_distribution(small_vocab, proposer):
+def test_switching_speculation_keeps_the_target_distribution(small_vocab, proposer):  # noqa: F811
     target, draft, prompts = small_vocab
     prompt = prompts[proposer]
     options = PROPOSER_OPTIONS[proposer] if proposer != "draft_model" else {"model": str(draft)}
