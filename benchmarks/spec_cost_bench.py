@@ -69,7 +69,7 @@ def configs(workload: str, proposer: str) -> dict[str, dict[str, Any] | None]:
             f"{proposer}_adaptive_chat_off": {**p}}
 
 
-def requests(workload: str, max_tokens: int, config: str) -> tuple[list[Any], list[Any]]:
+def requests(workload: str, max_tokens: int, config: str, num: int = 4) -> tuple[list[Any], list[Any]]:
     """(conversations, SamplingParams) of one run."""
     from speculant import SamplingParams
 
@@ -80,17 +80,17 @@ def requests(workload: str, max_tokens: int, config: str) -> tuple[list[Any], li
     greedy = SamplingParams(temperature=0, max_tokens=max_tokens)
     edits = conversations("edit")
     if workload == "chat":
-        return [[{"role": "user", "content": c}] for c in CHAT], [chat(i) for i in range(len(CHAT))]
+        return [[{"role": "user", "content": c}] for c in CHAT[:num]], [chat(i) for i in range(num)]
     if workload == "edits":
-        return edits[:4], [greedy] * 4
+        return edits[:num], [greedy] * num
     off = config.endswith("chat_off")
     convs = [edits[i % len(edits)] for i in range(16)] + [[{"role": "user", "content": CHAT[i % 4]}]
                                                           for i in range(16)]
     return convs, [greedy] * 16 + [chat(i, off) for i in range(16)]
 
 
-def run_one(llm, workload: str, max_tokens: int, config: str) -> dict[str, Any]:
-    convs, params = requests(workload, max_tokens, config)
+def run_one(llm, workload: str, max_tokens: int, config: str, num: int) -> dict[str, Any]:
+    convs, params = requests(workload, max_tokens, config, num)
     llm.engine.reset_metrics()
     if workload == "mixed":  # all at once
         outs = llm.chat(convs, params, use_tqdm=False)
@@ -117,12 +117,16 @@ def main() -> None:
     ap.add_argument("--workload", choices=["chat", "edits", "mixed"], required=True)
     ap.add_argument("--proposer", default="suffix", help="edits and mixed: the proposer (ngram, suffix, eagle)")
     ap.add_argument("--max-tokens", type=int, default=None, help="default: 128 (chat, edits), 64 (mixed)")
+    ap.add_argument("--prompts", type=int, default=4, help="chat and edits: requests per run (at most 4)")
+    ap.add_argument("--only", default=None, help="comma-separated configurations to run (the first is the base)")
     args = ap.parse_args()
     if args.out == getattr(args, "_default_out", None):
         args.out = harness.RESULTS_DIR / f"spec_cost_{args.workload}.json"
     max_tokens = args.max_tokens or (64 if args.workload == "mixed" else 128)
     bench = harness.start("spec_cost", args)
     cfgs = configs(args.workload, args.proposer)
+    if args.only:
+        cfgs = {name: cfgs[name] for name in args.only.split(",")}
     llms = {}
     from speculant import LLM
 
@@ -131,7 +135,8 @@ def main() -> None:
                                     "cache": {"memory_gb": 0.25}, "speculative": spec or {}})
         harness.warm_up(llms[name], chat=True)
         bench.log(f"loaded {name}")
-    runs = harness.rounds(list(cfgs), args.repeats, lambda n: run_one(llms[n], args.workload, max_tokens, n),
+    runs = harness.rounds(list(cfgs), args.repeats,
+                          lambda n: run_one(llms[n], args.workload, max_tokens, n, args.prompts),
                           describe=lambda r: f"{r['tok_per_s']:.1f} tok/s")
     base = next(iter(cfgs))
     reference = runs[base][0]
@@ -158,8 +163,9 @@ def main() -> None:
                   f"({s['min']:.3f}-{s['max']:.3f}), greedy equal: {same}, accepted per verify step: "
                   + " ".join(f"{a}:{n}" for a, n in enumerate(hist)))
     bench.write({"model": f"SmolLM2-135M-Instruct ({args.dtype})", "workload": args.workload,
-                 "max_tokens": max_tokens, "skipped": {"draft_model": "no draft model for SmolLM2 here: the "
-                                                       "smallest model with its tokenizer is SmolLM2-135M itself"},
+                 "max_tokens": max_tokens, "prompts": args.prompts,
+                 "skipped": {"draft_model": "no draft model for SmolLM2 here: the smallest model with its "
+                                            "tokenizer is SmolLM2-135M itself"},
                  "rows": rows})
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from .fast_forward_tables import cpu_kernels, cpu_kernels_headline, fast_forward, fast_forward_headline
 from .random_tables import random_llama
+from .spec_cost_tables import spec_cost
 from .ray_tables import ray_breakdown, ray_scaling, ray_split
 from .structured_tables import structured, structured_headline
 from .tables import (
@@ -70,6 +71,7 @@ BLOCKS: dict[str, Table] = {
     "graphs": graphs,
     "llamacpp": llamacpp,
     "prefix": prefix_cache,
+    "spec-cost": spec_cost,
     "random-llama": random_llama,
     "structured": structured,
     "fast-forward": fast_forward,
