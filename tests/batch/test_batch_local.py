@@ -80,7 +80,7 @@ def test_bad_lines_become_error_records_and_the_rest_runs(tmp_path, model, refer
                             "str; use 0 for greedy decoding or a positive value.",
         ("unknown", None): "line 9 (id 'unknown'): unknown field(s) 'best_of'; a line takes id, "
                            "ignore_eos, include_stop_str_in_output, max_completion_tokens, max_tokens, messages, "
-                           "min_p, prompt, seed, stop, stop_token_ids, temperature, top_k, top_p",
+                           "min_p, prompt, seed, speculative, stop, stop_token_ids, temperature, top_k, top_p",
         ("bad-role", None): "line 12 (id 'bad-role'): conversation 0 message 0: role='robot' is not one of "
                             "system, user, assistant, tool",
         ("r0", None): "line 13: id 'r0' is already used on line 1; ids must be unique (a rerun skips the ids "
