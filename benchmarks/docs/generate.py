@@ -20,8 +20,8 @@ from pathlib import Path
 
 from .fast_forward_tables import cpu_kernels, cpu_kernels_headline, fast_forward, fast_forward_headline
 from .random_tables import random_llama
-from .spec_cost_tables import spec_cost
 from .ray_tables import ray_breakdown, ray_scaling, ray_split
+from .spec_cost_tables import spec_cost
 from .structured_tables import structured, structured_headline
 from .tables import (
     HEADLINE_HEADER,

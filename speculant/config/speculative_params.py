@@ -58,7 +58,7 @@ class SpeculativeParams:
     def check_against(self, proposer: str | None, engine_k: int) -> None:
         """ValueError naming the field when an engine with ``proposer`` (None: no
         speculation) drafting up to ``engine_k`` cannot honour these settings."""
-        if self.is_default or not self.enabled:
+        if self.is_default or self.max_tokens(1) == 0:  # off (or k = 0) asks nothing of the engine
             return
         if proposer is None:
             raise ValueError(

@@ -68,8 +68,9 @@ def test_settings_the_engine_cannot_honour_are_refused(llama_dir):
                                          r"\(speculative.proposer is not set\)"):
         plain.engine.add_request(None, [1, 2, 3], greedy(speculative={"num_speculative_tokens": 1}))
     # turning speculation off where there is none asks nothing the engine cannot do
-    out = plain.generate([[1, 2, 3]], greedy(4, {"enabled": False}), use_tqdm=False)
-    assert len(out[0].outputs[0].token_ids) == 4
+    out = plain.generate([[1, 2, 3]] * 2, [greedy(4, {"enabled": False}), greedy(4, {"num_speculative_tokens": 0})],
+                         use_tqdm=False)
+    assert [len(o.outputs[0].token_ids) for o in out] == [4, 4]
     assert not llm.engine.has_unfinished_requests() and not plain.engine.has_unfinished_requests()
 
 
