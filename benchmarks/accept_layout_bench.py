@@ -41,9 +41,9 @@ import speculant
 from speculant.acceptance.rejection import RejectionSampler
 from speculant.config.sampling_params import SamplingParams
 from speculant.engine.batch import ScheduledRequest, StepBatch
-from speculant.engine.layout import gather_scores
 from speculant.engine.request import Request, RequestStatus
 from speculant.engine.step import decide
+from speculant.interfaces.layout import gather_scores
 from speculant.model.runner import ForwardOutput
 
 try:  # the contract classes may live in core/interfaces.py

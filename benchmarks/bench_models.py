@@ -112,18 +112,9 @@ def corpus_texts() -> list[str]:
 
 
 def build_tokenizer(out_dir: Path):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
+    from speculant.plugin_api.testing.tiny_model import build_tokenizer as train
 
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=TOKENIZER_VOCAB, special_tokens=[EOS, BOS],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    tok.train_from_iterator(corpus_texts(), trainer=trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS, bos_token=BOS, pad_token=EOS)
-    fast.save_pretrained(out_dir)
-    return fast
+    return train(out_dir, corpus_texts(), TOKENIZER_VOCAB, pad_token=EOS)
 
 
 def build_model(spec: ModelSpec, out_dir: Path) -> None:

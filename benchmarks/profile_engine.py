@@ -68,7 +68,7 @@ STAGES = [
                   "slot_mapping (speculant/model/runner.py"]),
     ("model other", ["forward (transformers/models/"]),
     ("runner other", ["forward (speculant/model/runner.py"]),
-    ("layout", ["(speculant/engine/layout.py", "(speculant/scorers/"]),
+    ("layout", ["(speculant/interfaces/layout.py", "(speculant/scorers/"]),
     ("sampling", ["decide (speculant/engine/step.py", "(speculant/sampling/sampler.py",
                   "(speculant/sampling/logits_processing.py", "(speculant/sampling/acceptance.py"]),
     ("commit", ["(speculant/engine/commit.py", "(speculant/engine/stop_rules.py"]),

@@ -1,7 +1,11 @@
 """Speculant: speculative decoding with chunked prefill for Hugging Face causal LMs."""
 
-from speculant.config.sampling_params import SamplingParams
-from speculant.version import __version__
+from speculant.config.cpu_isa import cap_torch_isa
+
+cap_torch_isa()  # before anything imports torch: SPECULANT_CPU_ISA caps torch's instruction set too
+
+from speculant.config.sampling_params import SamplingParams  # noqa: E402
+from speculant.version import __version__  # noqa: E402
 
 __all__ = ["LLM", "LLMEngine", "SamplingParams", "RequestOutput", "EngineConfig", "__version__"]
 

@@ -12,6 +12,7 @@ from speculant.config.compat import parse_config
 from speculant.config.models import ConfigError, EngineConfig, read_config
 from speculant.config.sampling_params import SamplingParams
 from speculant.engine.llm_engine import LLMEngine
+from speculant.engine.loop import EngineLoop, Mailbox, RequestAborted
 from speculant.engine.request import RequestOutput
 
 # keyword -> (section, key) for the flat overrides LLM(...) accepts, vLLM style
@@ -92,6 +93,8 @@ class LLM:
         self.config = config
         self.engine = LLMEngine(config, source=source)
         self.engine.stream_text = False  # generate() returns finished outputs only
+        # stepped by the thread waiting for outputs: the one that loaded the model, in most programs
+        self.loop = EngineLoop(self.engine)
         self.tokenizer = self.engine.tokenizer
 
     @classmethod
@@ -122,44 +125,48 @@ class LLM:
         if len(params) != len(prompts):
             raise ValueError(f"got {len(prompts)} prompts but {len(params)} SamplingParams; "
                              "pass one SamplingParams or one per prompt")
-        ids = self._add_all(prompts, params)
-        wanted = set(ids)
+        box = Mailbox(self.loop)
+        ids = self._add_all(prompts, params, box)
         results: dict[str, RequestOutput] = {}
+        aborted: list[str] = []
         bar = tqdm(total=len(ids), desc="generating", unit="req", disable=not use_tqdm or len(ids) < 2)
         self.last_run_seconds = 0.0
         start = time.perf_counter()
         try:
             # a request the engine had to drop comes back with finish_reason "error" and .error
-            while len(results) < len(ids) and self.engine.has_unfinished_requests():
-                for out in self.engine.step():
-                    if out.finished and out.request_id in wanted:
-                        results[out.request_id] = out
-                        bar.update(1)
+            while len(results) + len(aborted) < len(ids):
+                for rid, item in box.take():
+                    if isinstance(item, RequestAborted):
+                        aborted.append(rid)
+                        continue
+                    if isinstance(item, BaseException):  # the engine's step raised (StepFailed)
+                        raise item
+                    results[rid] = item
+                    bar.update(1)
         except BaseException:
             # any exception (KeyboardInterrupt included): leave nothing of this call queued,
             # so the engine serves the next call
             for rid in ids:
                 if rid not in results:
-                    self.engine.abort_request(rid)
+                    self.loop.abort(rid)
             raise
         finally:
             bar.close()
         self.last_run_seconds = time.perf_counter() - start
-        missing = [i for i in ids if i not in results]
-        if missing:
-            raise RuntimeError(f"requests {missing[:5]} of this generate() call were aborted before they "
+        if aborted:
+            raise RuntimeError(f"requests {aborted[:5]} of this generate() call were aborted before they "
                                "finished (abort_request from elsewhere); their outputs are lost")
         return [results[i] for i in ids]
 
-    def _add_all(self, prompts: list[Prompt], params: list[SamplingParams]) -> list[str]:
+    def _add_all(self, prompts: list[Prompt], params: list[SamplingParams], box: Mailbox) -> list[str]:
         """Queue every prompt, or none: a bad prompt aborts the ones queued before it."""
         ids: list[str] = []
         try:
             for prompt, p in zip(prompts, params):
-                ids.append(self.engine.add_request(None, prompt, p))
+                ids.append(self.loop.submit(prompt, p, box))
         except (ValueError, TypeError) as exc:
             for rid in ids:
-                self.engine.abort_request(rid)
+                self.loop.abort(rid)
             raise type(exc)(f"prompt {len(ids)}: {exc}") from exc
         return ids
 

@@ -5,6 +5,10 @@ import sys
 from pathlib import Path
 
 import pytest
+
+import speculant  # noqa: F401  (before torch: SPECULANT_CPU_ISA caps torch's instruction set as it loads)
+
+# isort: split
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))

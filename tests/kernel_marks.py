@@ -1,13 +1,13 @@
 """Marks for tests that need the C kernels, and what ``SPECULANT_REQUIRE_KERNELS=1`` makes of them.
 
 ``@needs_kernel``: the test needs the kernel library. ``@needs_bf16_paths``: it
-needs the AVX-512 bfloat16 paths (the dot-product linear kernel, the fused
-decoder, the vectorised attention task). Without the library, or on a CPU that
+needs a vector bfloat16 path (AVX2+FMA, AVX-512 or AVX512-BF16: the linear
+kernel and the fused decoder). Without the library, or on a CPU that
 lacks the features, such a test skips, saying why. With
 ``SPECULANT_REQUIRE_KERNELS=1`` (CI) a missing library fails the test instead,
 and so does a bfloat16 path our cpuid check turns down on a CPU whose
-/proc/cpuinfo lists every feature it needs; only a CPU that really lacks them
-still skips. Tests that decide inside their body call ``require_kernel()`` or
+/proc/cpuinfo lists avx2 and fma; only a CPU that really lacks them, or a run
+capped by SPECULANT_CPU_ISA, still skips. Tests that decide inside their body call ``require_kernel()`` or
 ``require_bf16_paths()``.
 """
 
@@ -17,21 +17,14 @@ import os
 
 import pytest
 
-from speculant.model.kernels.abi import CPU_FEATURE_NAMES, missing_cpu_features
+from speculant.config.cpu_isa import requested_isa
+from speculant.config.dtype_choice import cpu_flags
+from speculant.model.kernels.abi import SIMD_BF16_ISAS, detected_isa, fast_bf16_unavailable_reason
 from speculant.model.kernels.build import kernel_status, load_kernel
 
 REQUIRE = os.environ.get("SPECULANT_REQUIRE_KERNELS") == "1"
 needs_kernel = pytest.mark.needs_kernel
 needs_bf16_paths = pytest.mark.needs_bf16_paths
-
-
-def cpu_flags() -> set[str]:
-    """The CPU's feature flags as the kernel reports them in /proc/cpuinfo (empty where unknown)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next((set(ln.split(":", 1)[1].split()) for ln in f if ln.startswith("flags")), set())
-    except OSError:
-        return set()
 
 
 def kernel_problem() -> str | None:
@@ -43,12 +36,14 @@ def bf16_problem() -> tuple[str | None, bool]:
     if (problem := kernel_problem()) is not None:
         return problem, False
     lib = load_kernel()
-    missing = missing_cpu_features(lib)
-    if not missing:
+    reason = fast_bf16_unavailable_reason(lib)
+    if reason is None:
         return None, True
-    if set(CPU_FEATURE_NAMES) <= cpu_flags():
-        return f"cpuid check refuses {', '.join(missing)} although /proc/cpuinfo lists them", False
-    return f"this CPU lacks {', '.join(missing)}", True
+    if requested_isa() is not None or detected_isa(lib) in SIMD_BF16_ISAS:
+        return reason, True  # the run asked for the cap
+    if {"avx2", "fma"} <= cpu_flags():
+        return f"cpuid check refuses avx2/fma although /proc/cpuinfo lists them: {reason}", False
+    return reason, True
 
 
 def _skip_or_fail(reason: str | None, fair: bool) -> None:

@@ -5,13 +5,14 @@ Layers, bottom to top (a module imports only its own layer or lower ones):
 
 0. ``speculant.interfaces`` (the contract) and ``speculant.version``;
 1. ``speculant.plugins`` (hookspecs, manager, registry; not ``builtin``);
-2. ``speculant.config`` (config models, sampling parameters, compatibility rules) and
-   ``speculant.sampling`` (sampler, logits processing, acceptance arithmetic);
-3. ``speculant.model`` (runner, loading, attention backends, linears);
-4. ``speculant.engine`` (requests, scheduler, the step pipeline, the engine);
-5. the built-in plugins: ``proposers``, ``scorers``, ``acceptance``, ``plugins.builtin``;
-6. the Python API: ``speculant`` itself, ``llm``, ``chat``, ``plugin_api``;
-7. the front ends: ``cli``, ``server``, ``bench``.
+2. ``speculant.sampling`` (sampler, logits processing, acceptance arithmetic);
+3. ``speculant.config`` (config models, compatibility rules);
+4. ``speculant.model`` (runner, loading, attention backends, linears);
+5. ``speculant.engine`` (requests, scheduler, the step pipeline, the engine);
+6. the built-in plugins: ``proposers``, ``scorers``, ``acceptance``, ``plugins.builtin``,
+   which never import the engine (they get what it hands plugins: the contract);
+7. the Python API: ``speculant`` itself, ``llm``, ``chat``, ``plugin_api``;
+8. the front ends: ``cli``, ``server``, ``bench``.
 
 Module-level imports (including those inside ``try`` / ``if`` blocks) and
 type-only ones (under ``if TYPE_CHECKING:``) both count. Imports inside
@@ -34,7 +35,8 @@ CONTRACT = "speculant.interfaces"
 LAYERS: list[tuple[str, ...]] = [
     ("speculant.interfaces", "speculant.version"),
     ("speculant.plugins",),
-    ("speculant.config", "speculant.sampling"),
+    ("speculant.sampling",),
+    ("speculant.config",),
     ("speculant.model",),
     ("speculant.engine",),
     ("speculant.proposers", "speculant.scorers", "speculant.acceptance", "speculant.plugins.builtin"),
@@ -223,6 +225,28 @@ def test_the_contract_imports_nothing_else_from_speculant(graph):
         deps = module.imports | module.type_imports | function_level
         outside = {i for i in deps if not (i == CONTRACT or i.startswith(CONTRACT + "."))}
         assert outside == set(), f"{module.name} imports {sorted(outside)}"
+
+
+BUILT_INS = ("speculant.proposers", "speculant.scorers", "speculant.acceptance")
+
+
+def test_the_built_ins_never_import_the_engine(graph):
+    """Built-in plugins are written against the contract like anyone's: no
+    ``speculant.engine`` import in any form (module level, type-only, inside a function)."""
+    wrong = []
+    for module in graph.values():
+        if not module.name.startswith(BUILT_INS):
+            continue
+        function_level = {t for _, targets in module.function_imports for t in targets}
+        for dep in sorted(module.imports | module.type_imports | function_level):
+            if dep == "speculant.engine" or dep.startswith("speculant.engine."):
+                wrong.append(f"{module.name} imports {dep}")
+    assert wrong == []
+
+
+def test_the_plugin_api_reexports_only_the_contract(graph):
+    deps = graph["speculant.plugin_api"].imports | graph["speculant.plugin_api"].type_imports
+    assert {d for d in deps if not d.startswith(CONTRACT)} == {"speculant.plugins.hookspecs"}
 
 
 def test_function_level_imports_stay_few(graph):

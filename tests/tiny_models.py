@@ -1,44 +1,26 @@
 """Build tiny random Hugging Face models and a locally trained tokenizer.
 
 Nothing is downloaded: the tokenizer is a byte-level BPE trained on Python
-standard-library source, and models are random weights from a config. Weights
-use a wide init so greedy text varies instead of repeating one token.
+standard-library source (the conformance kit's, ``speculant.plugin_api.testing``),
+and models are random weights from a config. Weights use a wide init so greedy
+text varies instead of repeating one token.
 """
 
 from __future__ import annotations
 
-import inspect
 import json
 from pathlib import Path
 
 import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, PreTrainedTokenizerFast, Qwen2Config
 
-VOCAB_SIZE = 384
-EOS = "<|eos|>"
-BOS = "<|bos|>"
-
-
-def training_text() -> list[str]:
-    import collections
-    import json as _json
-    import textwrap
-
-    return [inspect.getsource(m) for m in (collections, _json.decoder, textwrap)]
-
-
-def build_tokenizer(out_dir: Path) -> PreTrainedTokenizerFast:
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=VOCAB_SIZE, special_tokens=[EOS, BOS],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    tok.train_from_iterator(training_text(), trainer=trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS, bos_token=BOS)
-    fast.save_pretrained(out_dir)
-    return fast
-
+from speculant.plugin_api.testing.tiny_model import (  # noqa: F401 - re-exported for the tests
+    BOS,
+    EOS,
+    VOCAB_SIZE,
+    build_tokenizer,
+    training_text,
+)
 
 ARCHS = {
     "llama": lambda **kw: LlamaConfig(num_key_value_heads=4, **kw),

@@ -1,8 +1,8 @@
 """The output file of a batch job: what a rerun skips, and records written in input order.
 
 One JSON object per line: ``{"id", "text", "finish_reason", "usage",
-"speculant"}`` for a line that ran (``usage`` and ``speculant`` as the
-server's responses carry them), ``{"id", "error"}`` for one that could not
+"speculant"}`` for a line that ran (``speculant.engine.output_record``,
+as the server's responses carry them), ``{"id", "error"}`` for one that could not
 (an input line whose id cannot be read also carries its ``line`` number, which
 then stands for its id).
 
@@ -21,8 +21,8 @@ from collections.abc import Iterable
 from typing import IO, Any
 
 from speculant.batch.lines import InputLine, LineId, line_id_of
+from speculant.engine.output_record import OutputRecord
 from speculant.engine.request import RequestOutput
-from speculant.server.responses import spec_summary, usage
 
 Key = tuple[str, LineId]
 """("id", the line's id), or ("line", its number) for a line whose id cannot be read."""
@@ -69,11 +69,10 @@ def answered(path: str) -> set[Key]:
 
 
 def result_record(line_id: LineId, out: RequestOutput) -> dict[str, Any]:
-    c = out.outputs[0]
-    if c.finish_reason == "error":
-        return error_record(line_id, None, c.error or out.error or "the engine failed this request")
-    return {"id": line_id, "text": c.text, "finish_reason": c.finish_reason, "usage": usage(out),
-            "speculant": spec_summary(out)}
+    record = OutputRecord.of(out)
+    if record.error is not None:
+        return error_record(line_id, None, record.error)
+    return {"id": line_id, **record.fields()}
 
 
 def error_record(line_id: LineId | None, number: int | None, message: str) -> dict[str, Any]:

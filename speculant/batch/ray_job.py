@@ -9,8 +9,8 @@ input order. Greedy lines give the same records as a local run.
 
 An actor's engine is kept fed across batches: Ray calls an actor from several
 threads at once (``max_concurrent_calls_per_actor``, true multi-threading),
-each call queues its batch into the actor's one ``EngineLoop`` (one thread
-stepping the engine with ``BatchRunner``, as the local job does) and returns
+each call queues its batch into the actor's one ``LineFeed`` (the engine loop
+stepping the engine in its own thread, fed by ``BatchRunner`` as the local job is) and returns
 when its own records are in. An actor holds enough batches to fill its
 engine's in-flight window (twice ``scheduler.max_num_seqs``) plus one, so a
 batch's last requests run beside the next batch's first ones instead of
@@ -54,11 +54,12 @@ import warnings
 from collections.abc import Iterator
 from typing import Any
 
-from speculant.batch.engine_loop import EngineLoop
+from speculant.batch.line_feed import LineFeed
 from speculant.batch.lines import InputLine
 from speculant.batch.ray_stream import RowStream
 from speculant.batch.runner import Record
 from speculant.config.models import EngineConfig
+from speculant.ray_cluster import connect
 
 MAX_RESTARTS = 3
 """Restarts of one actor, and retries of one batch, before the job fails."""
@@ -69,7 +70,7 @@ KILL_ENV = "SPECULANT_BATCH_KILL_AFTER"
 
 class Predictor:
     """One Ray Data actor: an engine built once, then batches of lines in, records out; called from
-    several threads at once, every call feeding the one ``EngineLoop``."""
+    several threads at once, every call feeding the one ``LineFeed``."""
 
     def __init__(self, config: EngineConfig, source: str, threads: int) -> None:
         import torch  # in the actor only: the driver runs no engine
@@ -77,7 +78,7 @@ class Predictor:
         from speculant.engine.llm_engine import LLMEngine
 
         torch.set_num_threads(threads)
-        self.loop = EngineLoop(LLMEngine(config, source=source))
+        self.loop = LineFeed(LLMEngine(config, source=source))
         self.lock = threading.Lock()
         self.num_done = 0
         self.kill_after, self.kill_flag = _kill_setting(os.environ.get(KILL_ENV))
@@ -106,21 +107,6 @@ def _claim(path: str) -> bool:
         return True
     except FileExistsError:
         return False
-
-
-def connect() -> bool:
-    """Join the cluster at ``$RAY_ADDRESS``, or start one on this machine (no dashboard); nothing if this
-    process is connected already. True if it connected now."""
-    import ray
-
-    if ray.is_initialized():
-        return False
-    address = os.environ.get("RAY_ADDRESS") or None
-    if address:
-        ray.init(address=address, log_to_driver=False)
-    else:
-        ray.init(include_dashboard=False, log_to_driver=False)
-    return True
 
 
 class RayJob:

@@ -1,7 +1,7 @@
 """Speculant side of ``speculant bench``: one engine per method, timed runs.
 
-At concurrency 1 each prompt runs alone through ``LLMEngine.add_request`` /
-``step`` so every step is timed. Inter-token latency (ITL) is per generated
+At concurrency 1 each prompt runs alone through the LLM's engine loop
+(``EngineLoop.stream``), so every step is timed. Inter-token latency (ITL) is per generated
 token after the first: a step that emits n tokens (speculation emits bursts)
 counts as n gaps of ``step_time / n``. The first token (time to first token,
 prefill) is excluded from ITL and from the decode-only rate (tokens after the
@@ -97,30 +97,25 @@ class Timed:
     gaps: list[float]
 
 
-def _stream_one(engine, prompt: list[int], max_tokens: int) -> Timed:
-    """Run one prompt alone, step by step."""
-    rid = engine.add_request(None, prompt, greedy(max_tokens))
+def _stream_one(loop, prompt: list[int], max_tokens: int) -> Timed:
+    """Run one prompt alone, step by step (``loop``: the LLM's ``EngineLoop``)."""
     gaps: list[float] = []
     seen = 0
     tokens: list[int] = []
     first = None
     start = last = time.perf_counter()
-    while engine.has_unfinished_requests():
-        outs = engine.step()
+    for o in loop.stream(prompt, greedy(max_tokens)):
         now = time.perf_counter()
-        for o in outs:
-            if o.request_id != rid:
-                continue
-            tokens = o.outputs[0].token_ids
-            n = len(tokens) - seen
-            if n > 0:
-                if seen > 0:  # gaps after the first token only
-                    gaps.extend([(now - last) / n] * n)
-                else:
-                    first = now
-                    gaps.extend([(now - last) / n] * (n - 1))  # a burst along with the first token
-                seen = len(tokens)
-                last = now
+        tokens = o.outputs[0].token_ids
+        n = len(tokens) - seen
+        if n > 0:
+            if seen > 0:  # gaps after the first token only
+                gaps.extend([(now - last) / n] * n)
+            else:
+                first = now
+                gaps.extend([(now - last) / n] * (n - 1))  # a burst along with the first token
+            seen = len(tokens)
+            last = now
     end = time.perf_counter()
     return Timed(list(tokens), end - start, (first or end) - start, gaps)
 
@@ -154,7 +149,7 @@ def run_method(llm, prompts: list[list[int]], max_tokens: int, concurrency: int,
     num_tokens = 0
     if concurrency <= 1:
         for _ in range(repeats):
-            runs = [_stream_one(llm.engine, p, max_tokens) for p in prompts]
+            runs = [_stream_one(llm.loop, p, max_tokens) for p in prompts]
             token_ids = [r.tokens for r in runs]
             num_tokens = sum(len(r.tokens) for r in runs)
             rates.append(rate(num_tokens, sum(r.seconds for r in runs)))

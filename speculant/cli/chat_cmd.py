@@ -43,22 +43,22 @@ def stream_reply(llm, conversation: list[dict], params, write: Callable[[str], N
     engine = llm.engine
     prompt = render(llm.tokenizer, conversation)
     engine.stream_text = True
-    rid = engine.add_request(None, prompt, params)
     printed, start = "", time.perf_counter()
+    stream = None
     try:
-        while True:
-            for out in engine.step():
-                if out.request_id != rid:
-                    continue
-                text = out.outputs[0].text
-                write(text[len(printed):] if text.startswith(printed) else text)
-                printed = text
-                if out.finished:
-                    if out.outputs[0].finish_reason == "error":
-                        raise RuntimeError(out.outputs[0].error or "the request failed")
-                    return text, _summary(out, time.perf_counter() - start, llm.config.speculative.enabled)
+        stream = llm.loop.stream(prompt, params)
+        for out in stream:
+            text = out.outputs[0].text
+            write(text[len(printed):] if text.startswith(printed) else text)
+            printed = text
+            if out.finished:
+                if out.outputs[0].finish_reason == "error":
+                    raise RuntimeError(out.outputs[0].error or "the request failed")
+                return text, _summary(out, time.perf_counter() - start, llm.config.speculative.enabled)
+        raise RuntimeError("the reply ended without a finished output")
     except BaseException:
-        engine.abort_request(rid)
+        if stream is not None:
+            llm.loop.abort(stream.request_id)
         raise
     finally:
         engine.stream_text = False

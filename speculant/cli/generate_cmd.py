@@ -142,7 +142,7 @@ def run(args: argparse.Namespace) -> int:
         summary["same_text_as_baseline"] = all(
             a.outputs[0].token_ids == b.outputs[0].token_ids for a, b in zip(outputs, base_out))
     if args.verbose:
-        summary["forward_paths"] = forward_paths(llm)
+        summary["forward_paths"] = [f"model.dtype = {llm.config.model.dtype_reason}", *forward_paths(llm)]
     if args.json:
         print(json.dumps({"outputs": [{"prompt": p if args.chat else o.prompt, "text": o.outputs[0].text,
                                        "finish_reason": o.outputs[0].finish_reason}

@@ -15,7 +15,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
+
+from speculant.config.dtype_choice import choose_dtype
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -46,8 +48,12 @@ class ModelConfig(StrictModel):
     """File name of a GGUF checkpoint inside the ``path`` directory."""
     tokenizer: str | None = None
     """Tokenizer directory; defaults to ``path``."""
-    dtype: Literal["float32", "float64", "bfloat16", "float16"] = "float32"
-    """Weights and activations dtype. float32 is the exact default on CPU."""
+    dtype: Literal["auto", "float32", "float64", "bfloat16", "float16"] = "auto"
+    """Weights and activations dtype. ``auto`` (the default) resolves when the config is
+    validated: bfloat16 where the CPU has a vector bfloat16 path of ours (AVX2+FMA or
+    AVX-512) or the device is CUDA, and the checkpoint is bfloat16 or GGUF; float32
+    elsewhere (``dtype_reason`` says which and why; see ``config/dtype_choice.py``).
+    float32 is the exact mode."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """``auto`` picks CUDA when available, else the CPU."""
     max_model_len: int | None = Field(default=None, ge=2, le=MAX_MODEL_LEN)
@@ -55,8 +61,9 @@ class ModelConfig(StrictModel):
     attention_backend: str = "auto"
     """``auto``, ``torch`` (reference) or a registered backend name."""
     linear_backend: Literal["auto", "default", "onednn", "avx512_bf16"] = "auto"
-    """``avx512_bf16`` runs linears on Speculant's bfloat16 dot-product kernel
-    (CPU with AVX512-BF16, model.dtype bfloat16); ``onednn`` pre-packs weights
+    """``avx512_bf16`` runs linears on Speculant's bfloat16 C kernel (the name is
+    historical: it runs on the CPU's best path, AVX2+FMA, AVX-512 or AVX512-BF16;
+    model.dtype bfloat16); ``onednn`` pre-packs weights
     for oneDNN (CPU, float32/bfloat16); ``auto`` takes the first of the two that
     supports each layer, where exact; ``default`` is ``F.linear``."""
     linear_dense_max_rows: int | None = Field(default=None, ge=0, le=64)
@@ -95,6 +102,22 @@ class ModelConfig(StrictModel):
                              f"{value!r} itself, or set model.path to its directory and model.gguf_file "
                              f"to {Path(value).name!r}")
         return value
+
+    _dtype_reason: str = PrivateAttr("")
+
+    @model_validator(mode="after")
+    def _resolve_auto_dtype(self) -> ModelConfig:
+        if self.dtype == "auto":
+            dtype, self._dtype_reason = choose_dtype(self.path, self.gguf_file, self.device)
+            self.__dict__["dtype"] = dtype  # not through setattr: that would validate (and resolve) again
+        elif not self._dtype_reason:
+            self._dtype_reason = f"{self.dtype}: set by model.dtype"
+        return self
+
+    @property
+    def dtype_reason(self) -> str:
+        """Which dtype the model runs in and why ('auto' resolved, or set by the user)."""
+        return self._dtype_reason
 
 
 class CacheConfig(StrictModel):

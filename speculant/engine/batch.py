@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from speculant.engine.request import Request
+from speculant.interfaces import batch as views
 
 
 @dataclass(slots=True)
@@ -50,12 +51,25 @@ class ScheduledRequest:
     def new_token_ids(self) -> list[int]:
         return self.request.token_ids[self.start:self.start + self.num_new_tokens]
 
+    def view(self) -> views.ScheduledRequest:
+        """This entry as plugins see it (read-only)."""
+        return views.ScheduledRequest(self.request.view, self.num_new_tokens, self.num_spec_tokens, self.start,
+                                      self.samples, self.reports, tuple(self.block_table))
+
 
 @dataclass(slots=True)
 class StepBatch:
     prefills: list[ScheduledRequest] = field(default_factory=list)
     decodes: list[ScheduledRequest] = field(default_factory=list)
     preempted: list[Request] = field(default_factory=list)
+    _view: views.StepBatch | None = field(default=None, repr=False)
+
+    def view(self) -> views.StepBatch:
+        """The batch as plugins see it (built once; read-only views of the entries)."""
+        if self._view is None:
+            self._view = views.StepBatch(tuple(p.view() for p in self.prefills),
+                                         tuple(d.view() for d in self.decodes))
+        return self._view
 
     @property
     def entries(self) -> list[ScheduledRequest]:

@@ -37,10 +37,12 @@ from speculant.engine.spec_components import SpecComponents, build_spec_componen
 from speculant.engine.step import StepTimes
 from speculant.engine.step_runner import StepParts, StepRun, failure, run_step
 from speculant.interfaces import AttentionBackend
+from speculant.interfaces.data import AcceptedNodes
 from speculant.model.cuda_graphs import GraphLimits
 from speculant.model.runner import ModelRunner
 
 if TYPE_CHECKING:
+    from speculant.interfaces.batch import RequestView
     from speculant.plugins.registry import Registry
 
 logger = logging.getLogger(__name__)
@@ -75,7 +77,7 @@ class LLMEngine:
         self._aborting: set[str] = set()  # aborts waiting in the inbox
         self._inbox = Inbox()  # its lock guards _requests, _aborting, the counters and _seed_gen
         self._seed_gen = torch.Generator().manual_seed(config.model.seed)
-        self.guard = ProposerGuard(self.runner.vocab_size)
+        self.guard = ProposerGuard(self.runner.vocab_size, views=self._view_of)
         self.times = StepTimes()
         self.spec_stats = SpecStats()
         self.num_steps = 0
@@ -256,7 +258,12 @@ class LLMEngine:
 
     def _restore(self, req: Request, num_cached_tokens: int) -> int:
         proposer = self.spec.proposer
-        return num_cached_tokens if proposer is None else self.guard.restore_prefix(proposer, req, num_cached_tokens)
+        return num_cached_tokens if proposer is None else \
+            self.guard.restore_prefix(proposer, req.view, num_cached_tokens)
+
+    def _view_of(self, request_id: str) -> RequestView | None:
+        req = self._requests.get(request_id)
+        return req.view if req is not None else None
 
     @property
     def prefix_caching(self) -> bool:
@@ -289,7 +296,7 @@ class LLMEngine:
             self.scheduler.cache_committed(plan.entry.request)
         if proposer is not None:
             if run.scores is not None:
-                self.guard.commit(proposer, batch, run.num_accepted, run.scores)
+                self.guard.commit(proposer, batch.view(), AcceptedNodes.chain(run.num_accepted), run.scores)
             else:  # the step was not computed as one batch: the proposer rebuilds its state
                 self.guard.reset(proposer, [e.request.request_id for e in batch.entries])
         for idx, message in run.errors.items():

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 
 import torch
 
-from speculant.engine.batch import StepBatch
 from speculant.interfaces import Proposals
+from speculant.interfaces.batch import StepBatch
 
 PROB_SUM_TOLERANCE = 1e-3
 
@@ -47,6 +47,9 @@ def _what(t: object) -> str:
 def _structure_problem(out: object, n: int, vocab: int) -> str | None:
     if not isinstance(out, Proposals):
         return f"returned {type(out).__name__}, not Proposals"
+    if out.parents is not None:
+        return ("set Proposals.parents (a token tree), but this engine verifies chains only until tree "
+                "verification lands: return parents=None, each decode's proposals as one chain")
     ids, cu, probs = out.token_ids, out.cu_num_draft_tokens, out.probs
     if not _is_int_tensor(ids) or ids.dim() != 1:
         return f"token_ids must be an integer tensor [num_draft_tokens] (flat), got {_what(ids)}"
@@ -70,7 +73,7 @@ def _on(out: object, device: torch.device | str) -> object:
     if not isinstance(out, Proposals):
         return out
     move = lambda t: t.to(device) if isinstance(t, torch.Tensor) else t  # noqa: E731
-    return Proposals(move(out.token_ids), move(out.cu_num_draft_tokens), move(out.probs))
+    return Proposals(move(out.token_ids), move(out.cu_num_draft_tokens), move(out.probs), move(out.parents))
 
 
 def check_proposals(out: object, batch: StepBatch, vocab: int,

@@ -17,15 +17,15 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from speculant.engine.batch import StepBatch
 from speculant.engine.proposal_checks import check_proposals
 from speculant.interfaces import Proposals, Proposer
 
 if TYPE_CHECKING:
-    from speculant.engine.request import Request
-    from speculant.interfaces import Scores
+    from speculant.interfaces import AcceptedNodes, Scores
+    from speculant.interfaces.batch import RequestView, StepBatch
 
 logger = logging.getLogger(__name__)
 
@@ -40,8 +40,10 @@ class ProposerGuard:
     """Counters and fault handling around one engine's proposer (passed to
     each call, so a proposer swapped in later is guarded too)."""
 
-    def __init__(self, vocab_size: int, slow_seconds: float = SLOW_PROPOSER_SECONDS) -> None:
+    def __init__(self, vocab_size: int, slow_seconds: float = SLOW_PROPOSER_SECONDS,
+                 views: Callable[[str], RequestView | None] = lambda request_id: None) -> None:
         self.vocab_size = vocab_size
+        self.views = views  # request id -> its view, whose proposer_state ``free`` empties
         self.slow_seconds = slow_seconds
         self.errors = 0
         self.slow_calls = 0
@@ -69,14 +71,14 @@ class ProposerGuard:
             self._fault(proposer, "returned invalid proposals: " + "; ".join(checked.problems), ids)
         return checked.proposals
 
-    def commit(self, proposer: Proposer, batch: StepBatch, num_accepted: list[int], scores: Scores) -> None:
+    def commit(self, proposer: Proposer, batch: StepBatch, num_accepted: AcceptedNodes, scores: Scores) -> None:
         try:
             proposer.commit(batch, num_accepted, scores)
         except Exception as exc:  # noqa: BLE001
             self._fault(proposer, f"commit raised {type(exc).__name__}: {exc}",
                         [e.request.request_id for e in batch.entries], exc)
 
-    def restore_prefix(self, proposer: Proposer, request: Request, num_cached_tokens: int) -> int:
+    def restore_prefix(self, proposer: Proposer, request: RequestView, num_cached_tokens: int) -> int:
         """Leading tokens of ``request`` the target may skip; 0 (nothing skipped,
         the proposer's state for it reset) if the proposer raises or answers
         something other than an int in [0, num_cached_tokens]."""
@@ -92,6 +94,9 @@ class ProposerGuard:
         return kept
 
     def free(self, proposer: Proposer, request_id: str) -> None:
+        view = self.views(request_id)
+        if view is not None:
+            view.proposer_state.clear()
         try:
             proposer.free(request_id)
         except Exception as exc:

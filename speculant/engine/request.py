@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from speculant.config.sampling_params import SamplingParams
 from speculant.engine.detokenizer import Detokenizer
+from speculant.interfaces.batch import RequestView
 
 if TYPE_CHECKING:
     from speculant.engine.grammar.request_grammar import RequestGrammar
@@ -118,8 +119,11 @@ class Request:
     needed (``engine/prefix_caching.py``); a draft model's pool uses the same keys."""
     grammar: RequestGrammar | None = None
     """Structured output: the matcher following the committed output (``engine/grammar``)."""
+    view: RequestView = field(init=False, repr=False)
+    """The request as plugins see it (read-only, live; one per request)."""
 
     def __post_init__(self) -> None:
+        self.view = RequestView(self)
         if not self.token_ids:
             self.token_ids = list(self.prompt_token_ids)
         if self.params.logprobs is not None and self.logprobs is None:

@@ -16,10 +16,11 @@ from dataclasses import dataclass, field
 import torch
 
 from speculant.engine.batch import StepBatch
-from speculant.engine.layout import score_flat
 from speculant.engine.proposer_guard import ProposerGuard
 from speculant.engine.runner_view import PluginRunner
 from speculant.interfaces import AcceptanceMethod, Proposals, Proposer, Scorer, Scores
+from speculant.interfaces import batch as views
+from speculant.interfaces.layout import score_flat
 from speculant.sampling.acceptance import greedy_accept, verifies_by_argmax
 from speculant.sampling.logits_processing import filtered_logprobs, sampling_tensors
 from speculant.sampling.sampler import ACCEPT_STREAM, request_generator, sample
@@ -59,14 +60,17 @@ def propose(proposer: Proposer | None, batch: StepBatch, guard: ProposerGuard | 
     # called even when no decode speculates: a proposer with its own KV cache
     # must see this step's prefill chunks to stay in sync
     guard = guard or ProposerGuard(proposer.context.target.vocab_size)
-    return guard.propose(proposer, batch)
+    return guard.propose(proposer, batch.view())
 
 
-def score(scorer: Scorer | None, runner: PluginRunner, batch: StepBatch, proposals: Proposals,
+def score(scorer: Scorer | None, runner: PluginRunner, batch: StepBatch | views.StepBatch, proposals: Proposals,
           want_hidden: bool = False) -> Scores:
+    """The target's scores with ``scorer`` (None: the plain flat forward); it
+    gets the batch's read-only view (``batch`` may be the engine's or a view)."""
+    view = batch.view() if isinstance(batch, StepBatch) else batch
     if scorer is None:
-        return score_flat(runner, batch, proposals, want_hidden)
-    return scorer.score(runner, batch, proposals, want_hidden)
+        return score_flat(runner, view, proposals, want_hidden)
+    return scorer.score(runner, view, proposals, want_hidden)
 
 
 def decide(acceptance: AcceptanceMethod | None, batch: StepBatch, proposals: Proposals, scores: Scores) -> Decisions:

@@ -5,8 +5,12 @@ A proposer guesses tokens (``Proposer``), a scorer runs the target over them
 (``AcceptanceMethod``) and an attention backend computes paged attention in
 every forward (``AttentionBackend``). Each class declares a ``name`` (what the
 config says), ``capabilities`` (``capabilities.py``) and an ``Options`` model.
-Engine objects appear through the views of ``views.py``, so this package
-imports nothing of the layers above it.
+Engine objects appear through the views of ``views.py`` and ``batch.py``, so
+this package imports nothing of the layers above it.
+
+Every plugin class also declares the contract version it targets,
+``api_version = "2.0"`` (``version.py``): the registry refuses a class that
+declares none or another major version.
 """
 
 from __future__ import annotations
@@ -29,7 +33,8 @@ from speculant.interfaces.capabilities import (
 if TYPE_CHECKING:  # annotations only: this module loads without torch (see the package docstring)
     import torch
 
-    from speculant.interfaces.data import AcceptedTokens, Proposals, Scores
+    from speculant.interfaces.batch import RequestView
+    from speculant.interfaces.data import AcceptedNodes, AcceptedTokens, Proposals, Scores
     from speculant.interfaces.span_tensors import SpanTensors
     from speculant.interfaces.views import EngineConfigView, RunnerView, StepBatchView
 
@@ -84,13 +89,14 @@ class Proposer(ABC):
 
     Lifecycle per step: ``propose(batch)`` sees the whole batch (prefill chunks
     too, so a proposer with its own KV cache keeps it in sync chunk by chunk),
-    then ``commit(batch, num_accepted)`` after acceptance so it can roll back to
+    then ``commit(batch, accepted)`` after acceptance so it can roll back to
     what was kept, and ``free(request_id)`` when a request finishes or is
     preempted. The engine checks ``propose``'s output and survives any
     exception from these methods: on a fault, or when the step fails after
     ``propose``, it calls ``free`` for the affected requests instead of
-    ``commit`` (see ``core/proposer_guard.py``), so after ``free`` a proposer
-    must be able to serve a request that is still running.
+    ``commit`` (see ``engine/proposer_guard.py``), so after ``free`` a proposer
+    must be able to serve a request that is still running. ``batch`` is the
+    same object in a step's ``propose`` and ``commit``.
     """
 
     name: ClassVar[str]
@@ -106,9 +112,11 @@ class Proposer(ABC):
         """Return up to ``d.num_spec_tokens`` tokens for each ``d`` in
         ``batch.decodes`` (row order = decode order)."""
 
-    def commit(self, batch: StepBatchView, num_accepted: list[int], scores: Scores) -> None:  # noqa: B027 - optional: stateless proposers keep nothing
-        """Called after acceptance with the number of proposals kept per decode
-        (row order = ``batch.decodes``) and the step's target ``Scores`` (with
+    def commit(self, batch: StepBatchView, num_accepted: AcceptedNodes, scores: Scores) -> None:  # noqa: B027 - optional: stateless proposers keep nothing
+        """Called after acceptance with what was kept per decode (row order =
+        ``batch.decodes``): ``num_accepted[i]`` proposals, the nodes
+        ``num_accepted.nodes[i]`` (indices into the decode's proposals, root
+        first; ``0 .. num_accepted[i] - 1`` for a chain), and the step's target ``Scores`` (with
         hidden states when the proposer declares ``needs_target_hidden_states``:
         ``scores.decode_hidden[scores.cu_num_logits[i] + num_accepted[i]]`` produced decode i's newest
         token, ``scores.prefill_hidden`` the newest token of each prefill that
@@ -122,7 +130,7 @@ class Proposer(ABC):
         that sees it must rebuild what it needs from ``request.token_ids`` (or
         propose nothing for it until it can). Stateless proposers hold none."""
 
-    def restore_prefix(self, request: Any, num_cached_tokens: int) -> int:
+    def restore_prefix(self, request: RequestView, num_cached_tokens: int) -> int:
         """Prefix caching (only with ``capabilities.supports_prefix_caching``):
         the target holds ``request``'s first ``num_cached_tokens`` tokens cached
         (whole blocks; ``request.block_hashes`` has their keys) and is about to

@@ -22,11 +22,23 @@ class Proposals:
     engine moves a plugin's output there after checking it. Nothing is padded:
     ``probs`` has one row per proposed token. Proposers that fill a padded
     ``[n, k]`` table can hand it to ``from_padded``.
+
+    ``parents`` makes the proposals of a decode a token tree: node j of decode
+    i (``token_ids[cu_num_draft_tokens[i] + j]``) follows node ``parents[...]``
+    of the same decode, or the decode's last token when that is -1. None means
+    a chain (node j follows node j - 1), the only shape this engine verifies
+    today: proposals with ``parents`` are refused (the decodes run without
+    speculation and the engine logs why) until tree verification lands.
     """
 
     token_ids: torch.Tensor  # [num_draft_tokens] long
     cu_num_draft_tokens: torch.Tensor  # [num_decodes + 1] long: 0, then running sums of lens
     probs: torch.Tensor | None = None  # [num_draft_tokens, V] float32 draft probs, or None
+    parents: torch.Tensor | None = None  # [num_draft_tokens] long: parent node in the decode (-1: root); None: chain
+
+    @property
+    def is_chain(self) -> bool:
+        return self.parents is None
 
     @property
     def num_decodes(self) -> int:
@@ -107,6 +119,22 @@ class Scores:
     prompt_hidden: torch.Tensor | None = None  # [sum of prefill chunk lengths, H]: every chunk's rows, batch order
 
 
+class AcceptedNodes(list[int]):
+    """What ``Proposer.commit`` receives about acceptance, per decode (row order
+    = ``batch.decodes``): as a list, the number of proposals kept (so a chain
+    proposer reads ``num_accepted[i]``), and in ``nodes[i]`` the indices of the
+    kept nodes, root first (for a chain, ``0 .. num_accepted[i] - 1``; for a
+    tree, the accepted path through ``Proposals.parents``)."""
+
+    def __init__(self, nodes: list[list[int]]) -> None:
+        super().__init__(len(path) for path in nodes)
+        self.nodes = nodes
+
+    @classmethod
+    def chain(cls, num_accepted: list[int]) -> AcceptedNodes:
+        return cls([list(range(a)) for a in num_accepted])
+
+
 @dataclass(frozen=True)
 class AcceptedTokens:
     token_ids: torch.Tensor  # [n, max(lens) + 1] long; PLACEHOLDER_TOKEN_ID after the num_accepted + 1 emitted
@@ -117,21 +145,43 @@ class AcceptedTokens:
 class QuerySpan:
     """A run of query tokens of one sequence.
 
-    The tokens sit at positions ``start .. start + len(token_ids) - 1``; they
-    attend to the sequence's cached prefix (positions < start, found through
-    ``block_table``) and causally to each other. Several spans may share a
+    The tokens sit at ``positions`` (None: ``start .. start + len(token_ids) -
+    1``); they attend to the sequence's cached prefix (positions < start,
+    found through ``block_table``) and to each other as ``ancestor_mask``
+    says (None: causally, token i sees tokens 0..i). Several spans may share a
     block table (batch expansion): all K/V of a forward are written before any
     span attends, so a span sees the K/V its siblings write at lower positions.
+
+    A tree span (explicit positions that are not that run, or a mask) is
+    refused by this engine's runner with the reason, until tree attention
+    lands; chains are unchanged.
     """
 
     block_table: list[int]
     start: int
     token_ids: list[int]
     logits_at: list[int]  # offsets inside the span whose logits are needed
+    positions: list[int] | None = None  # [num_tokens] position of each token; None: start + offset
+    ancestor_mask: list[list[bool]] | None = None  # [num_tokens][num_tokens]: row i sees token j; None: causal
 
     @property
     def num_tokens(self) -> int:
         return len(self.token_ids)
+
+    @property
+    def token_positions(self) -> list[int]:
+        return list(range(self.start, self.start + len(self.token_ids))) if self.positions is None \
+            else list(self.positions)
+
+    def tree_problem(self) -> str | None:
+        """Why this engine cannot run the span (it is a tree), or None for a chain."""
+        if self.ancestor_mask is not None:
+            return ("QuerySpan.ancestor_mask is set (tree attention), which this engine does not implement "
+                    "yet: pass ancestor_mask=None (causal) and lay the proposals out as a chain")
+        if self.positions is not None and list(self.positions) != list(range(self.start, self.end)):
+            return (f"QuerySpan.positions {list(self.positions)[:8]} are not the consecutive run from start="
+                    f"{self.start}; this engine runs chains only: pass positions=None or that run")
+        return None
 
     @property
     def end(self) -> int:

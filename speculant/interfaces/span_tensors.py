@@ -43,6 +43,10 @@ class SpanTensors:
         tables: list[list[int]] = []
         cu = [0]
         for b, s in enumerate(spans):
+            if s.positions is not None or s.ancestor_mask is not None:
+                problem = s.tree_problem()
+                if problem is not None:
+                    raise ValueError(f"query span {b} cannot run: {problem}")
             table = s.block_table
             ids.extend(s.token_ids)
             span_positions = range(s.start, s.start + len(s.token_ids))

@@ -7,16 +7,17 @@ contract names them through the views below:
 
 - ``RunnerView``: the part of a model runner a scorer or a proposer calls
   (``speculant.model.runner.ModelRunner`` implements it);
-- ``StepBatchView`` / ``EngineConfigView``: the step's batch
-  (``speculant.engine.batch.StepBatch``) and the validated engine config
-  (``speculant.config.models.EngineConfig``). Plugins read many of their
-  fields, so the contract types them loosely and plugins annotate with the
-  concrete classes, which ``speculant.plugin_api`` exports.
+- ``StepBatchView``: the read-only ``speculant.interfaces.batch.StepBatch``
+  the engine builds for its plugins each step;
+- ``EngineConfigView``: what a plugin may read of the validated engine config
+  (``speculant.config.models.EngineConfig`` has it all, and more).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+from speculant.interfaces.batch import StepBatch
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -25,11 +26,70 @@ if TYPE_CHECKING:
 
     from speculant.interfaces.data import QuerySpan
 
-StepBatchView = Any
-"""A ``speculant.engine.batch.StepBatch`` (prefill chunks, then decodes)."""
+StepBatchView = StepBatch
+"""The step's batch as plugins see it (prefill chunks, then decodes)."""
 
-EngineConfigView = Any
-"""A ``speculant.config.models.EngineConfig``."""
+
+class ModelSettingsView(Protocol):
+    """``EngineConfig.model``, as far as plugins read it (a proposer's own
+    model may mirror the target's settings)."""
+
+    @property
+    def path(self) -> str: ...
+
+    @property
+    def tokenizer(self) -> str | None: ...
+
+    @property
+    def dtype(self) -> Literal["float32", "float64", "bfloat16", "float16"]: ...
+
+    @property
+    def device(self) -> Literal["auto", "cpu", "cuda"]: ...
+
+    @property
+    def max_model_len(self) -> int | None: ...
+
+    @property
+    def attention_backend(self) -> str: ...
+
+    @property
+    def linear_dense_max_rows(self) -> int | None: ...
+
+    @property
+    def cuda_graphs(self) -> Literal["auto", "off"]: ...
+
+    @property
+    def fast_forward(self) -> Literal["auto", "on", "off"]: ...
+
+
+class SpeculativeSettingsView(Protocol):
+    """``EngineConfig.speculative``, as far as plugins read it."""
+
+    @property
+    def proposer(self) -> str | None: ...
+
+    @property
+    def scorer(self) -> str: ...
+
+    @property
+    def acceptance(self) -> str: ...
+
+    @property
+    def num_speculative_tokens(self) -> int: ...
+
+    @property
+    def proposer_options(self) -> Any: ...
+
+
+class EngineConfigView(Protocol):
+    """The validated engine config, read-only, as a proposer's ``context.config``
+    and ``validate_against`` receive it."""
+
+    @property
+    def model(self) -> ModelSettingsView: ...
+
+    @property
+    def speculative(self) -> SpeculativeSettingsView: ...
 
 
 class ForwardResult(Protocol):

@@ -18,7 +18,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from speculant.interfaces import PLUGIN_KINDS, Kind, UnknownPluginError
+from speculant.interfaces import PLUGIN_KINDS, Kind, UnknownPluginError, version_problem
 
 BUILTIN_PLUGIN_MODULE = "speculant.plugins.builtin"
 """Module of the built-in plugin (entry point ``builtin`` of ``speculant``)."""
@@ -89,6 +89,9 @@ def validate_class(kind: Kind, cls: object) -> list[str]:
     elif inspect.isabstract(cls):
         missing = ", ".join(sorted(getattr(cls, "__abstractmethods__", ())))
         problems.append(f"{cls.__qualname__} leaves abstract methods unimplemented: {missing}")
+    version = version_problem(cls, label)
+    if version is not None:
+        problems.append(version)
     name = getattr(cls, "name", None)
     if not isinstance(name, str) or not _NAME_RE.match(name):
         problems.append(f"{cls.__qualname__}.name = {name!r}: must be a non-empty string of letters, digits, "

@@ -26,10 +26,17 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from speculant.config.models import EngineConfig, ModelConfig
-from speculant.engine.batch import StepBatch
-from speculant.engine.request import Request
-from speculant.interfaces import Proposals, Proposer, ProposerCapabilities, ProposerContext, QuerySpan, Scores
+from speculant.config.models import ModelConfig
+from speculant.interfaces import (
+    EngineConfigView,
+    Proposals,
+    Proposer,
+    ProposerCapabilities,
+    ProposerContext,
+    QuerySpan,
+    Scores,
+)
+from speculant.interfaces.batch import RequestView, StepBatch
 from speculant.model.loading.files import read_text_config
 from speculant.model.loading.gguf_source import resolve_model_source
 from speculant.proposers.draft_tokenizer import check_draft_tokenizer
@@ -53,6 +60,7 @@ class DraftModelOptions(BaseModel):
 
 class DraftModelProposer(Proposer):
     name = "draft_model"
+    api_version = "2.0"
     capabilities = ProposerCapabilities(
         needs_target_hidden_states=False, supports_chunked_prefill=True, draft_probs="full",
         supports_prefix_caching=True)  # shares its own cached blocks under the target's keys, computes the rest
@@ -60,7 +68,7 @@ class DraftModelProposer(Proposer):
     options: DraftModelOptions
 
     @classmethod
-    def validate_against(cls, options: DraftModelOptions, config: EngineConfig) -> list[str]:
+    def validate_against(cls, options: DraftModelOptions, config: EngineConfigView) -> list[str]:
         key = "speculative.proposer_options.model"
         draft = Path(options.model)
         if draft.is_file():
@@ -115,7 +123,7 @@ class DraftModelProposer(Proposer):
         table = self.runner.block_manager.allocate(request_id, start + len(token_ids))
         return QuerySpan(table, start, token_ids, logits_at)
 
-    def _done(self, req: Request, upto: int) -> int:
+    def _done(self, req: RequestView, upto: int) -> int:
         """Tokens of ``req`` whose K/V the draft holds; for a request it holds
         nothing for, the cached blocks (at most ``upto`` tokens) it starts with."""
         done = self._computed.get(req.request_id)

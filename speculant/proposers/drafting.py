@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from speculant.engine.request import Request
 from speculant.interfaces import Proposals
+from speculant.interfaces.batch import RequestView
 from speculant.sampling.acceptance import verifies_by_argmax
 from speculant.sampling.logits_processing import filtered_logprobs, sampling_tensors
 from speculant.sampling.sampler import DRAFT_STREAM, draw_uniforms, request_generator, sample_from_probs
@@ -32,7 +32,7 @@ class DraftDraw:
 
 def draw_proposals(
     logits: torch.Tensor,  # [R, V] proposer logits, one row per request
-    requests: list[Request],
+    requests: list[RequestView],
     step: int,  # proposal index (0 = first proposal); selects the random stream
     with_confidence: bool = False,
 ) -> DraftDraw:

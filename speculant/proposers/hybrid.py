@@ -20,16 +20,22 @@ distribution is), so rejection sampling stays lossless on every row.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 from typing import Any, ClassVar
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from speculant.config.models import EngineConfig
-from speculant.engine.batch import StepBatch
-from speculant.interfaces import Proposals, Proposer, ProposerCapabilities, ProposerContext, Scores
+from speculant.interfaces import (
+    AcceptedNodes,
+    EngineConfigView,
+    Proposals,
+    Proposer,
+    ProposerCapabilities,
+    ProposerContext,
+    Scores,
+)
+from speculant.interfaces.batch import StepBatch
 from speculant.proposers.draft_model import DraftModelOptions, DraftModelProposer
 from speculant.proposers.eagle.proposer import EagleOptions, EagleProposer
 from speculant.proposers.suffix import SuffixOptions, SuffixProposer
@@ -116,7 +122,7 @@ class SuffixHybrid(Proposer):
     options: SuffixHybridOptions
 
     @classmethod
-    def validate_against(cls, options: Any, config: EngineConfig) -> list[str]:
+    def validate_against(cls, options: Any, config: EngineConfigView) -> list[str]:
         problems = cls.model_cls.validate_against(getattr(options, cls.model_key), config)
         return [renamed(p, cls.model_key) for p in problems]
 
@@ -147,18 +153,15 @@ class SuffixHybrid(Proposer):
         if any(use_suffix):
             decodes = []
             for d, use in zip(batch.decodes, use_suffix):
-                if use:
-                    d = copy.copy(d)
-                    d.num_spec_tokens = 0
-                decodes.append(d)
-            model_batch = StepBatch(batch.prefills, decodes, batch.preempted)
+                decodes.append(dataclasses.replace(d, num_spec_tokens=0) if use else d)
+            model_batch = StepBatch(batch.prefills, tuple(decodes))
         self._seen = (batch, model_batch)
         proposals = self.model.propose(model_batch)
         if not any(use_suffix):
             return proposals
         return merge(use_suffix, [s.tokens for s in drafts], proposals)
 
-    def commit(self, batch: StepBatch, num_accepted: list[int], scores: Scores) -> None:
+    def commit(self, batch: StepBatch, num_accepted: AcceptedNodes, scores: Scores) -> None:
         seen, self._seen = self._seen, None
         model_batch = seen[1] if seen is not None and seen[0] is batch else batch  # what the model proposed for
         self.model.commit(model_batch, num_accepted, scores)
@@ -178,6 +181,7 @@ class SuffixHybrid(Proposer):
 
 class EagleSuffixProposer(SuffixHybrid):
     name = "eagle_suffix"
+    api_version = "2.0"
     capabilities = combined(EagleProposer.capabilities, SuffixProposer.capabilities)
     Options = EagleSuffixOptions
     model_cls = EagleProposer
@@ -186,6 +190,7 @@ class EagleSuffixProposer(SuffixHybrid):
 
 class DraftSuffixProposer(SuffixHybrid):
     name = "draft_suffix"
+    api_version = "2.0"
     capabilities = combined(DraftModelProposer.capabilities, SuffixProposer.capabilities)
     Options = DraftSuffixOptions
     model_cls = DraftModelProposer

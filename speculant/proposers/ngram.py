@@ -3,6 +3,7 @@ last few tokens earlier in the prompt or output and copying what followed."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -10,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from speculant.interfaces import Proposals, Proposer, ProposerCapabilities
 
 if TYPE_CHECKING:
-    from speculant.engine.batch import StepBatch
+    from speculant.interfaces.batch import StepBatch
 
 
 class NgramOptions(BaseModel):
@@ -44,6 +45,7 @@ class NgramProposer(Proposer):
     """
 
     name = "ngram"
+    api_version = "2.0"
     capabilities = ProposerCapabilities(
         needs_target_hidden_states=False,
         supports_chunked_prefill=True,
@@ -62,15 +64,15 @@ class NgramProposer(Proposer):
         return Proposals.from_lists(rows, self.context.target.device)
 
 
-def propose_continuation(tokens: list[int], num_tokens: int, min_n: int, max_n: int) -> list[int]:
+def propose_continuation(tokens: Sequence[int], num_tokens: int, min_n: int, max_n: int) -> list[int]:
     """Up to ``num_tokens`` tokens following the best earlier match of the suffix."""
     if num_tokens <= 0:
         return []
     end = find_match_end(tokens, min_n, max_n, num_tokens)
-    return [] if end < 0 else tokens[end + 1:end + 1 + num_tokens]
+    return [] if end < 0 else list(tokens[end + 1:end + 1 + num_tokens])
 
 
-def find_match_end(tokens: list[int], min_n: int, max_n: int, want: int = 1) -> int:
+def find_match_end(tokens: Sequence[int], min_n: int, max_n: int, want: int = 1) -> int:
     """Index of the last token of the chosen earlier occurrence of the suffix, or -1.
 
     Walks candidate positions from the most recent backwards (``list.index`` on a

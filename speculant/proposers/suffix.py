@@ -24,8 +24,7 @@ from speculant.proposers.suffix_index import (
 )
 
 if TYPE_CHECKING:
-    from speculant.engine.batch import StepBatch
-    from speculant.engine.request import Request
+    from speculant.interfaces.batch import RequestView, StepBatch
 
 
 class SuffixOptions(BaseModel):
@@ -72,7 +71,7 @@ class SuffixDraft:
 class _RequestIndex:
     """One request's own index over its prompt + output."""
 
-    request: Request
+    request: RequestView
     index: SuffixIndex
     hashes: list[int]  # prefix hashes of request.token_ids indexed so far (suffix_index.extend_hashes)
 
@@ -93,6 +92,7 @@ class SuffixProposer(Proposer):
     """
 
     name = "suffix"
+    api_version = "2.0"
     capabilities = ProposerCapabilities(
         needs_target_hidden_states=False,
         supports_chunked_prefill=True,
@@ -114,7 +114,7 @@ class SuffixProposer(Proposer):
         rows = [self.scored_draft(d.request, d.num_spec_tokens).tokens for d in batch.decodes]
         return Proposals.from_lists(rows, self.context.target.device)
 
-    def scored_draft(self, request: Request, budget: int) -> SuffixDraft:
+    def scored_draft(self, request: RequestView, budget: int) -> SuffixDraft:
         """The request's draft of at most ``budget`` tokens, with its score and match length."""
         return self._draft(self._sync(request), budget)
 
@@ -123,7 +123,7 @@ class SuffixProposer(Proposer):
         if index is not None and index.request.finished and index.request.finish_reason in ("stop", "length"):
             self.cache.add(index.request.output_token_ids)
 
-    def _sync(self, request: Request) -> _RequestIndex:
+    def _sync(self, request: RequestView) -> _RequestIndex:
         """The request's index, brought up to ``request.token_ids``."""
         state = self._state.get(request.request_id)
         tokens = request.token_ids

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from speculant.config.sampling_params import MIN_TEMPERATURE, SamplingParams
+from speculant.interfaces.sampling_params import MIN_TEMPERATURE, SamplingParams
 
 
 def sampling_tensors(params: list[SamplingParams], device: torch.device) -> dict[str, torch.Tensor]:

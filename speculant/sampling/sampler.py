@@ -15,7 +15,7 @@ from typing import Protocol
 
 import torch
 
-from speculant.config.sampling_params import SamplingParams
+from speculant.interfaces.sampling_params import SamplingParams
 from speculant.sampling.logits_processing import filtered_logprobs, sampling_tensors
 
 

@@ -8,12 +8,13 @@ it. Prefill chunks stay multi-token spans, as in MQA, in the same forward.
 
 from __future__ import annotations
 
-from speculant.engine.layout import block_table, decode_tokens, gather_scores, prefill_spans
 from speculant.interfaces import QuerySpan, Scorer, ScorerCapabilities, Scores
+from speculant.interfaces.layout import block_table, decode_tokens, gather_scores, prefill_spans
 
 
 class BatchExpansionScorer(Scorer):
     name = "batch_expansion"
+    api_version = "2.0"
     capabilities = ScorerCapabilities(supports_mixed_prefill_decode=True, needs_multi_token_queries=False)
 
     def score(self, runner, batch, proposals, want_hidden: bool = False) -> Scores:

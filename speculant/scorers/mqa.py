@@ -7,12 +7,13 @@ a cached prefix.
 
 from __future__ import annotations
 
-from speculant.engine.layout import score_flat
 from speculant.interfaces import Scorer, ScorerCapabilities, Scores
+from speculant.interfaces.layout import score_flat
 
 
 class MQAScorer(Scorer):
     name = "mqa"
+    api_version = "2.0"
     capabilities = ScorerCapabilities(supports_mixed_prefill_decode=True, needs_multi_token_queries=True)
 
     def score(self, runner, batch, proposals, want_hidden: bool = False) -> Scores:

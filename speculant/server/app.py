@@ -2,7 +2,8 @@
 
 The app starts answering at once; the engine loads in a thread meanwhile,
 and every route but ``/metrics`` answers 503 (with ``Retry-After``) until it
-is ready. Then one ``EngineLoop`` steps the engine for every connection.
+is ready. Then one engine loop (``speculant.engine.loop``, behind ``admission``)
+steps the engine for every connection.
 On shutdown (uvicorn stops accepting, lets in-flight requests finish within
 its graceful timeout, then cancels them, which aborts them) the loop aborts
 whatever is left and stops.
@@ -34,8 +35,8 @@ from speculant.engine.grammar import GrammarError
 from speculant.engine.llm_engine import LLMEngine
 from speculant.server import api_docs
 from speculant.server.access import OPEN_PATHS, ApiKeyAuth
+from speculant.server.admission import Admission, QueueFull
 from speculant.server.body_limit import DEFAULT_MAX_REQUEST_BYTES, BodyLimit
-from speculant.server.engine_loop import EngineLoop, QueueFull
 from speculant.server.errors import (
     INVALID_PROMPT,
     INVALID_STRUCTURED_OUTPUT,
@@ -84,7 +85,7 @@ class ServerState:
     gather_metrics: Callable[[], Awaitable[bytes]] | None = None
     """``/metrics`` of several servers (Ray Serve replicas: ``speculant.server.ray_serve``); None: this one's."""
     engine: LLMEngine | None = None
-    loop: EngineLoop | None = None
+    loop: Admission | None = None
     prompt_limit: PromptLimit | None = None
     created: int = field(default_factory=lambda: int(time.time()))
     open_requests: OpenRequestCount = field(default_factory=OpenRequestCount)
@@ -112,7 +113,7 @@ class ServerState:
         limit, why_off = PromptLimit.for_tokenizer(engine.tokenizer, engine.max_model_len)
         if why_off:
             logger.warning("prompts are not refused by their length in characters before tokenizing: %s", why_off)
-        loop = EngineLoop(engine, self.max_queued, self._on_step, self.request_id_prefix)
+        loop = Admission(engine, self.max_queued, self._on_step, self.request_id_prefix)
         loop.start()
         self.prompt_limit = limit
         self.engine, self.loop = engine, loop
@@ -121,7 +122,7 @@ class ServerState:
     def _on_step(self, seconds: float, outputs: list) -> None:
         self.metrics.step_seconds.observe(seconds)
 
-    def ready(self) -> tuple[LLMEngine, EngineLoop]:
+    def ready(self) -> tuple[LLMEngine, Admission]:
         if self.engine is None or self.loop is None:
             raise APIError(503, "the model is still loading; retry in a few seconds (GET /health answers 200 "
                                 "once it is ready)", code="model_loading",

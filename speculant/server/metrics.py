@@ -31,7 +31,7 @@ from prometheus_client.registry import Collector
 
 from speculant.engine.llm_engine import LLMEngine
 from speculant.engine.request import SpecStats
-from speculant.server.engine_loop import EngineLoop
+from speculant.server.admission import Admission
 from speculant.server.open_requests import OpenRequestCount
 
 disable_created_metrics()  # no *_created series: counters here start with the process
@@ -40,7 +40,7 @@ STEP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.
 
 
 class ServerMetrics:
-    def __init__(self, engine: Callable[[], LLMEngine | None], loop: Callable[[], EngineLoop | None],
+    def __init__(self, engine: Callable[[], LLMEngine | None], loop: Callable[[], Admission | None],
                  open_requests: OpenRequestCount | None = None) -> None:
         self.registry = CollectorRegistry()
         ProcessCollector(registry=self.registry)
@@ -67,7 +67,7 @@ class ServerMetrics:
 class _EngineCollector(Collector):
     """Engine state, read when scraped (nothing is copied in between)."""
 
-    def __init__(self, engine: Callable[[], LLMEngine | None], loop: Callable[[], EngineLoop | None],
+    def __init__(self, engine: Callable[[], LLMEngine | None], loop: Callable[[], Admission | None],
                  open_requests: OpenRequestCount) -> None:
         self.engine = engine
         self.loop = loop

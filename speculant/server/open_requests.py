@@ -4,7 +4,7 @@
 request to a ``/v1/`` path counts from the moment it reaches the app (before
 its key is checked or its body read) until the app has sent the end of its
 response, whatever happened in between (an error answer, a stream, the client
-leaving). The engine's own count (``EngineLoop.num_in_flight``) starts later
+leaving). The engine's own count (``Admission.num_in_flight``) starts later
 (once the body is parsed and the request admitted) and ends earlier (when the
 engine finishes it, before the answer has left): a server that dies loses
 what this count holds, which is the number a load balancer or a test of a

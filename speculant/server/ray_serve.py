@@ -40,13 +40,13 @@ import ray
 import torch
 from ray import serve
 
-from speculant.batch.ray_job import connect
 from speculant.config.models import ConfigError, EngineConfig
 from speculant.engine.llm_engine import LLMEngine
+from speculant.ray_cluster import connect
 from speculant.server.app import ServerState, build_app
 from speculant.server.body_limit import DEFAULT_MAX_REQUEST_BYTES
 from speculant.server.metrics_hub import HUB_NAMESPACE, REPORT_INTERVAL_S, MetricsHub, exposition
-from speculant.server.runner import _config
+from speculant.server.runner import config_from_args
 
 logger = logging.getLogger(__name__)
 
@@ -185,7 +185,7 @@ def replica_threads(cpus_per_replica: float) -> int:
 def serve_on_ray(args: argparse.Namespace) -> int:
     """``speculant serve --ray`` after its argument checks: deploy, serve until SIGTERM/SIGINT, remove."""
     try:
-        config, source = _config(args)
+        config, source = config_from_args(args)
         autoscale = parse_autoscale(args.autoscale) if args.autoscale else None
     except (ConfigError, ValueError, OSError, TypeError) as exc:
         print(f"error: {exc}", file=sys.stderr)

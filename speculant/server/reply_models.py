@@ -4,7 +4,7 @@ what ``responses.Reply`` builds (tests check the one against the other).
 Completions answer ``Completion`` / ``ChatCompletion`` whole, or a stream of
 ``CompletionChunk`` / ``ChatCompletionChunk`` events; every error is an
 ``ErrorResponse``. ``speculant`` is the extension carrying the request's
-speculation summary (``responses.spec_summary``).
+speculation summary (``speculant.engine.output_record.spec_summary``).
 """
 
 from __future__ import annotations

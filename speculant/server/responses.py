@@ -8,11 +8,8 @@ temperature, top-k, top-p and min-p; greedy rows: the plain softmax), for
 every emitted token, accepted proposals included.
 
 Extension: every finished response (and the last streamed chunk) carries
-``speculant``, the request's speculation summary: ``spec_steps`` (verify
-steps in which it speculated), ``draft_tokens``, ``accepted_tokens``,
-``acceptance_rate`` (accepted / drafted), ``mean_acceptance_length`` (tokens
-emitted per verify step, bonus token included), ``acceptance_per_position``
-(the rate at draft position 1, 2, ...) and ``preemptions``.
+``speculant``, the request's speculation summary, and ``usage``, both from
+``speculant.engine.output_record`` (the batch job's records carry the same).
 """
 
 from __future__ import annotations
@@ -21,25 +18,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from speculant.engine.output_record import OutputRecord, spec_summary, usage
 from speculant.engine.request import RequestOutput
-
-
-def spec_summary(out: RequestOutput) -> dict[str, Any]:
-    m = out.metrics or {}
-    return {"spec_steps": m.get("num_steps", 0), "draft_tokens": m.get("num_draft_tokens", 0),
-            "accepted_tokens": m.get("num_accepted_tokens", 0),
-            "acceptance_rate": round(m.get("acceptance_rate", 0.0), 6),
-            "mean_acceptance_length": round(m.get("mean_accepted_length", 0.0), 6),
-            "acceptance_per_position": [round(x, 6) for x in m.get("acceptance_per_position", [])],
-            "accepted_length_histogram": list(m.get("accepted_length_histogram", [])),
-            "spec_off_steps": m.get("num_off_steps", 0),
-            "propose_s": round(m.get("propose_s", 0.0), 6),
-            "preemptions": m.get("num_preemptions", 0)}
-
-
-def usage(out: RequestOutput) -> dict[str, int]:
-    prompt, completion = len(out.prompt_token_ids), len(out.outputs[0].token_ids)
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
 @dataclass
@@ -70,7 +50,7 @@ class Reply:
         choice["logprobs"] = self.logprobs(c.token_ids, c.logprobs)
         choice["finish_reason"] = c.finish_reason
         return {**self._head("chat.completion" if self.chat else "text_completion"), "choices": [choice],
-                "usage": usage(out), "speculant": spec_summary(out)}
+                **OutputRecord.of(out).summary()}
 
     def chunk(self, text: str, token_ids: list[int], logprobs: list[dict[int, float]] | None,
               out: RequestOutput | None, first: bool = False, text_offset: int = 0) -> dict[str, Any]:

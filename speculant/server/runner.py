@@ -78,7 +78,7 @@ def serve_command(args: argparse.Namespace) -> int:
 
         torch.set_num_threads(args.threads)
     try:
-        config, source = _config(args)
+        config, source = config_from_args(args)
     except (ConfigError, ValueError, OSError, TypeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -93,7 +93,7 @@ def serve_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def _config(args: argparse.Namespace) -> tuple[EngineConfig, str]:
+def config_from_args(args: argparse.Namespace) -> tuple[EngineConfig, str]:
     """``--config`` (with ``--model`` replacing model.path) or ``--model``, then ``--set``."""
     if args.config:
         data = read_config(args.config, args.overrides)

@@ -26,7 +26,7 @@ from typing import Any
 from fastapi import Request
 
 from speculant.engine.request import RequestOutput
-from speculant.server.engine_loop import EngineLoop, RequestStream
+from speculant.server.admission import Admission, AsyncRequestStream
 from speculant.server.errors import APIError, error_body
 from speculant.server.metrics import ServerMetrics
 from speculant.server.responses import Reply
@@ -55,9 +55,9 @@ def failed(out: RequestOutput) -> APIError | None:
 class Serving:
     """One request's path from the engine loop to its client."""
 
-    loop: EngineLoop
+    loop: Admission
     metrics: ServerMetrics
-    stream: RequestStream
+    stream: AsyncRequestStream
     reply: Reply
 
     def __post_init__(self) -> None:

@@ -82,18 +82,27 @@ def test_generate_with_a_json_schema_or_regex(tmp_path, llama_dir, capsys):
     assert "structured output regex cannot be compiled" in capsys.readouterr().err
 
 
-def test_verbose_names_the_kernels_and_the_self_test(llama_dir, capsys, monkeypatch):
-    """One plain line says which C kernels run on this CPU and what is lost and why (here: a
-    CPU reported to lack AVX512_BF16, whatever this one has), and one the self-test's errors."""
+def test_verbose_names_the_dtype_the_kernels_and_the_self_test(llama_dir, capsys, monkeypatch):
+    """One plain line says which dtype runs and why, one which C kernels run and what is lost and
+    why (here: the dispatch capped at scalar by SPECULANT_CPU_ISA, whatever this CPU has), and one
+    the self-test's errors."""
     from speculant.model.kernels import build
+    from speculant.model.kernels.abi import set_kernel_isa
 
+    monkeypatch.setenv("SPECULANT_CPU_ISA", "scalar")
     lib = build.load_kernel()
     if lib is not None:
-        monkeypatch.setattr(lib, "speculant_cpu_features", lambda: 0b01111)  # F, BW, DQ, VL: no BF16
-    assert main(["generate", "--model", str(llama_dir), "--verbose", "--max-tokens", "2", "hello"]) == 0
+        set_kernel_isa(lib, "scalar")
+    try:
+        assert main(["generate", "--model", str(llama_dir), "--verbose", "--max-tokens", "2", "hello"]) == 0
+    finally:
+        monkeypatch.delenv("SPECULANT_CPU_ISA")
+        if lib is not None:
+            set_kernel_isa(lib, None)
     lines = capsys.readouterr().out.splitlines()
+    assert "model.dtype = float32: the checkpoint does not allow bfloat16 (it is stored in float32)" in lines
     kernels = [ln for ln in lines if ln.startswith("C kernels:")]
     assert len(kernels) == 1
     if lib is not None:
-        assert "cannot run on this CPU, which lacks avx512_bf16" in kernels[0]
+        assert "are off: SPECULANT_CPU_ISA=scalar caps the C kernels at the scalar path" in kernels[0]
     assert any(ln.startswith("self-test: largest per-layer error against an upcast reference") for ln in lines)

@@ -73,7 +73,8 @@ def test_releasing_ends_the_thread_s_workers_and_a_later_region_still_runs():
 
 @pytest.mark.parametrize("which", ["server", "batch"])
 def test_both_engine_loops_release_the_loading_thread_s_pool_before_stepping(monkeypatch, which):
-    """Each loop calls it from the thread that builds (server: starts) it, before its own thread runs."""
+    """The engine loop calls it from the thread that starts it (the server's, a batch actor's), before its
+    own thread runs."""
     calls: list[tuple[str, bool]] = []
 
     class NoEngine:
@@ -85,18 +86,19 @@ def test_both_engine_loops_release_the_loading_thread_s_pool_before_stepping(mon
             t.name.startswith("speculant-engine") for t in threading.enumerate())))
         return True
 
-    if which == "server":
-        from speculant.server import engine_loop as module
+    from speculant.engine import loop as module
 
-        monkeypatch.setattr(module, "release_openmp_pool", record)
-        loop = module.EngineLoop(NoEngine(), max_queued=1)  # type: ignore[arg-type]
+    monkeypatch.setattr(module, "release_openmp_pool", record)
+    if which == "server":
+        from speculant.server.admission import Admission
+
+        loop = Admission(NoEngine(), max_queued=1)  # type: ignore[arg-type]
         loop.start()
         loop.stop()
     else:
-        from speculant.batch import engine_loop as module
+        from speculant.batch.line_feed import LineFeed
 
-        monkeypatch.setattr(module, "release_openmp_pool", record)
-        module.EngineLoop(NoEngine(), max_in_flight=1).close()  # type: ignore[arg-type]
+        LineFeed(NoEngine(), max_in_flight=1).close()  # type: ignore[arg-type]
     assert calls == [(threading.current_thread().name, False)]
 
 

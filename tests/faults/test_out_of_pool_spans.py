@@ -29,6 +29,7 @@ BLOCKS = ("one past the pool", 100000, -3)
 
 class OutOfPoolProposer(Proposer):
     name = "out_of_pool"
+    api_version = "2.0"
 
     def __init__(self, real: Proposer, model_dir, dtype: str) -> None:
         self.real, self.context, self.options, self.capabilities = real, real.context, real.options, real.capabilities

@@ -93,7 +93,7 @@ def _runner(path, backend, dtype="bfloat16"):
     return model_runner.ModelRunner(ModelConfig(path=str(path), dtype=dtype), CacheConfig(num_blocks=64), backend)
 
 
-@pytest.mark.parametrize("backend", ["cpu_kernel/avx512_bf16", "cpu_kernel/portable", "torch"])
+@pytest.mark.parametrize("backend", ["cpu_kernel/avx512_bf16", "cpu_kernel/scalar", "torch"])
 def test_two_correct_bf16_paths_that_drift_apart_are_accepted(backend, deep_bf16_dir):
     """Each bf16 instruction path of the C kernel (forced: the CPU's own choice is one of them),
     and the torch reference backend."""

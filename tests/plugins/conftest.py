@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel, ConfigDict, Field
 
-from speculant.interfaces import PLUGIN_KINDS, NoOptions
+from speculant.interfaces import API_VERSION, PLUGIN_KINDS, NoOptions
 from speculant.plugins import hookimpl
 from speculant.plugins.manager import ALLOW_LIST_ENV, register_plugin, reset_plugins, unregister_plugin
 from speculant.plugins.registry import PluginSource, Registry
@@ -29,7 +29,8 @@ def fake_class(kind: str, name: str, options: type[BaseModel] = NoOptions, **cap
     flags and options model; its abstract methods raise if called."""
     spec = PLUGIN_KINDS[kind]
     namespace = {m: _not_used for m in getattr(spec.base, "__abstractmethods__", ())}
-    namespace.update(name=name, capabilities=spec.capabilities(**caps), Options=options, __module__=__name__)
+    namespace.update(name=name, api_version=API_VERSION, capabilities=spec.capabilities(**caps), Options=options,
+                     __module__=__name__)
     return type(f"Fake_{kind}_{name}", (spec.base,), namespace)
 
 
@@ -172,6 +173,7 @@ from speculant.plugin_api import Proposals, Proposer, ProposerCapabilities, hook
 
 class {cls}(Proposer):
     name = {name!r}
+    api_version = "2.0"
     capabilities = ProposerCapabilities(draft_probs="one_hot")
 
     def propose(self, batch):
@@ -202,3 +204,11 @@ def fake_plugin() -> type[FakePlugin]:
 @pytest.fixture
 def standard_fakes_factory() -> Callable[[], dict[str, list[type]]]:
     return standard_fakes
+
+
+@pytest.fixture(scope="session")
+def kit_models(tmp_path_factory):
+    """The conformance kit's tiny models (built once per session)."""
+    from speculant.plugin_api.testing import TinyModels
+
+    return TinyModels.build(tmp_path_factory.mktemp("kit-models"))

@@ -81,3 +81,11 @@ def test_the_readme_example_runs_and_keeps_greedy_output(readme_plugin, llama_di
               speculative={"proposer": "lookback", "proposer_options": {"window": 64}, "num_speculative_tokens": 3})
     assert [o.outputs[0].token_ids for o in llm.generate(PROMPTS, params, use_tqdm=False)] == expected
     assert llm.get_metrics()["num_draft_tokens"] > 0
+
+
+@pytest.mark.slow
+def test_the_readme_example_passes_the_conformance_kit(readme_plugin, kit_models):
+    from speculant.plugin_api.testing import check_proposer
+
+    report = check_proposer(readme_plugin.LookbackProposer, kit_models, options={"window": 64})
+    assert report.num_draft_tokens > 0

@@ -32,6 +32,7 @@ def _marked(batch, marker: str) -> bool:
 
 class RaisingNgram(NgramProposer):
     name = "raising_ngram"
+    api_version = "2.0"
 
     def propose(self, batch):
         if _marked(batch, SLOW):
@@ -43,6 +44,7 @@ class RaisingNgram(NgramProposer):
 
 class FaultyScorer(MQAScorer):
     name = "faulty_scorer"
+    api_version = "2.0"
 
     def score(self, runner, batch, proposals, want_hidden=False):
         if _marked(batch, SCORE_FAIL):

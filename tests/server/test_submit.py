@@ -1,4 +1,4 @@
-"""``EngineLoop.submit`` hands a request to the engine from a worker thread (the
+"""``Admission.submit`` hands a request to the engine from a worker thread (the
 engine tokenizes there, off the event loop, which keeps serving meanwhile); a
 refused request leaves no trace; a request whose client left while it was being
 added is aborted once the add finishes."""
@@ -11,7 +11,7 @@ import threading
 import pytest
 
 from speculant.config.sampling_params import SamplingParams
-from speculant.server.engine_loop import EngineLoop
+from speculant.server.admission import Admission
 
 
 class SlowEngine:
@@ -39,7 +39,7 @@ class SlowEngine:
 
 def test_the_engine_adds_in_a_worker_thread_while_the_event_loop_keeps_running():
     engine = SlowEngine()
-    loop = EngineLoop(engine, max_queued=4)
+    loop = Admission(engine, max_queued=4)
 
     async def main():
         submitting = asyncio.ensure_future(loop.submit("x" * 1000, SamplingParams()))
@@ -59,7 +59,7 @@ def test_the_engine_adds_in_a_worker_thread_while_the_event_loop_keeps_running()
 def test_a_refused_request_leaves_no_trace():
     engine = SlowEngine()
     engine.release.set()
-    loop = EngineLoop(engine, max_queued=4)
+    loop = Admission(engine, max_queued=4)
     with pytest.raises(ValueError, match="prompt is bad"):
         asyncio.run(loop.submit("bad", SamplingParams()))
     assert loop.num_queued == 0 and loop.num_in_flight == 0 and loop.num_submitted == 1
@@ -67,7 +67,7 @@ def test_a_refused_request_leaves_no_trace():
 
 def test_a_client_gone_while_its_request_is_added_gets_it_aborted():
     engine = SlowEngine()
-    loop = EngineLoop(engine, max_queued=4)
+    loop = Admission(engine, max_queued=4)
 
     async def main():
         submitting = asyncio.ensure_future(loop.submit("x", SamplingParams()))

@@ -41,6 +41,8 @@ from spec_helpers import run
 from speculant import LLM, SamplingParams
 from speculant.engine.batch import ScheduledRequest, StepBatch
 from speculant.engine.request import Request
+from speculant.plugin_api.testing import stats
+from speculant.plugin_api.testing.stats import chi_square_p, filtered_probs, next_token_probs  # noqa: F401 - shared
 from speculant.proposers.ngram import propose_continuation
 from speculant.proposers.suffix import SuffixOptions, SuffixProposer
 from tiny_models import build_model
@@ -89,48 +91,9 @@ def small_vocab(tmp_path_factory, tokenizer_dir):
     return target, draft, {"draft_model": perm, "ngram": sampled, "suffix": sampled}
 
 
-def filtered_probs(logits: torch.Tensor, temperature: float, top_k: int, top_p: float,
-                   min_p: float) -> torch.Tensor:
-    """The sampling distribution, written independently of the engine's code:
-    temperature, then top-k, then top-p (the smallest most-likely set whose
-    mass reaches top_p), then min-p (relative to the most likely token)."""
-    z = logits.double() / temperature
-    if top_k:
-        kth = z.topk(top_k, dim=-1).values[..., -1:]
-        z = z.masked_fill(z < kth, float("-inf"))
-    p = z.softmax(-1)
-    if top_p < 1:
-        sorted_p, order = p.sort(dim=-1, descending=True)
-        drop_sorted = (sorted_p.cumsum(-1) - sorted_p) >= top_p  # mass strictly before reaches top_p
-        p = p.masked_fill(torch.zeros_like(p, dtype=torch.bool).scatter(-1, order, drop_sorted), 0.0)
-        p = p / p.sum(-1, keepdim=True)
-    if min_p:
-        p = p.masked_fill(p < min_p * p.max(-1, keepdim=True).values, 0.0)
-        p = p / p.sum(-1, keepdim=True)
-    return p
-
-
-@torch.no_grad()
-def next_token_probs(model_dir, seqs: torch.Tensor, sp: SamplingParams) -> torch.Tensor:
-    """[S, L, V]: the filtered next-token distribution at every position of each sequence."""
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    logits = torch.cat([model(chunk).logits for chunk in seqs.split(1024)])
-    return filtered_probs(logits, sp.temperature, sp.top_k, sp.top_p, sp.min_p)
-
-
 def marginals(model_dir, prompt: list[int], sp: SamplingParams, num: int = MAX_TOKENS) -> list[torch.Tensor]:
     """[m_0..m_{num-1}], each [V]: the exact marginal of output token j under ``sp``."""
-    grid = torch.cartesian_prod(*[torch.arange(V)] * (num - 1)).reshape(V ** (num - 1), num - 1)
-    seqs = torch.cat([torch.tensor(prompt).expand(grid.shape[0], -1), grid], dim=1)
-    probs = next_token_probs(model_dir, seqs, sp)[:, len(prompt) - 1:]  # [S, num, V]
-    out, joint = [], None
-    for j in range(num):
-        # p(t_j | prompt, t_0..t_{j-1}) for every prefix t_0..t_{j-1}, shaped [V]*j + [V]
-        # (row r of ``probs`` continues with grid[r]; position j depends on grid[r, :j] only)
-        cond = probs[:, j].reshape(*[V] * (num - 1), V)[tuple([slice(None)] * j + [0] * (num - 1 - j))]
-        joint = cond if joint is None else joint.unsqueeze(-1) * cond
-        out.append(joint.reshape(-1, V).sum(0))
-    return out
+    return stats.marginals(model_dir, prompt, sp, num, V)
 
 
 def unchecked_second_token(target, draft, proposer: str, prompt: list[int], sp: SamplingParams,
@@ -172,25 +135,6 @@ def assert_follows_marginals(tokens: torch.Tensor,  # [N, MAX_TOKENS] sampled ou
         p = chi_square_p(counts, expected[j])
         assert p > P_MIN, (f"{what}: output token {j} does not follow the target's marginal (chi-square "
                            f"p = {p:.2e});\n observed {(counts / n).tolist()}\n expected {expected[j].tolist()}")
-
-
-def chi_square_p(counts: torch.Tensor, probs: torch.Tensor) -> float:
-    """Pearson chi-square goodness-of-fit p-value; cells expected < 5 pooled."""
-    counts, expected = counts.double(), probs.double() * counts.sum()
-    big = expected >= 5
-    obs, exp = list(counts[big]), list(expected[big])
-    small_obs, small_exp = counts[~big].sum(), expected[~big].sum()
-    if small_exp >= 5 or not obs:
-        obs.append(small_obs)
-        exp.append(small_exp)
-    else:  # fold the pooled rest into the smallest big cell
-        i = min(range(len(exp)), key=lambda n: exp[n])
-        obs[i], exp[i] = obs[i] + small_obs, exp[i] + small_exp
-    obs, exp = torch.stack(obs), torch.stack(exp)
-    if len(obs) < 2:
-        return 1.0
-    stat = ((obs - exp) ** 2 / exp).sum()
-    return float(torch.special.gammaincc(torch.tensor((len(obs) - 1) / 2.0, dtype=torch.float64), stat / 2))
 
 
 CASES = {

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from speculant.model.attention.cpu_kernel import CpuKernelMetadata
 from speculant.model.attention.span_bounds import span_fault_message
 from speculant.model.fast_forward.plan import Plan
-from speculant.model.kernels.abi import SPAN_BAD_FIELDS, missing_cpu_features
+from speculant.model.kernels.abi import SPAN_BAD_FIELDS, fast_bf16_unavailable_reason
 from speculant.model.kernels.build import load_kernel
 from speculant.model.linear.dot_linear import DotLinear
 from speculant.model.linear.merged import MergedSlice
@@ -80,8 +80,8 @@ class FusedLayers:
             return None, "the C kernels are not loaded"
         if lib.speculant_decoder_layer_fields() != len(FIELDS):
             return None, "the kernel library's layer layout differs from this module's (a stale build)"
-        if not lib.speculant_linear_bf16_available():
-            return None, f"this CPU lacks {', '.join(missing_cpu_features(lib))}"
+        if (reason := fast_bf16_unavailable_reason(lib)) is not None:
+            return None, reason
         if base.embed_tokens.weight.dtype != torch.bfloat16 or base.embed_tokens.weight.device.type != "cpu":
             return None, "only bfloat16 models on the CPU"
         if plan.intermediate_size % 64:
@@ -94,7 +94,7 @@ class FusedLayers:
             linears = {"qkv": qkv, "o": attn.o_proj, "gu": gate_up, "down": mlp.down_proj}
             missing = [name for name, lin in linears.items() if not isinstance(lin, DotLinear)]
             if missing:
-                return None, f"layer {i}'s {', '.join(missing)} projection(s) are not on the avx512_bf16 kernel"
+                return None, f"layer {i}'s {', '.join(missing)} projection(s) are not on the C bfloat16 linear kernel"
             for norm in (layer.input_layernorm, layer.post_attention_layernorm):
                 lanes = _norm_lanes(norm)
                 if lanes is None:

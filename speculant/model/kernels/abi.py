@@ -12,18 +12,23 @@ import ctypes
 
 import torch
 
+from speculant.config.cpu_isa import ENV as ISA_ENV
+from speculant.config.cpu_isa import ISA_NAMES, requested_isa
+
 KERNEL_DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 """The kernel's dtype argument; ``speculant_kernel_dtypes()`` says which a build has."""
 
-KERNEL_ISAS = {0: "portable", 1: "avx512_bf16"}
-"""The kernel's instruction paths for bfloat16 scores (``speculant_kernel_isa``)."""
+KERNEL_ISAS = ISA_NAMES
+"""The kernel's instruction paths by code (``enum speculant_isa`` in csrc/kernels.h)."""
+SIMD_BF16_ISAS = frozenset({"avx2", "avx512", "avx512_vnni", "avx512_bf16"})
+"""Paths with a vectorised bfloat16 linear layer and fused decoder (fast bfloat16)."""
 
 CPU_FEATURE_NAMES = ("avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512_bf16")
 """Bit i of ``speculant_cpu_features()`` (csrc/cpu_features.c): what the AVX-512 bfloat16 paths need."""
 
-BF16_PATHS = ("the bfloat16 linear-layer kernel (model.linear_backend), the fused decoder layers "
-              "(model.fast_forward) and the vectorised bfloat16 attention")
-"""What is lost where the CPU lacks a feature of ``CPU_FEATURE_NAMES``."""
+BF16_PATHS = ("the bfloat16 linear-layer kernel (model.linear_backend) and the fused decoder layers "
+              "(model.fast_forward)")
+"""What is lost where no vector path runs (a CPU without AVX2+FMA, or SPECULANT_CPU_ISA=scalar)."""
 
 SPAN_BAD_FIELDS = 6
 """Length of the ``bad`` array a refused span is described in (csrc/kernels.h)."""
@@ -39,13 +44,14 @@ def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.speculant_check_spans.restype = i32
     lib.speculant_write_kv.argtypes = [p, i64, p, i64, p, p, p, i64, i64, i64, i64]
     lib.speculant_write_kv.restype = i32
-    for name in ("speculant_kernel_dtypes", "speculant_kernel_isa", "speculant_cpu_features",
+    for name in ("speculant_kernel_dtypes", "speculant_isa_active", "speculant_isa_detected", "speculant_cpu_features",
                  "speculant_cpu_has_bf16_paths", "speculant_linear_bf16_available",
                  "speculant_decoder_layer_fields"):
         getattr(lib, name).argtypes = []
         getattr(lib, name).restype = i32
-    lib.speculant_kernel_set_isa.argtypes = [i32]
-    lib.speculant_kernel_set_isa.restype = i32
+    for name in ("speculant_isa_set", "speculant_isa_runs"):
+        getattr(lib, name).argtypes = [i32]
+        getattr(lib, name).restype = i32
     lib.speculant_linear_bf16.argtypes = [p, i64, i64, p, i64, i64, p, p, i64, p, i64, i32]
     lib.speculant_linear_bf16.restype = i32
     lib.speculant_rms_norm_bf16.argtypes = [p, i64, i64, p, i64, f32, i32, p, i64, i32]
@@ -65,18 +71,39 @@ def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
 
 
 def kernel_isa(lib: ctypes.CDLL) -> str:
-    """The bfloat16 score path in use: 'avx512_bf16' where the CPU has it (cpuid), else 'portable'."""
-    return KERNEL_ISAS[lib.speculant_kernel_isa()]
+    """The instruction path the dispatch takes now (the CPU's best, capped)."""
+    return KERNEL_ISAS[lib.speculant_isa_active()]
+
+
+def detected_isa(lib: ctypes.CDLL) -> str:
+    """The best instruction path this CPU runs (cpuid), whatever the cap."""
+    return KERNEL_ISAS[lib.speculant_isa_detected()]
+
+
+def runnable_isas(lib: ctypes.CDLL) -> list[str]:
+    """Every path this CPU runs, scalar first."""
+    return [name for code, name in enumerate(KERNEL_ISAS) if lib.speculant_isa_runs(code)]
+
+
+def apply_isa_cap(lib: ctypes.CDLL) -> str:
+    """Cap the dispatch at ``SPECULANT_CPU_ISA`` (none when unset); returns the path now in use."""
+    name = requested_isa()
+    return KERNEL_ISAS[lib.speculant_isa_set(-1 if name is None else KERNEL_ISAS.index(name))]
 
 
 def set_kernel_isa(lib: ctypes.CDLL, name: str | None) -> str:
-    """Force the bfloat16 score path (None: back to cpuid detection); raises
-    ``RuntimeError`` when the CPU lacks the one asked for."""
-    wanted = -1 if name is None else {v: k for k, v in KERNEL_ISAS.items()}[name]
-    got = lib.speculant_kernel_set_isa(wanted)
-    if got < 0:
-        raise RuntimeError(f"kernel path {name!r}: this CPU lacks {', '.join(missing_cpu_features(lib))}")
-    return KERNEL_ISAS[got]
+    """Force the dispatch onto path ``name`` (None: back to ``SPECULANT_CPU_ISA``'s cap, else cpuid's
+    best); raises ``RuntimeError`` (leaving the path as it was) when this CPU lacks the one asked for."""
+    if name is None:
+        return apply_isa_cap(lib)
+    if name not in KERNEL_ISAS:
+        raise ValueError(f"kernel path {name!r} is not one of {', '.join(KERNEL_ISAS)}")
+    before = lib.speculant_isa_active()
+    got = KERNEL_ISAS[lib.speculant_isa_set(KERNEL_ISAS.index(name))]
+    if got != name:
+        lib.speculant_isa_set(before)
+        raise RuntimeError(f"kernel path {name!r}: this CPU does not run it (it runs {', '.join(runnable_isas(lib))})")
+    return got
 
 
 def kernel_dtypes(lib: ctypes.CDLL) -> frozenset[torch.dtype]:
@@ -92,11 +119,20 @@ def missing_cpu_features(lib: ctypes.CDLL) -> list[str]:
     return [name for i, name in enumerate(CPU_FEATURE_NAMES) if not mask >> i & 1]
 
 
-def lost_paths_line(lib: ctypes.CDLL) -> str | None:
-    """One plain line saying which kernels cannot run on this CPU and why; None when all can."""
-    missing = missing_cpu_features(lib)
-    if not missing:
+def fast_bf16_unavailable_reason(lib: ctypes.CDLL) -> str | None:
+    """Why the vectorised bfloat16 linear layer and fused decoder do not run here (None: they do)."""
+    isa = kernel_isa(lib)
+    if isa in SIMD_BF16_ISAS:
         return None
-    return (f"C kernels: {BF16_PATHS} cannot run on this CPU, which lacks {', '.join(missing)}; "
-            "attention, K/V writes, norms, rotary and the MLP activation still run on the portable C kernels, "
-            "linear layers on torch")
+    if (name := requested_isa()) is not None and detected_isa(lib) in SIMD_BF16_ISAS:
+        return f"{ISA_ENV}={name} caps the C kernels at the {isa} path"
+    return f"this CPU runs no vector path for them (best: {detected_isa(lib)}; they need avx2 with fma, or AVX-512)"
+
+
+def lost_paths_line(lib: ctypes.CDLL) -> str | None:
+    """One plain line saying which kernels cannot run here and why; None when all can."""
+    reason = fast_bf16_unavailable_reason(lib)
+    if reason is None:
+        return None
+    return (f"C kernels: {BF16_PATHS} are off: {reason}; attention, K/V writes, norms, rotary and the MLP "
+            "activation still run on the scalar C kernels, linear layers on torch")

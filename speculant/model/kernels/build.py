@@ -1,12 +1,11 @@
-"""Build and load the C kernels (``csrc/paged_attention.c``, ``csrc/kv_write.c``,
-``csrc/linear_bf16.c``, ``csrc/rms_norm.c``, ``csrc/rotary.c``, ``csrc/silu_mul.c``,
-``csrc/decoder_bf16.c``, ``csrc/attention_bf16.c``, ``csrc/cpu_features.c``: one
-library; its ctypes signatures are in ``kernel_abi``).
+"""Build and load the C kernels (``csrc/*.c``: one library holding every
+instruction path, compiled by ``kernels.compile``; its ctypes signatures are in
+``kernels.abi``).
 
 The kernel is compiled on first use with the system C compiler (``$CC``, else
-``cc``) for this machine (``-march=native``) and cached by a hash of the
-source, the flags, the compiler and the CPU, so a changed source or another CPU
-gets its own build. It is loaded with ``ctypes`` after torch, so its OpenMP
+``cc``) for the architecture's baseline (every SIMD path inside, chosen at run
+time from cpuid) and cached by a hash of the sources, the flags, the compiler
+and the architecture, so a changed source gets its own build. It is loaded with ``ctypes`` after torch, so its OpenMP
 calls share torch's ``libgomp``. Anything that goes wrong (no compiler, a
 failed build, ``SPECULANT_CPU_KERNEL=0``) leaves :func:`load_kernel` returning
 None and :func:`kernel_status` saying why; the backend then falls back to the
@@ -44,20 +43,15 @@ import torch  # noqa: F401  (loads torch's libgomp before the kernel needs it)
 from speculant.model.kernels.abi import (  # noqa: F401  (re-exported: the kernel's public face)
     KERNEL_DTYPE_CODES,
     KERNEL_ISAS,
+    apply_isa_cap,
     bind,
     kernel_dtypes,
     kernel_isa,
     lost_paths_line,
     set_kernel_isa,
 )
+from speculant.model.kernels.compile import FLAGS, all_sources, build_library, prebuilt_library
 
-SOURCES = [Path(__file__).with_name("csrc") / name for name in (
-    "paged_attention.c", "kv_write.c", "linear_bf16.c", "rms_norm.c", "rotary.c",
-    "silu_mul.c", "decoder_bf16.c", "attention_bf16.c", "cpu_features.c")]
-HEADERS = [Path(__file__).with_name("csrc") / name for name in ("bf16.h", "kernels.h")]
-"""Included by the sources: part of the build's cache key, not compiled on their own."""
-FLAGS = ["-O3", "-fPIC", "-shared", "-fopenmp", "-fno-math-errno", "-std=c11"]
-NATIVE = "-march=native"
 DIGEST_SUFFIX = ".sha256"
 _status: list[str] = ["not built yet"]
 
@@ -76,25 +70,15 @@ def cache_root() -> Path:
     return base / "speculant"
 
 
-def _cpu_signature() -> str:
-    try:
-        info = Path("/proc/cpuinfo").read_text().splitlines()
-    except OSError:
-        return platform.processor()
-    wanted = [ln for ln in info if ln.startswith(("model name", "flags"))][:2]
-    return "\n".join(wanted)
-
-
 def _compiler_version(cc: str) -> str:
     out = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30)
     return out.stdout.splitlines()[0] if out.stdout else ""
 
 
 def library_name(cc: str) -> str:
-    """File name of the build for this source, flags, compiler and CPU."""
-    key = hashlib.sha256(b"\0".join([*(src.read_bytes() for src in SOURCES + HEADERS),
-                                     " ".join(FLAGS + [NATIVE]).encode(),
-                                     _compiler_version(cc).encode(), _cpu_signature().encode(),
+    """File name of the build for these sources, flags, compiler and architecture."""
+    key = hashlib.sha256(b"\0".join([*(src.name.encode() + src.read_bytes() for src in all_sources()),
+                                     " ".join(FLAGS).encode(), _compiler_version(cc).encode(),
                                      platform.machine().encode()])).hexdigest()[:16]
     return f"paged_attention-{key}.so"
 
@@ -169,40 +153,32 @@ def verified_cache_entry(lib: Path, trusted: Path) -> str | None:
     return None
 
 
-def _compile(cc: str, out: Path) -> None:
-    """Build into ``out`` (atomically) and record its digest next to it."""
+def _compile(cc: str, out: Path) -> list[str]:
+    """Build into ``out`` (atomically) and record its digest next to it; returns the path files left out."""
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
     os.close(fd)
     try:
-        for flags in ([*FLAGS, NATIVE], FLAGS):        # some compilers refuse -march=native
-            result = subprocess.run([cc, *flags, *map(str, SOURCES), "-o", tmp, "-lm"], capture_output=True,
-                                    text=True, timeout=300)
-            if result.returncode == 0:
-                os.chmod(tmp, 0o755)                   # whatever the umask: never group/other-writable
-                digest = file_digest(Path(tmp))
-                os.replace(tmp, out)                   # atomic: concurrent builders race harmlessly
-                _write_atomic(out.with_name(out.name + DIGEST_SUFFIX), digest + "\n")
-                return
-        raise RuntimeError(f"{cc} failed: {first_error(result.stderr)}")
+        dropped = build_library(cc, Path(tmp))
+        os.chmod(tmp, 0o755)                   # whatever the umask: never group/other-writable
+        digest = file_digest(Path(tmp))
+        os.replace(tmp, out)                   # atomic: concurrent builders race harmlessly
+        _write_atomic(out.with_name(out.name + DIGEST_SUFFIX), digest + "\n")
+        return dropped
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
 
 
-def first_error(stderr: str) -> str:
-    """The compiler's first error line (file, line and message), else its last line: one line for a log."""
-    lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
-    errors = [ln for ln in lines if "error" in ln]
-    return (errors or lines or ["no output"])[0][-300:]
-
-
 def compile_check(march: str, cc: str | None = None) -> str | None:
-    """Compile every source for ``-march=<march>`` (nothing kept); None, or the compiler's first error."""
+    """Compile every source of ``cc``'s architecture for ``-march=<march>`` (nothing kept), warnings on;
+    None, or the first error (a path file left out counts)."""
     cc = cc or os.environ.get("CC") or "cc"
     with tempfile.TemporaryDirectory() as tmp:
-        result = subprocess.run([cc, *FLAGS, "-Wall", f"-march={march}", *map(str, SOURCES), "-o",
-                                 str(Path(tmp) / "k.so"), "-lm"], capture_output=True, text=True, timeout=300)
-    return None if result.returncode == 0 else first_error(result.stderr)
+        try:
+            dropped = build_library(cc, Path(tmp) / "k.so", march, ("-Wall",))
+        except (RuntimeError, subprocess.SubprocessError, OSError) as err:
+            return str(err)
+    return dropped[0] if dropped else None
 
 
 def kernel_report() -> str:
@@ -211,7 +187,7 @@ def kernel_report() -> str:
     if lib is None:
         return (f"C kernels: none ({kernel_status()}): attention, K/V writes, norms, rotary, the MLP activation "
                 "and the bfloat16 linear layers run on torch instead (correct, slower)")
-    return lost_paths_line(lib) or "C kernels: every path runs on this CPU (AVX-512 bfloat16 included)"
+    return lost_paths_line(lib) or f"C kernels: every kernel runs, on the {kernel_isa(lib)} path"
 
 
 def _load_private(cc: str, name: str, why: str) -> tuple[ctypes.CDLL, str]:
@@ -220,11 +196,15 @@ def _load_private(cc: str, name: str, why: str) -> tuple[ctypes.CDLL, str]:
     folder = Path(tempfile.mkdtemp(prefix="speculant-kernel-"))
     try:
         path = folder / name
-        _compile(cc, path)
+        dropped = _compile(cc, path)
         lib = bind(ctypes.CDLL(str(path)))
     finally:
         shutil.rmtree(folder, ignore_errors=True)
-    return lib, f"built with {cc} in a private temporary directory (not cached: {why})"
+    return lib, f"built with {cc} in a private temporary directory (not cached: {why}){_dropped_note(dropped)}"
+
+
+def _dropped_note(dropped: list[str]) -> str:
+    return f"; paths left out, the compiler failed on them: {'; '.join(dropped)}" if dropped else ""
 
 
 @functools.cache
@@ -234,9 +214,18 @@ def load_kernel() -> ctypes.CDLL | None:
     if os.environ.get("SPECULANT_CPU_KERNEL", "1") == "0":
         _status[0] = "disabled by SPECULANT_CPU_KERNEL=0"
         return None
+    prebuilt = prebuilt_library(platform.machine())
+    if isinstance(prebuilt, Path):  # a binary wheel: no compiler needed
+        try:
+            lib = bind(ctypes.CDLL(str(prebuilt)))
+        except (OSError, AttributeError) as err:
+            prebuilt = f"the prebuilt library at {prebuilt} does not load: {err}"
+        else:
+            _status[0] = f"loaded the library shipped with the package at {prebuilt}"
+            return _report_lost(lib)
     cc = os.environ.get("CC") or "cc"
     if shutil.which(cc) is None:
-        _status[0] = f"no C compiler ({cc!r} not on PATH; install gcc or set CC)"
+        _status[0] = f"no C compiler ({cc!r} not on PATH; install gcc or set CC), and {prebuilt}"
         return None
     try:
         name = library_name(cc)
@@ -245,9 +234,9 @@ def load_kernel() -> ctypes.CDLL | None:
             lib, _status[0] = _load_private(cc, name, folder)
             return _report_lost(lib)
         path = folder / name
-        problem = verified_cache_entry(path, folder)
+        problem, dropped = verified_cache_entry(path, folder), []
         if problem is not None:
-            _compile(cc, path)
+            dropped = _compile(cc, path)
             if (after := verified_cache_entry(path, folder)) is not None:
                 raise RuntimeError(f"the fresh build does not verify: {after}")
         lib = bind(ctypes.CDLL(str(path)))
@@ -256,11 +245,14 @@ def load_kernel() -> ctypes.CDLL | None:
         return None
     note = f" (rebuilt: {problem})" if problem not in (None, "not cached yet") else ""
     _status[0] = (f"built with {cc} at {path}" if problem else f"loaded from the cache at {path}") + note
+    _status[0] += _dropped_note(dropped)
     return _report_lost(lib)
 
 
 def _report_lost(lib: ctypes.CDLL) -> ctypes.CDLL:
-    """Log, in one line, the kernels this CPU cannot run (once per process: load_kernel is cached)."""
+    """Apply the ``SPECULANT_CPU_ISA`` cap, and log, in one line, the kernels this CPU cannot run
+    (once per process: load_kernel is cached)."""
+    apply_isa_cap(lib)
     if (lost := lost_paths_line(lib)) is not None:
         logging.getLogger(__name__).warning(lost)
     return lib

@@ -167,7 +167,7 @@ def _check_backend(backend: str, slots: list[tuple[str, nn.Module, str, nn.Linea
     check, fix = {
         "onednn": (onednn_unavailable_reason, "load the model on the CPU with model.dtype = 'float32' or 'bfloat16'"),
         "avx512_bf16": (dot_linear_unavailable_reason,
-                        "load the model on the CPU with model.dtype = 'bfloat16', on a CPU with AVX512-BF16"),
+                        "load the model on the CPU with model.dtype = 'bfloat16', on a CPU with AVX2+FMA or AVX-512"),
     }.get(backend, (None, ""))
     if check is None:
         return

@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from speculant.model.kernels.abi import missing_cpu_features
+from speculant.model.kernels.abi import fast_bf16_unavailable_reason, kernel_isa
 from speculant.model.kernels.build import kernel_status, load_kernel
 from speculant.model.linear.packed import PackedLinear
 
@@ -57,8 +57,8 @@ def dot_linear_unavailable_reason(weight: torch.Tensor) -> str | None:
     lib = load_kernel()
     if lib is None:
         return f"the C kernels are not available ({kernel_status()})"
-    if not lib.speculant_linear_bf16_available():
-        return f"this CPU lacks {', '.join(missing_cpu_features(lib))} (cpuid)"
+    if (reason := fast_bf16_unavailable_reason(lib)) is not None:
+        return reason
     return None
 
 
@@ -120,12 +120,17 @@ class DotLinear(PackedLinear):
                           self.out_features, self.in_features, bias, res, ldr, out.data_ptr(), out.stride(0),
                           torch.get_num_threads())
         if rc != 0:
-            raise RuntimeError(f"the bfloat16 dot-product kernel failed (code {rc}): no AVX512-BF16 here")
+            raise RuntimeError(f"the bfloat16 linear kernel failed (code {rc})")
 
     def repacked(self, weight: torch.Tensor, bias: torch.Tensor | None) -> DotLinear:
         return DotLinear(weight, bias)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
-                f"bias={self.bias is not None}, dtype=torch.bfloat16, kernel=avx512_bf16")
+                f"bias={self.bias is not None}, dtype=torch.bfloat16, kernel={self._isa()}")
+
+    @staticmethod
+    def _isa() -> str:
+        lib = load_kernel()
+        return "none" if lib is None else kernel_isa(lib)
 

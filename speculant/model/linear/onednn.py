@@ -107,4 +107,7 @@ def onednn_unavailable_reason(weight: torch.Tensor) -> str | None:
     if weight.dtype not in ONEDNN_DTYPES:
         return (f"weights are {str(weight.dtype).removeprefix('torch.')}, and oneDNN "
                 "packing supports float32 and bfloat16")
+    if weight.dtype == torch.bfloat16 and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        return ("oneDNN has no bfloat16 path on this CPU (it needs avx512bw/vl/dq or avx_ne_convert, "
+                "or ONEDNN_MAX_CPU_ISA / SPECULANT_CPU_ISA caps it below them)")
     return None

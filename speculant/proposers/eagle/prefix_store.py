@@ -26,6 +26,7 @@ holds at most ``capacity`` blocks, evicting the least recently used.
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -77,7 +78,7 @@ class HeadKVStore:
         self._blocks.clear()
 
 
-def store_blocks(store: HeadKVStore, block_hashes: list[bytes], token_ids: list[int], keys: torch.Tensor,
+def store_blocks(store: HeadKVStore, block_hashes: Sequence[bytes], token_ids: Sequence[int], keys: torch.Tensor,
                  values: torch.Tensor,  # [L, kv_heads, D]: the cache's true entries, positions base .. base + L - 1
                  base: int, first: int, block_size: int,
                  new_start: int, new_hidden: torch.Tensor,  # [m, H] hidden states of the entries just added
@@ -96,7 +97,7 @@ def store_blocks(store: HeadKVStore, block_hashes: list[bytes], token_ids: list[
     return max(first, end)
 
 
-def stored_prefix(store: HeadKVStore, block_hashes: list[bytes], token_ids: list[int], num_blocks: int,
+def stored_prefix(store: HeadKVStore, block_hashes: Sequence[bytes], token_ids: Sequence[int], num_blocks: int,
                   block_size: int) -> Restored | None:
     """The head's entries for the consecutive stored blocks (at most
     ``num_blocks``) a sequence starts with; None if the first is missing."""

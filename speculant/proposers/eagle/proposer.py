@@ -29,6 +29,7 @@ request's cache from them, and the target skips no more than that.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -37,10 +38,8 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 from safetensors.torch import load_file
 
-from speculant.config.models import EngineConfig
-from speculant.engine.batch import StepBatch
-from speculant.engine.request import Request
-from speculant.interfaces import Proposals, Proposer, ProposerCapabilities, ProposerContext, Scores
+from speculant.interfaces import EngineConfigView, Proposals, Proposer, ProposerCapabilities, ProposerContext, Scores
+from speculant.interfaces.batch import RequestView, StepBatch
 from speculant.model.linear.backend import pack_linear_layers
 from speculant.model.linear.onednn import onednn_unavailable_reason
 from speculant.model.loading.files import read_text_config
@@ -116,6 +115,7 @@ class SeqState:
 
 class EagleProposer(Proposer):
     name = "eagle"
+    api_version = "2.0"
     capabilities = ProposerCapabilities(needs_target_hidden_states=True, needs_prompt_hidden_states=True,
                                         supports_chunked_prefill=True, draft_probs="full",
                                         supports_prefix_caching=True)  # restore_prefix: its own block store
@@ -129,7 +129,7 @@ class EagleProposer(Proposer):
         return None
 
     @classmethod
-    def validate_against(cls, options: EagleOptions, config: EngineConfig) -> list[str]:
+    def validate_against(cls, options: EagleOptions, config: EngineConfigView) -> list[str]:
         if options.linear_backend == "onednn" and config.model.dtype not in ("float32", "bfloat16"):
             return [onednn_problem(f"the head runs in model.dtype = {config.model.dtype!r}, and oneDNN packing "
                                    "supports float32 and bfloat16")]
@@ -220,7 +220,7 @@ class EagleProposer(Proposer):
         ends = torch.tensor([m for _, m in segments]).cumsum(0) - 1
         return {rid: feats[int(end)] for (rid, _), end in zip(states, ends) if rid in want_output}
 
-    def restore_prefix(self, request: Request, num_cached_tokens: int) -> int:
+    def restore_prefix(self, request: RequestView, num_cached_tokens: int) -> int:
         """Rebuild ``request``'s head cache from the stored blocks its sequence
         starts with; the target may skip as many tokens as that covers."""
         self._state.pop(request.request_id, None)
@@ -240,7 +240,7 @@ class EagleProposer(Proposer):
         return got.num_tokens
 
     def _draw(self, features: torch.Tensor,  # [n, H] predicted features
-              requests: list[Request], step: int, with_confidence: bool) -> DraftDraw:
+              requests: list[RequestView], step: int, with_confidence: bool) -> DraftDraw:
         if self._draft_ids is None or self._draft_out is None:
             return draw_proposals(self.context.target.output_embedding(features).float(), requests, step,
                                   with_confidence)
@@ -282,7 +282,7 @@ class EagleProposer(Proposer):
 
     # --- commit --------------------------------------------------------------
     def _add(self, request_id: str, start: int, hidden: torch.Tensor,  # [m, H] target rows at start..
-             token_ids: list[int]) -> None:
+             token_ids: Sequence[int]) -> None:
         """Queue entries for positions ``start ..``: hidden state at each, with
         the token after it (cut to the tokens the request holds)."""
         following = token_ids[start + 1: start + 1 + hidden.shape[0]]

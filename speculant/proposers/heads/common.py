@@ -22,10 +22,8 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 from safetensors.torch import load_file
 
-from speculant.config.models import EngineConfig
-from speculant.engine.batch import StepBatch
-from speculant.engine.request import Request
-from speculant.interfaces import Proposals, Proposer, ProposerCapabilities, ProposerContext, Scores
+from speculant.interfaces import EngineConfigView, Proposals, Proposer, ProposerCapabilities, ProposerContext, Scores
+from speculant.interfaces.batch import RequestView, StepBatch
 from speculant.model.loading.files import read_text_config
 from speculant.proposers.drafting import DraftSteps, draw_proposals
 
@@ -90,7 +88,7 @@ class HiddenStateProposer(Proposer):
         """How many tokens these heads can propose."""
 
     @classmethod
-    def validate_against(cls, options: HeadsOptions, config: EngineConfig) -> list[str]:
+    def validate_against(cls, options: HeadsOptions, config: EngineConfigView) -> list[str]:
         try:
             head_cfg = read_head_config(options.path, cls.model_type)
         except (FileNotFoundError, ValueError) as exc:
@@ -124,7 +122,7 @@ class HiddenStateProposer(Proposer):
     @abstractmethod
     def head_logits(self, hidden: torch.Tensor,  # [n, H]
                     last_tokens: torch.Tensor,  # [n] long
-                    requests: list[Request], k: int) -> Generator[torch.Tensor, torch.Tensor, None]:
+                    requests: list[RequestView], k: int) -> Generator[torch.Tensor, torch.Tensor, None]:
         """Yield logits [n, V] for proposal 0..k-1; the caller sends back
         (via generator ``send``) the tokens drawn at each step, [n] long."""
 

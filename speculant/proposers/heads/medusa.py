@@ -14,7 +14,7 @@ from typing import cast
 import torch
 from torch import nn
 
-from speculant.engine.request import Request
+from speculant.interfaces.batch import RequestView
 from speculant.proposers.heads.common import HiddenStateProposer
 
 MODEL_TYPE = "speculant_medusa"
@@ -68,6 +68,7 @@ def medusa_config(hidden_size: int, vocab_size: int, num_heads: int, num_layers:
 
 class MedusaProposer(HiddenStateProposer):
     name = "medusa"
+    api_version = "2.0"
     model_type = MODEL_TYPE
 
     @classmethod
@@ -77,7 +78,7 @@ class MedusaProposer(HiddenStateProposer):
     def build_heads(self, head_cfg: dict) -> nn.Module:
         return MedusaHeads.from_config(head_cfg)
 
-    def head_logits(self, hidden: torch.Tensor, last_tokens: torch.Tensor, requests: list[Request],
+    def head_logits(self, hidden: torch.Tensor, last_tokens: torch.Tensor, requests: list[RequestView],
                     k: int) -> Generator[torch.Tensor, torch.Tensor, None]:
         lm_head = self.context.target.output_embedding
         all_logits = self.heads(hidden, lm_head)  # [num_heads, n, V]

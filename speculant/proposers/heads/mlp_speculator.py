@@ -18,7 +18,7 @@ from collections.abc import Generator
 import torch
 from torch import nn
 
-from speculant.engine.request import Request
+from speculant.interfaces.batch import RequestView
 from speculant.proposers.heads.common import HiddenStateProposer
 
 MODEL_TYPE = "speculant_mlp_speculator"
@@ -65,6 +65,7 @@ def mlp_speculator_config(hidden_size: int, vocab_size: int, n_predict: int, inn
 
 class MLPSpeculatorProposer(HiddenStateProposer):
     name = "mlp_speculator"
+    api_version = "2.0"
     model_type = MODEL_TYPE
     heads: MLPSpeculator  # built by build_heads
 
@@ -75,7 +76,7 @@ class MLPSpeculatorProposer(HiddenStateProposer):
     def build_heads(self, head_cfg: dict) -> nn.Module:
         return MLPSpeculator.from_config(head_cfg)
 
-    def head_logits(self, hidden: torch.Tensor, last_tokens: torch.Tensor, requests: list[Request],
+    def head_logits(self, hidden: torch.Tensor, last_tokens: torch.Tensor, requests: list[RequestView],
                     k: int) -> Generator[torch.Tensor, torch.Tensor, None]:
         state, prev = hidden, last_tokens
         for j in range(k):

@@ -23,7 +23,7 @@ import types
 import pytest
 import torch
 import torch.nn.functional as F
-from kernel_marks import CPU_FEATURE_NAMES, cpu_flags, require_bf16_paths, require_kernel
+from kernel_marks import cpu_flags, require_bf16_paths, require_kernel
 
 from speculant.interfaces import QuerySpan
 from speculant.interfaces.span_tensors import SpanTensors
@@ -31,6 +31,7 @@ from speculant.model.attention import cpu_kernel
 from speculant.model.attention.cpu_kernel import CpuKernelAttentionBackend
 from speculant.model.attention.torch_ref import TorchAttentionBackend
 from speculant.model.kernels import build as cpu_kernel_build
+from speculant.model.kernels.abi import CPU_FEATURE_NAMES, detected_isa, runnable_isas
 from speculant.model.kernels.build import kernel_dtypes, kernel_isa, load_kernel, set_kernel_isa
 from speculant.plugins.manager import get_registry
 
@@ -292,7 +293,7 @@ def test_cpu_kernel_kv_write_rejects_a_slot_outside_the_cache_and_writes_nothing
 
 def _cpu_has_avx512_bf16() -> bool:
     """Every feature the bfloat16 paths need, as /proc/cpuinfo lists them (not our own cpuid check)."""
-    return set(CPU_FEATURE_NAMES) <= cpu_flags()
+    return set(CPU_FEATURE_NAMES) <= cpu_flags()  # the AVX512-BF16 path's features
 
 
 @pytest.fixture
@@ -306,14 +307,16 @@ def kernel_path():
 
 def test_the_kernel_picks_the_bf16_dot_path_where_the_cpu_has_it(kernel_path):
     lib = load_kernel()
-    assert kernel_isa(lib) == ("avx512_bf16" if _cpu_has_avx512_bf16() else "portable")
-    assert kernel_path("portable") == "portable"
+    assert kernel_isa(lib) == detected_isa(lib)
+    if _cpu_has_avx512_bf16():
+        assert kernel_isa(lib) == "avx512_bf16"
+    assert kernel_path("scalar") == "scalar"
     if not _cpu_has_avx512_bf16():
-        with pytest.raises(RuntimeError, match="this CPU lacks .*avx512"):
+        with pytest.raises(RuntimeError, match="'avx512_bf16': this CPU does not run it"):
             kernel_path("avx512_bf16")
 
 
-@pytest.mark.parametrize("path", ["portable", "avx512_bf16"])
+@pytest.mark.parametrize("path", ["scalar", "avx2", "avx512_bf16"])
 @pytest.mark.parametrize("head_dim", [8, 16, 40, 64, 128, 264], ids=lambda d: f"d{d}")
 @pytest.mark.parametrize("num_kv_heads", [4, 2, 1], ids=["mha", "gqa2", "mqa1"])
 @pytest.mark.parametrize("block_size", [1, 4, 16], ids=lambda b: f"block{b}")
@@ -327,6 +330,8 @@ def test_both_bf16_kernel_paths_round_once_to_nearest(kernel_path, path, layout,
     task's 256 (the portable task then runs)."""
     if path == "avx512_bf16" and not _cpu_has_avx512_bf16():
         require_bf16_paths()
+    if path not in runnable_isas(load_kernel()):
+        pytest.skip(f"this CPU does not run the {path} path")
     assert kernel_path(path) == path
     scale = head_dim ** -0.5
     out, spans_def, full = run_backend(CpuKernelAttentionBackend, layout, input_layout, block_size, num_kv_heads,

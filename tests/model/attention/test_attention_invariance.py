@@ -1,7 +1,7 @@
 """The C attention kernel is batch-invariant: a decode row equals the same position inside a
 verify span or a prefill chunk (cut into kernel pieces past MAX_KERNEL_QUERY rows), and a
 span's rows do not depend on the other spans of the call, bit for bit, on
-both bfloat16 instruction paths (the vectorised AVX512-BF16 task and the portable one) and in
+every bfloat16 instruction path this CPU runs (scalar, AVX2, the vectorised AVX512-BF16 task) and in
 float32; hypothesis draws the head layout, head size, block size, context and span lengths."""
 
 from __future__ import annotations
@@ -14,12 +14,12 @@ from kernel_marks import needs_kernel
 from speculant.interfaces import QuerySpan
 from speculant.interfaces.span_tensors import SpanTensors
 from speculant.model.attention.cpu_kernel import MAX_KERNEL_QUERY, CpuKernelAttentionBackend
+from speculant.model.kernels.abi import runnable_isas
 from speculant.model.kernels.build import load_kernel, set_kernel_isa
 
 LIB = load_kernel()
 pytestmark = needs_kernel
-PATHS = ["portable", "avx512_bf16"] if LIB is not None and set_kernel_isa(LIB, None) == "avx512_bf16" \
-    else ["portable"]
+PATHS = [p for p in ("scalar", "avx2", "avx512_bf16") if LIB is not None and p in runnable_isas(LIB)] or ["scalar"]
 
 
 def attend(backend, spans: list[QuerySpan], query, key_cache, value_cache, block_size, scale):

@@ -14,7 +14,7 @@ import types
 import pytest
 
 from speculant.model.kernels import build as cpu_kernel_build
-from speculant.model.kernels.abi import BF16_PATHS, CPU_FEATURE_NAMES, lost_paths_line
+from speculant.model.kernels.abi import BF16_PATHS, KERNEL_ISAS, lost_paths_line
 
 x86_gcc = pytest.mark.skipif(platform.machine() != "x86_64" or shutil.which("gcc") is None,
                              reason="needs gcc on x86-64 (the -march levels are x86's)")
@@ -38,20 +38,28 @@ def test_a_failed_compile_is_one_line_naming_the_error():
     assert error is not None and "\n" not in error and "error" in error and "no-such-cpu" in error
 
 
-@pytest.mark.parametrize("mask,missing", [
-    (0b00111, ["avx512vl", "avx512_bf16"]),  # AVX-512 without VL and BF16 (a Skylake-X would have VL)
-    (0b01111, ["avx512_bf16"]),  # Ice Lake / Sapphire Rapids without BF16
-    (0, list(CPU_FEATURE_NAMES)),  # AVX2 only, or aarch64
-])
-def test_lost_paths_are_one_line_naming_the_missing_features(mask, missing):
-    line = lost_paths_line(types.SimpleNamespace(speculant_cpu_features=lambda: mask))
+def _fake_lib(active: str, detected: str):
+    return types.SimpleNamespace(speculant_isa_active=lambda: KERNEL_ISAS.index(active),
+                                 speculant_isa_detected=lambda: KERNEL_ISAS.index(detected))
+
+
+@pytest.mark.parametrize("detected", ["scalar", "neon"])
+def test_lost_paths_are_one_line_naming_why(detected):
+    line = lost_paths_line(_fake_lib(detected, detected))
     assert line is not None and "\n" not in line
-    assert BF16_PATHS in line and f"lacks {', '.join(missing)}" in line
-    assert "still run on the portable C kernels" in line
+    assert BF16_PATHS in line and f"this CPU runs no vector path for them (best: {detected};" in line
+    assert "still run on the scalar C kernels" in line
 
 
-def test_nothing_is_reported_lost_where_every_feature_is_there():
-    assert lost_paths_line(types.SimpleNamespace(speculant_cpu_features=lambda: 0b11111)) is None
+def test_the_lost_paths_line_names_the_cap(monkeypatch):
+    monkeypatch.setenv("SPECULANT_CPU_ISA", "scalar")
+    line = lost_paths_line(_fake_lib("scalar", "avx512_bf16"))
+    assert line is not None and "SPECULANT_CPU_ISA=scalar caps the C kernels at the scalar path" in line
+
+
+@pytest.mark.parametrize("active", ["avx2", "avx512", "avx512_bf16"])
+def test_nothing_is_reported_lost_on_a_vector_path(active):
+    assert lost_paths_line(_fake_lib(active, "avx512_bf16")) is None
 
 
 def test_the_report_says_why_there_are_no_kernels(monkeypatch):
@@ -68,5 +76,6 @@ def test_the_report_says_why_there_are_no_kernels(monkeypatch):
                     reason="no aarch64 cross compiler (apt-get install gcc-aarch64-linux-gnu)")
 @pytest.mark.parametrize("march", ["armv8-a", "armv8.2-a+bf16"])
 def test_every_source_compiles_for_aarch64(march):
-    """The x86 paths sit behind __x86_64__ guards: on ARM the portable C kernels build."""
+    """The x86 path files are left out and the x86 clones sit behind __x86_64__ guards: on ARM every
+    core file and NEON path file builds."""
     assert cpu_kernel_build.compile_check(march, "aarch64-linux-gnu-gcc") is None

@@ -10,12 +10,13 @@ acceptance keeps the target's distribution exactly.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from speculant.plugin_api import EngineConfig, Proposals, Proposer, ProposerCapabilities, ProposerContext, StepBatch
+from speculant.plugin_api import EngineConfigView, Proposals, Proposer, ProposerCapabilities, ProposerContext, StepBatch
 from speculant_retrieval.suffix_automaton import SuffixAutomaton
 
 DOCUMENT_SEPARATOR = -1
@@ -67,6 +68,7 @@ class RetrievalProposer(Proposer):
     """Proposes the continuation of the longest suffix match in a corpus."""
 
     name = "retrieval"
+    api_version = "2.0"
     capabilities = ProposerCapabilities(
         needs_target_hidden_states=False,
         supports_chunked_prefill=True,  # reads only token ids, never the target's internals
@@ -87,7 +89,7 @@ class RetrievalProposer(Proposer):
         self.corpus = tokens
         self.index = SuffixAutomaton(tokens)
 
-    def propose_for(self, token_ids: list[int], k: int) -> list[int]:
+    def propose_for(self, token_ids: Sequence[int], k: int) -> list[int]:
         """Up to ``k`` corpus tokens that followed the longest match of the
         last ``max_match`` tokens of ``token_ids`` (none below ``min_match``)."""
         if k <= 0:
@@ -107,7 +109,7 @@ class RetrievalProposer(Proposer):
         return Proposals.from_lists(rows)
 
     @classmethod
-    def validate_against(cls, options: RetrievalOptions, config: EngineConfig) -> list[str]:
+    def validate_against(cls, options: RetrievalOptions, config: EngineConfigView) -> list[str]:
         key = "speculative.proposer_options.corpus_path"
         root = Path(options.corpus_path).expanduser()
         if not root.exists():

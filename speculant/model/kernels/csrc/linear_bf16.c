@@ -1,25 +1,33 @@
-/* bfloat16 linear layer on AVX512-BF16 dot products, CPU: y = x W^T (+ bias).
+/* bfloat16 linear layer, CPU: y = x W^T (+ bias), dispatched per instruction path.
  *
  * Why: at decode and verify sizes (a few rows) a linear layer is a stream of
  * its weight from memory, and the fastest kernel is the one that keeps that
- * stream at memory speed. The weight is stored once in a blocked layout made
- * for VDPBF16PS: 16 output rows by 2 input features per 64-byte vector,
+ * stream at memory speed. The weight is stored once in a blocked layout: 16
+ * output rows by 2 input features per 64-byte vector,
  *
  *     blocked[b][k2][r][j] = W[16 b + r][2 k2 + j]      ([nblk, K/2, 16, 2])
  *
- * (rows past N are zero), so one instruction multiplies 16 output rows by one
- * broadcast pair of input features and accumulates 16 outputs in float32: no
- * horizontal sums, and each weight byte is read once per pass of up to 12 input
- * rows. Work is split over OpenMP threads by pairs of blocks (32 outputs).
+ * (rows past N are zero), made for VDPBF16PS and as good for widening: a
+ * 32-bit lane holds one output row's feature pair, so a shift left by 16 gives
+ * feature 2 k2 and a mask of the high half feature 2 k2 + 1, both exact float32.
+ * Each path streams the weight once per group of input rows, with no horizontal
+ * sums. Work is split over OpenMP threads by pairs of blocks (32 outputs).
  *
- * Arithmetic: VDPBF16PS multiplies bfloat16 pairs exactly in float32 and adds
- * both products to the float32 accumulator (denormal inputs and results are
- * flushed to zero); the accumulator runs over k in order, one sum per output,
- * whatever the row count or the thread split, so a row's result does not
- * depend on the other rows of the call (a decode and the same position in a
- * verify run give the same bits). The bias (float32) is added last, and the
- * sum rounds to bfloat16 once, to nearest even (VCVTNEPS2BF16): the rounding
- * rule of the oneDNN path it replaces.
+ * Paths (kernels.h dispatch): scalar (this file, the reference); AVX2+FMA
+ * (linear_bf16_avx2.c, 8 outputs per vector, groups of 4 rows); AVX-512
+ * (linear_bf16_avx512.c, 16 outputs, groups of 8 rows); AVX512-BF16
+ * (linear_bf16_avx512_bf16.c, VDPBF16PS, groups of 12 rows); NEON (linear_bf16_neon.c, aarch64, the
+ * AVX2 plan on 128-bit registers).
+ *
+ * Arithmetic, the same on every path: per output, a float32 accumulator runs over
+ * k in order, adding the odd feature's product then the even one's (the order
+ * of VDPBF16PS); a product of two bfloat16 numbers is exact in float32, so a fused
+ * multiply-add and a multiply then add give the same bits, and the scalar, AVX2
+ * and AVX-512 paths agree bit for bit (AVX512-BF16 too, but where it flushes
+ * denormals). A row's result does not depend on the other rows of the call or
+ * the thread split (a decode and the same position in a verify run give the
+ * same bits). The bias (float32) is added last, and the sum rounds to bfloat16
+ * once, to nearest even: the rounding rule of the oneDNN path it replaces.
  *
  * With `residual` (fused residual add): y = residual + round(x W^T + bias),
  * the sum of two bfloat16 numbers taken in float32 and rounded once more:
@@ -30,154 +38,84 @@
  * bias [N] float32 or NULL; residual [T, N] with row stride ldr, or NULL;
  * y [T, N] with row stride ldy. `threads`: the OpenMP team size (torch's thread
  * count, passed in: a thread other than the one that set it would not see it).
- * Returns 0, or -1 where this CPU or build has no AVX512-BF16 (nothing written).
+ * Returns 0.
  */
 #include <stdint.h>
 #include <string.h>
 
+#include "bf16.h"
 #include "kernels.h"
-#if defined(__x86_64__) && defined(__GNUC__)
-#include <immintrin.h>
-#define HAVE_LINEAR_BF16 1
-#else
-#define HAVE_LINEAR_BF16 0
-#endif
 
 #define BLOCK_ROWS 16 /* output rows per blocked vector */
-#define ROW_GROUP 12  /* input rows per pass over the weight (2 x 12 accumulators + 3 fit 32 registers) */
+
+/* The scalar path: the outputs of block pair `pair` for all T rows. Not loop-vectorised: GCC 12.2's
+ * -O3 loop vectoriser got this loop wrong (a sum of 0 .. 63 came out 2256, right at -O2), and the
+ * reference path has to be right more than fast. */
+__attribute__((optimize("no-tree-loop-vectorize"))) static void pair_scalar(int64_t T, const uint16_t *x, int64_t ldx, const uint16_t *blocked, int64_t nblk, int64_t k2,
+                        const float *bias, const uint16_t *res, int64_t ldr, int64_t N, int64_t pair, uint16_t *y,
+                        int64_t ldy)
+{
+    for (int64_t b = 2 * pair; b < 2 * pair + 2 && b < nblk; b++) {
+        const uint16_t *w = blocked + b * k2 * 2 * BLOCK_ROWS;
+        const int64_t n0 = b * BLOCK_ROWS, valid = N - n0 < BLOCK_ROWS ? N - n0 : BLOCK_ROWS;
+        for (int64_t t = 0; t < T; t++) {
+            const uint16_t *xt = x + t * ldx;
+            float acc[BLOCK_ROWS] = {0};  /* one accumulator per output row of the block (16 independent sums) */
+            for (int64_t kk = 0; kk < k2; kk++) {
+                const float x0 = widen(xt[2 * kk]), x1 = widen(xt[2 * kk + 1]);
+                const uint16_t *wk = w + kk * 2 * BLOCK_ROWS;
+                for (int r = 0; r < BLOCK_ROWS; r++) {
+                    acc[r] += widen(wk[2 * r + 1]) * x1;
+                    acc[r] += widen(wk[2 * r]) * x0;
+                }
+            }
+            for (int64_t r = 0; r < valid; r++) {
+                uint16_t out = round_bf16(bias ? acc[r] + bias[n0 + r] : acc[r]);
+                if (res)
+                    out = round_bf16(widen(out) + widen(res[t * ldr + n0 + r]));
+                y[t * ldy + n0 + r] = out;
+            }
+        }
+    }
+}
+
+typedef void (*pair_fn)(int64_t, const uint16_t *, int64_t, const uint16_t *, int64_t, int64_t, const float *,
+                        const uint16_t *, int64_t, int64_t, int64_t, uint16_t *, int64_t);
+
+static pair_fn pick_pair(void)
+{
+    static const pair_fn TABLE[ISA_COUNT] = {
+        [ISA_SCALAR] = pair_scalar,
+        [ISA_AVX2] = speculant_linear_bf16_pair_avx2,
+        [ISA_AVX512] = speculant_linear_bf16_pair_avx512,
+        [ISA_AVX512_BF16] = speculant_linear_bf16_pair_avx512_bf16,
+        [ISA_NEON] = speculant_linear_bf16_pair_neon,
+    };
+    pair_fn f;
+    SPECULANT_PICK(TABLE, f);
+    return f;
+}
 
 int speculant_linear_bf16_available(void)
 {
-#if HAVE_LINEAR_BF16
-    return speculant_cpu_has_bf16_paths();
-#else
-    return 0;
-#endif
+    return pick_pair() != pair_scalar;
 }
 
-#if HAVE_LINEAR_BF16
-#define TARGET BF16_PATH_TARGET
-
-/* 16 bfloat16 numbers widened to float32 (exact). */
-TARGET static inline __m512 widen(__m256i v)
-{
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(v), 16));
-}
-
-/* a + b for bfloat16 vectors: the float32 sum rounded to bfloat16 (nearest even). */
-TARGET static inline __m256i add_bf16(__m256i a, __m256i b)
-{
-    return (__m256i)_mm512_cvtneps_pbh(_mm512_add_ps(widen(a), widen(b)));
-}
-
-/* Two blocks (32 outputs) for `rows` input rows; `rows` is a constant at each
- * call site, so the accumulators stay in registers. */
-TARGET __attribute__((always_inline)) static inline void
-two_blocks(const int rows, const uint16_t *x, int64_t ldx, const uint16_t *w0, const uint16_t *w1, int64_t k2,
-           const float *bias, const uint16_t *res, int64_t ldr, uint16_t *y, int64_t ldy, __mmask16 m0,
-           __mmask16 m1)
-{
-    __m512 a0[ROW_GROUP], a1[ROW_GROUP];
-#pragma GCC unroll 12
-    for (int t = 0; t < rows; t++) {
-        a0[t] = _mm512_setzero_ps();
-        a1[t] = _mm512_setzero_ps();
-    }
-    for (int64_t kk = 0; kk < k2; kk++) {
-        __m512bh v0 = (__m512bh)_mm512_loadu_si512(w0 + kk * 2 * BLOCK_ROWS);
-        __m512bh v1 = (__m512bh)_mm512_loadu_si512(w1 + kk * 2 * BLOCK_ROWS);
-#pragma GCC unroll 12
-        for (int t = 0; t < rows; t++) {
-            int32_t pair;
-            memcpy(&pair, x + t * ldx + 2 * kk, sizeof pair);
-            __m512bh xb = (__m512bh)_mm512_set1_epi32(pair);
-            a0[t] = _mm512_dpbf16_ps(a0[t], v0, xb);
-            a1[t] = _mm512_dpbf16_ps(a1[t], v1, xb);
-        }
-    }
-    __m512 b0 = _mm512_setzero_ps(), b1 = _mm512_setzero_ps();
-    if (bias) {
-        b0 = _mm512_maskz_loadu_ps(m0, bias);
-        b1 = _mm512_maskz_loadu_ps(m1, bias + BLOCK_ROWS);
-    }
-#pragma GCC unroll 12
-    for (int t = 0; t < rows; t++) {
-        __m256i r0 = (__m256i)_mm512_cvtneps_pbh(bias ? _mm512_add_ps(a0[t], b0) : a0[t]);
-        __m256i r1 = (__m256i)_mm512_cvtneps_pbh(bias ? _mm512_add_ps(a1[t], b1) : a1[t]);
-        if (res) {
-            r0 = add_bf16(r0, _mm256_maskz_loadu_epi16(m0, res + t * ldr));
-            r1 = add_bf16(r1, _mm256_maskz_loadu_epi16(m1, res + t * ldr + BLOCK_ROWS));
-        }
-        _mm256_mask_storeu_epi16(y + t * ldy, m0, r0);
-        if (m1)
-            _mm256_mask_storeu_epi16(y + t * ldy + BLOCK_ROWS, m1, r1);
-    }
-}
-
-static __mmask16 row_mask(int64_t remaining)
-{
-    return remaining >= BLOCK_ROWS ? (__mmask16)0xFFFF : remaining <= 0 ? 0 : (__mmask16)((1u << remaining) - 1);
-}
-
-TARGET void speculant_linear_bf16_pair(int64_t T, const uint16_t *x, int64_t ldx, const uint16_t *blocked, int64_t nblk,
-                              int64_t k2, const float *bias, const uint16_t *res, int64_t ldr, int64_t N,
-                              int64_t pair, uint16_t *y, int64_t ldy)
-{
-    int64_t b = 2 * pair, n0 = b * BLOCK_ROWS;
-    const uint16_t *w0 = blocked + b * k2 * 2 * BLOCK_ROWS;
-    /* an odd last block pairs with itself; its second half is masked off */
-    const uint16_t *w1 = b + 1 < nblk ? w0 + k2 * 2 * BLOCK_ROWS : w0;
-    __mmask16 m0 = row_mask(N - n0), m1 = b + 1 < nblk ? row_mask(N - n0 - BLOCK_ROWS) : 0;
-    const float *bb = bias ? bias + n0 : NULL;
-    for (int64_t t0 = 0; t0 < T; t0 += ROW_GROUP) {
-        int64_t n = T - t0 < ROW_GROUP ? T - t0 : ROW_GROUP;
-        const uint16_t *xt = x + t0 * ldx;
-        uint16_t *yt = y + t0 * ldy + n0;
-        const uint16_t *rt = res ? res + t0 * ldr + n0 : NULL;
-        switch (n) {
-        case 1: two_blocks(1, xt, ldx, w0, w1, k2, bb, rt, ldr, yt, ldy, m0, m1); break;
-        case 2: two_blocks(2, xt, ldx, w0, w1, k2, bb, rt, ldr, yt, ldy, m0, m1); break;
-        case 3: two_blocks(3, xt, ldx, w0, w1, k2, bb, rt, ldr, yt, ldy, m0, m1); break;
-        case 4: two_blocks(4, xt, ldx, w0, w1, k2, bb, rt, ldr, yt, ldy, m0, m1); break;
-        case 5: two_blocks(5, xt, ldx, w0, w1, k2, bb, rt, ldr, yt, ldy, m0, m1); break;
-        case 6: two_blocks(6, xt, ldx, w0, w1, k2, bb, rt, ldr, yt, ldy, m0, m1); break;
-        case 7: two_blocks(7, xt, ldx, w0, w1, k2, bb, rt, ldr, yt, ldy, m0, m1); break;
-        case 8: two_blocks(8, xt, ldx, w0, w1, k2, bb, rt, ldr, yt, ldy, m0, m1); break;
-        case 9: two_blocks(9, xt, ldx, w0, w1, k2, bb, rt, ldr, yt, ldy, m0, m1); break;
-        case 10: two_blocks(10, xt, ldx, w0, w1, k2, bb, rt, ldr, yt, ldy, m0, m1); break;
-        case 11: two_blocks(11, xt, ldx, w0, w1, k2, bb, rt, ldr, yt, ldy, m0, m1); break;
-        default: two_blocks(12, xt, ldx, w0, w1, k2, bb, rt, ldr, yt, ldy, m0, m1); break;
-        }
-    }
-}
-#else
 void speculant_linear_bf16_pair(int64_t T, const uint16_t *x, int64_t ldx, const uint16_t *blocked, int64_t nblk,
                                 int64_t k2, const float *bias, const uint16_t *res, int64_t ldr, int64_t N,
                                 int64_t pair, uint16_t *y, int64_t ldy)
-{ /* never called: speculant_linear_bf16_available() is 0 on this build */
-    (void)T; (void)x; (void)ldx; (void)blocked; (void)nblk; (void)k2; (void)bias; (void)res; (void)ldr; (void)N;
-    (void)pair; (void)y; (void)ldy;
+{
+    pick_pair()(T, x, ldx, blocked, nblk, k2, bias, res, ldr, N, pair, y, ldy);
 }
-#endif
 
 int speculant_linear_bf16(const uint16_t *x, int64_t T, int64_t ldx, const uint16_t *blocked, int64_t N,
                           int64_t K, const float *bias, const uint16_t *residual, int64_t ldr, uint16_t *y,
                           int64_t ldy, int threads)
 {
-#if HAVE_LINEAR_BF16
-    static int available = -1;
-    if (available < 0)
-        available = speculant_linear_bf16_available();
-    if (!available)
-        return -1;
-    int64_t nblk = (N + BLOCK_ROWS - 1) / BLOCK_ROWS, pairs = (nblk + 1) / 2, k2 = K / 2;
+    const pair_fn f = pick_pair();
+    const int64_t nblk = (N + BLOCK_ROWS - 1) / BLOCK_ROWS, pairs = (nblk + 1) / 2, k2 = K / 2;
 #pragma omp parallel for schedule(static) num_threads(threads) if (pairs > 1)
     for (int64_t p = 0; p < pairs; p++)
-        speculant_linear_bf16_pair(T, x, ldx, blocked, nblk, k2, bias, residual, ldr, N, p, y, ldy);
+        f(T, x, ldx, blocked, nblk, k2, bias, residual, ldr, N, p, y, ldy);
     return 0;
-#else
-    (void)x; (void)T; (void)ldx; (void)blocked; (void)N; (void)K; (void)bias; (void)residual; (void)ldr;
-    (void)y; (void)ldy; (void)threads;
-    return -1;
-#endif
 }

@@ -20,14 +20,14 @@
  * a verify span give the same bits.
  *
  * bfloat16 on CPUs with AVX512-BF16 (chosen at run time from cpuid): the
- * task is attention_bf16.c's vectorised one (head sizes up to 256; scores of 16
+ * task is attention_avx512_bf16.c's vectorised one (head sizes up to 256; scores of 16
  * keys at a time, a vector exp, values widened in registers), else the
  * query-key dot products below run on VDPBF16PS straight from the stored bfloat16
  * rows. Its products of two bfloat16 numbers are exact in float32 and it
  * accumulates in float32 (denormal inputs and results flushed to zero), so the
  * scores are the same float32 sums in another order; there softmax and the weighted
- * sum of values are the portable path's. speculant_kernel_set_isa(0) forces the
- * portable path (tests walk both).
+ * sum of values are the portable path's. A dispatch cap under AVX512_BF16
+ * (speculant_isa_set, kernels.h) forces the portable path (tests walk every path).
  *
  * Layouts (all contiguous, row-major; elements of `dtype`):
  *   q, out          [T, H, D]
@@ -68,37 +68,6 @@ int speculant_kernel_dtypes(void)
     return (1 << DT_F32) | (1 << DT_BF16) | (HAVE_F16 << DT_F16);
 }
 
-/* Which instruction path bfloat16 scores take: 0 portable, 1 AVX512-BF16.
- * -1 until the first call reads cpuid. */
-static int isa = -1;
-
-static int cpu_has_bf16_dot(void)
-{
-#if HAVE_BF16_DOT_BUILD
-    return speculant_cpu_has_bf16_paths();
-#else
-    return 0;
-#endif
-}
-
-/* The path in use (after detection): 0 portable, 1 AVX512-BF16 dot products. */
-int speculant_kernel_isa(void)
-{
-    if (isa < 0)
-        isa = cpu_has_bf16_dot();
-    return isa;
-}
-
-/* Force a path: 0 portable; 1 AVX512-BF16 (refused, returning -1, where the CPU
- * lacks it); -1 back to detection. Returns the path now in use. */
-int speculant_kernel_set_isa(int wanted)
-{
-    if (wanted == 1 && !cpu_has_bf16_dot())
-        return -1;
-    isa = wanted < 0 ? cpu_has_bf16_dot() : wanted;
-    return isa;
-}
-
 #if HAVE_BF16_DOT_BUILD
 /* sum_d a[d] * b[d] over bfloat16 rows of any length D, float32 accumulation: 32
  * elements per VDPBF16PS, the tail through a masked load (zeros add nothing). */
@@ -123,7 +92,7 @@ BF16_PATH_TARGET static float dot_bf16(const uint16_t *a, const uint16_t *b, int
 
 /* Row `offset` (in elements) of `base` as float32: a pointer into `base` for
  * float32 storage, else widened into `scratch` [D]. */
-static const float *row_f32(const void *base, int64_t offset, int dtype, int64_t D, float *scratch)
+static inline __attribute__((always_inline)) const float *row_f32(const void *base, int64_t offset, int dtype, int64_t D, float *scratch)
 {
     if (dtype == DT_F32)
         return (const float *)base + offset;
@@ -148,7 +117,7 @@ static const float *row_f32(const void *base, int64_t offset, int dtype, int64_t
 }
 
 /* Write float32 `src` [D] as row `offset` of `base`, rounded to the dtype. */
-static void store_row(void *base, int64_t offset, int dtype, const float *src, int64_t D)
+static inline __attribute__((always_inline)) void store_row(void *base, int64_t offset, int dtype, const float *src, int64_t D)
 {
     if (dtype == DT_F32) {
         memcpy((float *)base + offset, src, sizeof(float) * (size_t)D);
@@ -173,19 +142,18 @@ int speculant_attend_slices(int64_t tasks, int64_t G, int threads)
     return (int)slices;
 }
 
-int speculant_attend_task(const void *q, const void *k_cache, const void *v_cache, void *out, int dtype,
-                          int64_t row0, int64_t n_query, int64_t start, const int64_t *table, int64_t kv_head,
-                          int64_t g0, int64_t gn, int64_t H, int64_t H_kv, int64_t D, int64_t block_size,
-                          float scale)
+#define TASK_ARGS                                                                                          \
+    (const void *q, const void *k_cache, const void *v_cache, void *out, int dtype, int64_t row0, int64_t n_query, \
+     int64_t start, const int64_t *table, int64_t kv_head, int64_t g0, int64_t gn, int64_t H, int64_t H_kv,        \
+     int64_t D, int64_t block_size, float scale)
+#define TASK_CALL (q, k_cache, v_cache, out, dtype, row0, n_query, start, table, kv_head, g0, gn, H, H_kv, D, \
+                   block_size, scale)
+
+/* The portable task; compiled per path below (the compiler vectorises its simd loops for each path's
+ * registers: the float32 sums of a score then take another order per path, within float32 round-off,
+ * and a row's result still depends only on its own query and keys). */
+static inline __attribute__((always_inline)) int task_body TASK_ARGS
 {
-#if HAVE_BF16_DOT_BUILD
-    if (dtype == DT_BF16 && speculant_kernel_isa() == 1) {  /* attention_bf16.c: the vectorised task */
-        const int status = speculant_attend_task_bf16(q, k_cache, v_cache, out, row0, n_query, start, table,
-                                                      kv_head, g0, gn, H, H_kv, D, block_size, scale);
-        if (status != -2)
-            return status;
-    }
-#endif
     const int64_t G = H / H_kv;             /* query heads per K/V head */
     const int64_t R = n_query * gn;         /* rows r = i * gn + (g - g0) */
     const int64_t n = start + n_query;      /* keys visible to the last query token */
@@ -204,7 +172,7 @@ int speculant_attend_task(const void *q, const void *k_cache, const void *v_cach
             memcpy(qf + r * D, src, sizeof(float) * (size_t)D);
     }
 #if HAVE_BF16_DOT_BUILD
-    if (dtype == DT_BF16 && speculant_kernel_isa() == 1) {
+    if (dtype == DT_BF16 && speculant_isa_active() == ISA_AVX512_BF16) {
         const uint16_t *q16 = (const uint16_t *)q, *k16 = (const uint16_t *)k_cache;
         for (int64_t j = 0; j < n; j++) {
             const uint16_t *k = k16 + ((table[j / block_size] * block_size + j % block_size) * H_kv + kv_head) * D;
@@ -268,34 +236,32 @@ int speculant_attend_task(const void *q, const void *k_cache, const void *v_cach
     return 0;
 }
 
-static int span_fault(int64_t *bad, int kind, int64_t span, int64_t entry, int64_t id, int64_t start, int64_t end)
-{
-    const int64_t fields[SPAN_BAD_FIELDS] = {kind, span, entry, id, start, end};
-    memcpy(bad, fields, sizeof fields);
-    return -3;
-}
+static int task_scalar TASK_ARGS { return task_body TASK_CALL; }
+#if HAVE_BF16_DOT_BUILD
+PATH_AVX2 static int task_avx2 TASK_ARGS { return task_body TASK_CALL; }
+#endif /* no AVX-512 clone: GCC 12 warns (falsely) on its 64-byte simd widening; the AVX-512 paths take AVX2's */
 
-int speculant_check_spans(const int64_t *cu_query_lens, const int64_t *starts, const int64_t *block_tables,
-                          int64_t n_seqs, int64_t max_blocks, const int64_t *span_ids, int64_t n_spans,
-                          int64_t num_tokens, int64_t num_blocks, int64_t block_size, int64_t *bad)
+int speculant_attend_task TASK_ARGS
 {
-    for (int64_t s = 0; s < n_spans; s++) {
-        const int64_t b = span_ids[s];
-        if (b < 0 || b >= n_seqs)
-            return span_fault(bad, BAD_SPAN_ID, b, -1, -1, -1, -1);
-        const int64_t row0 = cu_query_lens[b], row1 = cu_query_lens[b + 1], start = starts[b];
-        const int64_t end = start + row1 - row0;
-        if (row0 < 0 || row1 < row0 || row1 > num_tokens || start < 0 || block_size <= 0)
-            return span_fault(bad, BAD_ROWS, b, -1, -1, start, end);
-        const int64_t needed = (end + block_size - 1) / block_size;  /* blocks holding positions < end */
-        if (needed > max_blocks)
-            return span_fault(bad, BAD_TABLE_SHORT, b, max_blocks, -1, start, end);
-        const int64_t *table = block_tables + b * max_blocks;
-        for (int64_t i = 0; i < needed; i++)
-            if (table[i] < 0 || table[i] >= num_blocks)
-                return span_fault(bad, BAD_BLOCK_ID, b, i, table[i], start, end);
+    typedef int (*task_fn) TASK_ARGS;
+    static const task_fn TABLE[ISA_COUNT] = {
+        [ISA_SCALAR] = task_scalar,
+#if HAVE_BF16_DOT_BUILD
+        [ISA_AVX2] = task_avx2,
+#endif
+    };
+#if HAVE_BF16_DOT_BUILD
+    if (dtype == DT_BF16 && speculant_isa_active() == ISA_AVX512_BF16 && speculant_attend_task_bf16) {
+        /* attention_avx512_bf16.c: the vectorised task */
+        const int status = speculant_attend_task_bf16(q, k_cache, v_cache, out, row0, n_query, start, table,
+                                                      kv_head, g0, gn, H, H_kv, D, block_size, scale);
+        if (status != -2)
+            return status;
     }
-    return 0;
+#endif
+    task_fn f;
+    SPECULANT_PICK(TABLE, f);
+    return f TASK_CALL;
 }
 
 int speculant_paged_attention(int dtype, const void *q, const void *k_cache, const void *v_cache, void *out,

@@ -33,7 +33,7 @@
 #define LEVELS 4
 
 
-static int ceil_log2(int64_t n)
+static inline __attribute__((always_inline)) int ceil_log2(int64_t n)
 {
     int r = 0;
     while (((int64_t)1 << r) < n)
@@ -42,7 +42,7 @@ static int ceil_log2(int64_t n)
 }
 
 /* acc[k][l] += square of element (vector `v`, lane l) of row x, k = 0..ILP-1 for vectors v = ILP*i + k */
-static void add_squares(float acc[ILP][MAX_LANES], const uint16_t *x, int64_t vec, int lanes)
+static inline __attribute__((always_inline)) void add_squares(float acc[ILP][MAX_LANES], const uint16_t *x, int64_t vec, int lanes)
 {
     for (int k = 0; k < ILP; k++)
         for (int l = 0; l < lanes; l++) {
@@ -52,7 +52,7 @@ static void add_squares(float acc[ILP][MAX_LANES], const uint16_t *x, int64_t ve
 }
 
 /* ATen's float32 sum of squares of one row, in its order (see the header). */
-static float sum_squares(const uint16_t *x, int64_t H, int lanes)
+static inline __attribute__((always_inline)) float sum_squares(const uint16_t *x, int64_t H, int lanes)
 {
     int64_t nvec = H / lanes, rows = nvec / ILP;
     float acc[LEVELS][ILP][MAX_LANES];
@@ -111,7 +111,7 @@ int speculant_sum_squares_bf16(const uint16_t *x, int64_t T, int64_t ldx, int64_
     return 0;
 }
 
-void speculant_rms_norm_rows(const uint16_t *x, int64_t t0, int64_t t1, int64_t ldx, const uint16_t *weight,
+static inline __attribute__((always_inline)) void rows_body(const uint16_t *x, int64_t t0, int64_t t1, int64_t ldx, const uint16_t *weight,
                              int64_t H, float eps, int lanes, uint16_t *out, int64_t ldo)
 {
     for (int64_t t = t0; t < t1; t++) {
@@ -125,6 +125,13 @@ void speculant_rms_norm_rows(const uint16_t *x, int64_t t0, int64_t t1, int64_t 
         }
     }
 }
+
+#define ROWS_ARGS \
+    (const uint16_t *x, int64_t t0, int64_t t1, int64_t ldx, const uint16_t *weight, int64_t H, float eps, int lanes, \
+        uint16_t *out, int64_t ldo)
+#define ROWS_CALL (x, t0, t1, ldx, weight, H, eps, lanes, out, ldo)
+/* scalar, AVX2 and AVX-512 clones of the same C (kernels.h): the same bits on every path */
+SPECULANT_CLONED(speculant_rms_norm_rows, rows_body, ROWS_ARGS, ROWS_CALL)
 
 int speculant_rms_norm_bf16(const uint16_t *x, int64_t T, int64_t ldx, const uint16_t *weight, int64_t H, float eps,
                             int lanes, uint16_t *out, int64_t ldo, int threads)

@@ -20,12 +20,12 @@
 
 
 /* round(round(x * c) + round(partner * s)) */
-static inline uint16_t rotate_one(uint16_t x, uint16_t partner, uint16_t c, uint16_t s)
+static inline __attribute__((always_inline)) uint16_t rotate_one(uint16_t x, uint16_t partner, uint16_t c, uint16_t s)
 {
     return round_bf16(widen(round_bf16(widen(x) * widen(c))) + widen(round_bf16(widen(partner) * widen(s))));
 }
 
-void speculant_rotary_rows(const uint16_t *x, int64_t t0, int64_t t1, int64_t ldx, int64_t heads, int64_t D,
+static inline __attribute__((always_inline)) void rows_body(const uint16_t *x, int64_t t0, int64_t t1, int64_t ldx, int64_t heads, int64_t D,
                            const uint16_t *cos, const uint16_t *sin, uint16_t *out)
 {
     int64_t half = D / 2;
@@ -43,6 +43,13 @@ void speculant_rotary_rows(const uint16_t *x, int64_t t0, int64_t t1, int64_t ld
         }
     }
 }
+
+#define ROWS_ARGS \
+    (const uint16_t *x, int64_t t0, int64_t t1, int64_t ldx, int64_t heads, int64_t D, const uint16_t *cos, \
+        const uint16_t *sin, uint16_t *out)
+#define ROWS_CALL (x, t0, t1, ldx, heads, D, cos, sin, out)
+/* scalar, AVX2 and AVX-512 clones of the same C (kernels.h): the same bits on every path */
+SPECULANT_CLONED(speculant_rotary_rows, rows_body, ROWS_ARGS, ROWS_CALL)
 
 void speculant_rotary_bf16(const uint16_t *x, int64_t T, int64_t ldx, int64_t heads, int64_t D,
                            const uint16_t *cos, const uint16_t *sin, uint16_t *out)

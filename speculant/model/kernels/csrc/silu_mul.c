@@ -18,7 +18,7 @@
 #include "kernels.h"
 
 
-void speculant_silu_mul_cols(const uint16_t *gate_up, int64_t t, int64_t ld, int64_t I, int64_t i0, int64_t i1,
+static inline __attribute__((always_inline)) void cols_body(const uint16_t *gate_up, int64_t t, int64_t ld, int64_t I, int64_t i0, int64_t i1,
                              const uint16_t *table, uint16_t *out)
 {
     const uint16_t *g = gate_up + t * ld, *u = g + I;
@@ -26,6 +26,13 @@ void speculant_silu_mul_cols(const uint16_t *gate_up, int64_t t, int64_t ld, int
     for (int64_t i = i0; i < i1; i++)
         o[i] = round_bf16(widen(table[g[i]]) * widen(u[i]));
 }
+
+#define COLS_ARGS \
+    (const uint16_t *gate_up, int64_t t, int64_t ld, int64_t I, int64_t i0, int64_t i1, const uint16_t *table, \
+        uint16_t *out)
+#define COLS_CALL (gate_up, t, ld, I, i0, i1, table, out)
+/* scalar, AVX2 and AVX-512 clones of the same C (kernels.h): the same bits on every path */
+SPECULANT_CLONED(speculant_silu_mul_cols, cols_body, COLS_ARGS, COLS_CALL)
 
 void speculant_silu_mul_bf16(const uint16_t *gate_up, int64_t T, int64_t ld, int64_t I, const uint16_t *table,
                              uint16_t *out)

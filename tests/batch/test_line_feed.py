@@ -1,4 +1,4 @@
-"""EngineLoop: one engine fed by several threads, each waiting for its own records (no Ray)."""
+"""LineFeed: one engine fed by several threads, each waiting for its own records (no Ray)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from speculant.batch.engine_loop import EngineLoop
+from speculant.batch.line_feed import LineFeed
 from speculant.batch.lines import InputLine
 from speculant.batch.runner import run_lines
 from speculant.config.compat import build_config
@@ -43,7 +43,7 @@ def running_per_step(engine: LLMEngine) -> list[int]:
 
 def test_a_second_batch_joins_the_running_one_and_can_finish_first(engine):
     seen = running_per_step(engine)
-    loop = EngineLoop(engine)
+    loop = LineFeed(engine)
     first, second = lines(0, 2, 40), lines(2, 2, 3)
     results: dict[str, list] = {}
     worker = threading.Thread(target=lambda: results.setdefault("first", loop.run(first)))
@@ -63,14 +63,14 @@ def test_a_second_batch_joins_the_running_one_and_can_finish_first(engine):
 
 
 def test_bad_lines_are_error_records(engine):
-    loop = EngineLoop(engine)
+    loop = LineFeed(engine)
     records = dict(loop.run([InputLine(0, "{broken"), *lines(1, 1, 2)]))
     loop.close()
     assert "error" in records[0] and "error" not in records[1]
 
 
 def test_a_line_number_twice_at_once_is_refused(engine):
-    loop = EngineLoop(engine)
+    loop = LineFeed(engine)
     with pytest.raises(ValueError, match="line 3 is handed to the engine loop twice"):
         loop.run(lines(3, 1, 2) + lines(3, 1, 2))
     assert len(loop.run(lines(3, 1, 2))) == 1  # nothing was queued by the refused call
@@ -84,7 +84,7 @@ def test_a_failed_loop_fails_every_caller_with_the_cause(engine):
         raise MemoryError("no memory for the step")
 
     engine.step = broken  # type: ignore[method-assign]
-    loop = EngineLoop(engine)
+    loop = LineFeed(engine)
     with pytest.raises(RuntimeError, match="the engine loop stopped: MemoryError: no memory for the step"):
         loop.run(lines(0, 2, 2))
     with pytest.raises(RuntimeError, match="MemoryError"):

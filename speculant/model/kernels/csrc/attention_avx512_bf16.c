@@ -31,9 +31,8 @@
 #define MAX_D 256
 #define KEYS 16
 
-#if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
-#define TARGET BF16_PATH_TARGET
+#define TARGET PATH_AVX512_BF16
 
 /* lane u of the result = the sum of the 16 lanes of x[u] (a fixed tree per lane). */
 TARGET static inline __m512 transpose_sum(const __m512 x[KEYS])
@@ -209,14 +208,3 @@ TARGET int speculant_attend_task_bf16(const uint16_t *q, const uint16_t *k_cache
     free(qrows);
     return 0;
 }
-#else
-int speculant_attend_task_bf16(const uint16_t *q, const uint16_t *k_cache, const uint16_t *v_cache,
-                               uint16_t *out, int64_t row0, int64_t n_query, int64_t start, const int64_t *table,
-                               int64_t kv_head, int64_t g0, int64_t gn, int64_t H, int64_t H_kv, int64_t D,
-                               int64_t block_size, float scale)
-{
-    (void)q; (void)k_cache; (void)v_cache; (void)out; (void)row0; (void)n_query; (void)start; (void)table;
-    (void)kv_head; (void)g0; (void)gn; (void)H; (void)H_kv; (void)D; (void)block_size; (void)scale;
-    return -2;
-}
-#endif

@@ -5,23 +5,24 @@ multi-token span (logits only at its last token, and only when it reports:
 samples, or ends a recompute one token short),
 each decode one span ``[last, p1..pk]`` with logits at every position. Scorers
 may lay decodes out differently; they all reuse ``prefill_spans`` and
-``gather_scores`` so results map back the same way.
+``gather_scores`` so results map back the same way. Part of the contract:
+the built-in scorers use it, and so may a plugin's.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from speculant.engine.batch import ScheduledRequest, StepBatch
-from speculant.interfaces import Proposals, QuerySpan, Scores
+from speculant.interfaces.data import Proposals, QuerySpan, Scores
 
 if TYPE_CHECKING:
+    from speculant.interfaces.batch import ScheduledRequest, StepBatch
     from speculant.interfaces.views import ForwardResult, RunnerView
 
 
 def block_table(entry: ScheduledRequest) -> list[int]:
-    """The entry's block table, as the scheduler put it into the batch."""
-    return entry.block_table
+    """The entry's block table, as the scheduler put it into the batch (a copy)."""
+    return list(entry.block_table)
 
 
 def prefill_spans(runner: RunnerView, batch: StepBatch) -> list[QuerySpan]:
