@@ -9,8 +9,11 @@ at batch 1 each prompt alone, streamed step by step (4 chat prompts x
 (the 4 prompts repeated, ``--max-tokens-c32`` each). Greedy, EOS ignored,
 prefix caching off. The workers take turns, round by round, the order
 reversed every other round (``harness.rounds``); the figures are the medians
-of tokens/s and the per-round ratios branch / base with their spread. Both
-sides must produce the same tokens (checked by digest).
+of tokens/s and the per-round ratios branch / base with their spread, on the
+wall clock and per CPU second of the worker process (``*_cpu``: blind to time
+spent descheduled, so steadier on a shared machine; with ``--threads 1`` it
+counts no OpenMP spinning either). Both sides must produce the same tokens
+(checked by digest).
 """
 
 from __future__ import annotations
@@ -46,9 +49,12 @@ def worker(args) -> None:
         out: dict[str, Any] = {}
         for name, concurrency in WORKLOADS.items():
             max_tokens = args.max_tokens if concurrency == 1 else args.max_tokens_c32
+            t0 = harness.stamp()
             res = run_method(llm, prompts, max_tokens, concurrency, repeats=1)
+            _, cpu = harness.since(t0)  # the process's CPU seconds (warm-up included): blind to time descheduled
             digest = hashlib.sha256(json.dumps(res["token_ids"]).encode()).hexdigest()[:16]
             out[name] = res["tokens_per_s"]
+            out[name + "_cpu"] = res["num_tokens"] / cpu
             out[name + "_tokens"] = res["num_tokens"]
             out[name + "_digest"] = digest
         print(MARK + json.dumps(out), flush=True)
@@ -90,6 +96,8 @@ def main() -> None:
     ap = harness.arg_parser(__doc__, out=harness.RESULTS_DIR / "engine_loop_gate.json", repeats=5,
                             dtype="bfloat16", threads=2)
     ap.add_argument("--base", type=Path, default=Path("/work/wt-base"), help="checkout of the code before")
+    ap.add_argument("--branch", type=Path, default=harness.REPO_ROOT,
+                    help="checkout of the code after (default: this one)")
     ap.add_argument("--max-tokens", type=int, default=128, help="tokens per request at batch 1")
     ap.add_argument("--max-tokens-c32", type=int, default=64, help="tokens per request with 32 requests")
     ap.add_argument("--num-prompts", type=int, default=4)
@@ -99,18 +107,19 @@ def main() -> None:
         worker(args)
         return
     bench = harness.start("engine_loop_gate", args)
-    workers = {"base": Worker(args.base.resolve(), args), "branch": Worker(harness.REPO_ROOT, args)}
+    workers = {"base": Worker(args.base.resolve(), args), "branch": Worker(args.branch.resolve(), args)}
     try:
         runs = harness.rounds(NAMES, args.repeats, lambda name: workers[name].run(),
-                              describe=lambda r: ", ".join(f"{w} {r[w]:.1f} tok/s" for w in WORKLOADS))
+                              describe=lambda r: ", ".join(f"{w} {r[w]:.1f} tok/s ({r[w + '_cpu']:.1f} per CPU s)"
+                                                              for w in WORKLOADS))
     finally:
         for w in workers.values():
             w.close()
     results = {}
-    for w in WORKLOADS:
+    for w in [*WORKLOADS, *(f"{w}_cpu" for w in WORKLOADS)]:
         meds = harness.medians(runs, w)
         ratios = harness.per_round_ratios(runs, "branch", "base", w)
-        digests = {r[w + "_digest"] for rs in runs.values() for r in rs}
+        digests = {r[w.removesuffix("_cpu") + "_digest"] for rs in runs.values() for r in rs}
         results[w] = {"tokens_per_s": {n: round(v, 2) for n, v in meds.items()},
                       "branch_over_base": harness.summary(ratios, 4),
                       "same_tokens": len(digests) == 1}
@@ -118,7 +127,8 @@ def main() -> None:
                   f"median {harness.median(ratios):.4f} (min {min(ratios):.4f}, max {max(ratios):.4f}); "
                   f"same tokens: {len(digests) == 1}")
     bench.write({"base": {"path": str(args.base), "speculant": workers["base"].ready},
-                 "branch": {"speculant": workers["branch"].ready}, "results": results, "runs": runs})
+                 "branch": {"path": str(args.branch), "speculant": workers["branch"].ready},
+                 "results": results, "runs": runs})
 
 
 def argparse_hidden() -> str:

@@ -4,7 +4,8 @@ Workload: the 4 chat-rendered prompts of ``examples/prompts/edit_tasks.txt``, on
 time (bs = 1), greedy, EOS ignored, 128 new tokens, prefill included, ``--threads`` threads.
 Each configuration runs in its own process with ``SPECULANT_CPU_ISA`` set before torch loads
 (the cap reaches torch's ATen, oneDNN and MKL too); model load and one warm-up request are not
-timed. Rows: ``<isa>/no_spec`` for each ``--isas``, and ``<isa>/<proposer>`` for ``--spec``
+timed; each run records a digest of its output tokens (greedy: speculation must not change them,
+nor may the instruction set). Rows: ``<isa>/no_spec`` for each ``--isas``, and ``<isa>/<proposer>`` for ``--spec``
 (suffix decoding, k = 8). ``llama.cpp/avx2``: ``llama-bench -p 0 -n 128`` on ``--llama-gguf`` with
 ``--llama-bench`` (a build with ``-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON``,
 no AVX-512): pure generation, no prefill, so it flatters llama.cpp slightly. Every configuration
@@ -16,6 +17,7 @@ runs once per round, the order alternating (harness.rounds). Writes ``results/is
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -38,13 +40,15 @@ def child(isa: str, method: str, max_tokens: int) -> None:
     llm = harness.smollm2_llm(spec, k=8 if spec else None, dtype="bfloat16", max_num_seqs=1)
     harness.warm_up(llm, chat=True)
     params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
-    tokens, t0 = 0, time.perf_counter()
+    tokens, t0, digest = 0, time.perf_counter(), hashlib.sha256()
     for text in load_prompts(str(harness.REPO_ROOT / "examples/prompts/edit_tasks.txt")):
         out = llm.chat([{"role": "user", "content": text}], params, use_tqdm=False)
         tokens += sum(len(o.outputs[0].token_ids) for o in out)
+        digest.update(json.dumps([list(o.outputs[0].token_ids) for o in out]).encode())
     wall = time.perf_counter() - t0
     lib = load_kernel()
     print(json.dumps({"tok_s": tokens / wall, "tokens": tokens, "wall_s": wall, "isa_requested": isa,
+                      "output_sha256": digest.hexdigest(),
                       "kernel_isa": None if lib is None else kernel_isa(lib),
                       "fused": llm.engine.runner.fast_forward.decoder.fused is not None}))
 
@@ -91,6 +95,7 @@ def main() -> None:
                           lambda n: run_llama(args) if n.startswith("llama.cpp") else run_speculant(n, args),
                           describe=lambda r: f"{r['tok_s']:.1f} tok/s")
     tok_s = harness.medians(runs, "tok_s")
+    outputs = {n: {r.get("output_sha256") for r in runs[n]} for n in names if not n.startswith("llama.cpp")}
     summary = {n: {**harness.summary([r["tok_s"] for r in runs[n]], 2)} for n in names}
     if "llama.cpp/avx2" in runs:
         for n in names:
@@ -99,7 +104,8 @@ def main() -> None:
     bench.log(harness.markdown_table(["config", "tok/s (median)", "min", "max"],
                                      [[n, f"{tok_s[n]:.1f}", f"{summary[n]['min']:.1f}", f"{summary[n]['max']:.1f}"]
                                       for n in names]))
-    bench.write({"summary": summary, "runs": runs})
+    bench.write({"summary": summary, "runs": runs, "same_output_as_avx2_no_spec": {
+        n: outputs[n] == outputs.get("avx2/no_spec") for n in outputs}})
 
 
 if __name__ == "__main__":

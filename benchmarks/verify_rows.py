@@ -7,8 +7,9 @@ interleaved call by call over ``--repeats`` rounds so load drift hits them
 alike. Per size: the median seconds, the spread (min, max), and t(n)/t(1) as the
 median of each round's own ratio.
 
-    python benchmarks/verify_rows.py --model qwen-1.5b-q4km --dtype bfloat16 \\
+    python benchmarks/verify_rows.py --model qwen-1.5b-q4km --dtype bfloat16 --quantization dequantize \\
         --out benchmarks/results/verify_rows_qwen15b_bf16.json
+    python benchmarks/verify_rows.py --model qwen-1.5b-q4km --out benchmarks/results/verify_rows_qwen15b_q4k.json
 """
 
 from __future__ import annotations
@@ -28,12 +29,15 @@ def main() -> None:
     ap.add_argument("--sizes", default="1,2,3,4,5,6,8,10,12,16,24,32")
     ap.add_argument("--ctx", type=int, default=256, help="cached prefix tokens")
     ap.add_argument("--backend", default="cpu_kernel")
+    ap.add_argument("--quantization", default="gguf", choices=["gguf", "dequantize"],
+                    help="for a quantized GGUF: keep its blocks (our quantized kernels) or dequantize to --dtype")
     args = ap.parse_args()
     bench = harness.start("verify_rows", args)
     from speculant import LLM
 
     sizes = [int(x) for x in args.sizes.split(",")]
     llm = LLM(model=model_path(args.model), dtype=args.dtype, attention_backend=args.backend,
+              quantization=args.quantization,
               max_num_batched_tokens=max(64, max(sizes)), max_num_seqs=4)
     times = forward_times(llm.engine.view, args.ctx, sizes, args.repeats)
     rounds = range(args.repeats)
@@ -45,7 +49,9 @@ def main() -> None:
         bench.log(f"n={n:3d}: {1e3 * rows[-1]['median_s']:8.2f} ms ({1e3 * min(times[n]):.2f}-"
                   f"{1e3 * max(times[n]):.2f}), t(n)/t(1) {ratio:.2f}" if ratio else f"n={n}")
     runner = llm.engine.runner
+    quant = runner.quant_report.describe() if runner.quant_report else "none (dense weights)"
     bench.write({"model": args.model, "dtype": args.dtype, "backend": args.backend, "ctx": args.ctx,
+                 "quantization": args.quantization, "quantized_layers": quant,
                  "forward_path": runner.fast_forward.describe(), "kernels": runner.kernel_report,
                  "linear_backend": runner.linear_report.describe(), "rows": rows})
 

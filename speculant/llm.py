@@ -21,7 +21,7 @@ _FLAT_KEYS = {
     "max_model_len": ("model", "max_model_len"), "attention_backend": ("model", "attention_backend"),
     "linear_backend": ("model", "linear_backend"), "seed": ("model", "seed"),
     "load_format": ("model", "load_format"), "cuda_graphs": ("model", "cuda_graphs"),
-    "fast_forward": ("model", "fast_forward"),
+    "fast_forward": ("model", "fast_forward"), "quantization": ("model", "quantization"),
     "linear_dense_max_rows": ("model", "linear_dense_max_rows"),
     "block_size": ("cache", "block_size"), "num_blocks": ("cache", "num_blocks"),
     "kv_cache_memory_gb": ("cache", "memory_gb"), "enable_prefix_caching": ("cache", "enable_prefix_caching"),

@@ -40,6 +40,17 @@ def tiny_llama(tokenizer_dir: Path, seed: int = 0, layers: int = 2, hidden: int 
     return AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval(), tok
 
 
+def quantize_as(data: np.ndarray, type_name: str) -> np.ndarray:
+    """``data`` [n, k] as blocks of ``type_name``: our K-quant quantizers, else gguf-py's."""
+    import gguf
+    from k_quantize import quantize_q4_k, quantize_q6_k
+
+    own = {"Q4_K": quantize_q4_k, "Q6_K": quantize_q6_k}
+    if type_name in own:
+        return own[type_name](data)
+    return gguf.quants.quantize(data, gguf.GGMLQuantizationType[type_name])
+
+
 def _tokenizer_metadata(writer, tok: PreTrainedTokenizerFast) -> None:
     state = json.loads(tok.backend_tokenizer.to_str())["model"]
     vocab = state["vocab"]
@@ -58,13 +69,17 @@ def _tokenizer_metadata(writer, tok: PreTrainedTokenizerFast) -> None:
 
 
 def write_tiny_gguf(path: Path, tokenizer_dir: Path, *, seed: int = 0, quantize: bool = True,
-                    architecture: str = "llama", raw_tensor: tuple | None = None) -> Path:
+                    architecture: str = "llama", raw_tensor: tuple | None = None, hidden: int = 64,
+                    types: dict[str, str] | None = None) -> Path:
     """Write the tiny llama to ``path``. ``architecture`` overrides the declared
     architecture; ``raw_tensor = (name, ggml_type)`` replaces that 2-D tensor by
-    zero blocks of ``ggml_type`` (to write a type gguf-py cannot dequantize)."""
+    zero blocks of ``ggml_type`` (to write a type gguf-py cannot dequantize).
+    ``types`` maps a tensor's role (``attn_q``, ``ffn_down``, ``token_embd`` ...) to
+    the block format to store it in (``Q4_K``, ``Q6_K``, or any gguf-py quantizes),
+    instead of Q8_0 for the block linears."""
     import gguf
 
-    model, tok = tiny_llama(tokenizer_dir, seed)
+    model, tok = tiny_llama(tokenizer_dir, seed, hidden=hidden)
     cfg = model.config
     writer = gguf.GGUFWriter(str(path), architecture)
     writer.add_name("tiny llama")
@@ -88,7 +103,11 @@ def write_tiny_gguf(path: Path, tokenizer_dir: Path, *, seed: int = 0, quantize:
             data = rotary_permute(data, cfg.num_attention_heads)
         elif ".attn_k." in name:
             data = rotary_permute(data, cfg.num_key_value_heads)
-        if raw_tensor is not None and name == raw_tensor[0]:
+        role = name.split(".")[-2]
+        if types is not None and data.ndim == 2 and role in types:
+            q = quantize_as(data, types[role])
+            writer.add_tensor(name, q, raw_shape=q.shape, raw_dtype=gguf.GGMLQuantizationType[types[role]])
+        elif raw_tensor is not None and name == raw_tensor[0]:
             block, size = gguf.GGML_QUANT_SIZES[raw_tensor[1]]
             blocks = np.zeros((data.shape[0], data.shape[1] // block * size), dtype=np.uint8)
             writer.add_tensor(name, blocks, raw_shape=blocks.shape, raw_dtype=raw_tensor[1])

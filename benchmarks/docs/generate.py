@@ -20,6 +20,7 @@ from pathlib import Path
 
 from .fast_forward_tables import cpu_kernels, cpu_kernels_headline, fast_forward, fast_forward_headline
 from .isa_tables import isa_compare
+from .quant_tables import quant_1p5b
 from .random_tables import random_llama
 from .ray_tables import ray_breakdown, ray_scaling, ray_split
 from .spec_cost_tables import spec_cost
@@ -78,6 +79,7 @@ BLOCKS: dict[str, Table] = {
     "fast-forward": fast_forward,
     "cpu-kernels": cpu_kernels,
     "isa-compare": isa_compare,
+    "quant-1.5b": quant_1p5b,
     "ray-scaling": ray_scaling,
     "ray-breakdown": ray_breakdown,
     "ray-split": ray_split,

@@ -34,4 +34,9 @@ def isa_compare(results: Path) -> list[str]:
             cells.append(f"{ratio['median']:.2f}× ({ratio['min']:.2f}–{ratio['max']:.2f})" if ratio else "–")
         cells += [str(runs[0].get("kernel_isa", "–")), {True: "yes", False: "no"}.get(runs[0].get("fused"), "–")]
         out.append("| " + " | ".join(cells) + " |")
+    env = data.get("environment", {})
+    if env.get("load_avg") and env.get("load_avg_end"):
+        out += ["", f"Load average (1, 5, 15 min) on the 2 cores: {env['load_avg']} at the start, "
+                f"{env['load_avg_end']} at the end: other jobs shared the machine, and a row whose range spans "
+                "a factor of ten was measured partly while they ran; read its maximum as the unloaded figure."]
     return out

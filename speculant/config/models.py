@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from speculant.config.dtype_choice import choose_dtype
 
@@ -49,17 +49,25 @@ class ModelConfig(StrictModel):
     tokenizer: str | None = None
     """Tokenizer directory; defaults to ``path``."""
     dtype: Literal["auto", "float32", "float64", "bfloat16", "float16"] = "auto"
-    """Weights and activations dtype. ``auto`` (the default) resolves when the config is
-    validated: bfloat16 where the CPU has a vector bfloat16 path of ours (AVX2+FMA or
-    AVX-512) or the device is CUDA, and the checkpoint is bfloat16 or GGUF; float32
-    elsewhere (``dtype_reason`` says which and why; see ``config/dtype_choice.py``).
-    float32 is the exact mode."""
+    """Weights and activations dtype, or ``auto`` (the default: left out means ``auto``),
+    resolved when the config is validated: bfloat16 where the CPU has a vector bfloat16
+    path of ours (AVX2+FMA or AVX-512) or the device is CUDA, and the checkpoint is
+    bfloat16 or GGUF; float32 elsewhere (``dtype_choice`` says which and why; see
+    ``config/dtype_choice.py``). float32 is the exact mode."""
+    dtype_choice: str | None = None
+    """Why ``dtype`` is what it is when it came from ``auto`` (written by the validator; leave it unset)."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """``auto`` picks CUDA when available, else the CPU."""
     max_model_len: int | None = Field(default=None, ge=2, le=MAX_MODEL_LEN)
     """Longest prompt + output; defaults to the model's max_position_embeddings."""
     attention_backend: str = "auto"
     """``auto``, ``torch`` (reference) or a registered backend name."""
+    quantization: Literal["gguf", "dequantize"] = "gguf"
+    """For a quantized GGUF checkpoint: ``gguf`` keeps each quantized linear
+    layer (and the embedding table) in the file's block format and runs it on
+    Speculant's quantized kernels (``speculant/model/linear/quantized.py``); a
+    block type without a kernel is dequantized, with a notice. ``dequantize``
+    converts every tensor to ``model.dtype``. No effect on other checkpoints."""
     linear_backend: Literal["auto", "default", "onednn", "avx512_bf16"] = "auto"
     """``avx512_bf16`` runs linears on Speculant's bfloat16 C kernel (the name is
     historical: it runs on the CPU's best path, AVX2+FMA, AVX-512 or AVX512-BF16;
@@ -103,21 +111,20 @@ class ModelConfig(StrictModel):
                              f"to {Path(value).name!r}")
         return value
 
-    _dtype_reason: str = PrivateAttr("")
-
-    @model_validator(mode="after")
-    def _resolve_auto_dtype(self) -> ModelConfig:
-        if self.dtype == "auto":
-            dtype, self._dtype_reason = choose_dtype(self.path, self.gguf_file, self.device)
-            self.__dict__["dtype"] = dtype  # not through setattr: that would validate (and resolve) again
-        elif not self._dtype_reason:
-            self._dtype_reason = f"{self.dtype}: set by model.dtype"
-        return self
+    @model_validator(mode="before")
+    @classmethod
+    def _resolve_auto_dtype(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("dtype", "auto") == "auto" and isinstance(data.get("path"), str):
+            gguf = data.get("gguf_file") if isinstance(data.get("gguf_file"), str) else None
+            device = data.get("device", "auto")
+            dtype, why = choose_dtype(data["path"], gguf, device if isinstance(device, str) else "auto")
+            data = {**data, "dtype": dtype, "dtype_choice": why}
+        return data
 
     @property
     def dtype_reason(self) -> str:
         """Which dtype the model runs in and why ('auto' resolved, or set by the user)."""
-        return self._dtype_reason
+        return self.dtype_choice or f"{self.dtype}: set by model.dtype"
 
 
 class CacheConfig(StrictModel):

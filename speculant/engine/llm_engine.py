@@ -63,8 +63,8 @@ class LLMEngine:
         self.max_model_len = self.runner.max_model_len
         self.blocks = BlockManager(self.runner.num_blocks, self.runner.block_size)  # the target's KV bookkeeping
         self.view = PluginRunner(self.runner, self.blocks)  # the target as plugins see it (RunnerView)
-        prefix = PrefixCache(self.blocks, config.model.path, config.model.gguf_file,
-                             config.model.dtype) if config.cache.enable_prefix_caching else None
+        prefix = PrefixCache(self.blocks, config.model.path, config.model.gguf_file, config.model.dtype,
+                             config.model.quantization) if config.cache.enable_prefix_caching else None
         self.scheduler = Scheduler(config.scheduler, self.blocks, self.max_model_len, prefix)
         self.scheduler.on_preempt = self._preempted
         self.spec: SpecComponents = build_spec_components(config, self.runner, registry)

@@ -29,7 +29,8 @@ from speculant.model.kernels.build import kernel_report
 from speculant.model.linear.backend import pack_linear_layers
 from speculant.model.linear.huge_pages import place_packed_weights
 from speculant.model.linear.merged import merge_sibling_linears
-from speculant.model.loading.gguf_source import resolve_model_source
+from speculant.model.loading.gguf_quant import QuantReport, keep_quantized, release_freed_memory
+from speculant.model.loading.gguf_source import gguf_source_file, resolve_model_source
 from speculant.model.loading.hf_model import (
     eos_token_ids,
     load_hf_model,
@@ -88,6 +89,7 @@ class ModelRunner:
         self.tokenizer = load_tokenizer(model_cfg.tokenizer or source, option=tokenizer_option)
         self.eos_token_ids = eos_token_ids(self.model, self.tokenizer)
         self.vocab_size = self.model.get_output_embeddings().weight.shape[0]
+        self.quant_report = self._keep_quantized(model_cfg, path_option)
         self.norms_fused, self.norms_kept = fuse_rms_norms(self.model)
         self.linear_report = self._pack_linears(model_cfg.linear_backend, model_cfg.linear_dense_max_rows)
         self._captured_hidden: torch.Tensor | None = None
@@ -111,6 +113,18 @@ class ModelRunner:
         self.graphs_off_reason = self._setup_graphs(model_cfg.cuda_graphs, path_option)
 
     # --- setup -----------------------------------------------------------
+    def _keep_quantized(self, model_cfg: ModelConfig, option: str) -> QuantReport | None:
+        """``model.quantization = "gguf"``: a GGUF checkpoint's quantized layers stay in their blocks."""
+        gguf_file = gguf_source_file(model_cfg.path, model_cfg.gguf_file, option)
+        if (gguf_file is None or model_cfg.quantization != "gguf" or model_cfg.load_format == "dummy"
+                or self.device.type != "cpu" or self.model.dtype not in (torch.float32, torch.bfloat16)):
+            return None
+        with torch.inference_mode():
+            report = keep_quantized(self.model, gguf_file, self.model.dtype)
+        release_freed_memory()
+        logger.info("%s: %s", option, report.describe())
+        return report
+
     def _pack_linears(self, backend: str, dense_max_rows: int | None):
         if dense_max_rows is None:
             weight_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())

@@ -40,6 +40,7 @@ from speculant.model.layer_reference import (
     token_errors,
     with_hidden,
 )
+from speculant.model.linear.quantized import activation_rounding
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -181,7 +182,7 @@ def _layer_test(runner, seam_name: str, seqs: list[list[int]], layers) -> SelfTe
 
     with hooked(layers, substitute, record):
         _engine_forwards(runner, seqs, None, before)
-    floor, worst, worst_layer, theirs_worst = FLOOR.get(dtype, 1e-3), 0.0, 0, 0.0
+    floor, worst, worst_layer, theirs_worst = max(FLOOR.get(dtype, 1e-3), activation_rounding(model)), 0.0, 0, 0.0
     if embed_error > floor:
         raise SeamSelfTestError(
             f"the engine's input to the first decoder layer differs from transformers' (by {embed_error:.3g}): "

@@ -105,7 +105,7 @@ class DraftModelProposer(Proposer):
         model_cfg = ModelConfig(
             path=options.model, dtype=options.dtype or cfg.model.dtype, device=cfg.model.device,
             max_model_len=target.max_model_len, linear_backend=options.linear_backend,
-            linear_dense_max_rows=cfg.model.linear_dense_max_rows,
+            linear_dense_max_rows=cfg.model.linear_dense_max_rows, quantization=cfg.model.quantization,
             attention_backend=cfg.model.attention_backend, cuda_graphs=cfg.model.cuda_graphs,
             fast_forward=cfg.model.fast_forward)
         # on the target's backend and KV geometry: the draft's cache covers at most the target's positions

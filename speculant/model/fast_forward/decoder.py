@@ -25,6 +25,7 @@ output for each position.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -37,6 +38,7 @@ from speculant.model.fast_forward.fused_layers import FusedLayers, silu_table
 from speculant.model.fast_forward.plan import Plan, base_of
 from speculant.model.fast_forward.weights import LayerWeights, layer_weights, norm_call
 from speculant.model.kernels.build import load_kernel
+from speculant.model.linear.quantized import QuantEmbedding
 
 MAX_TABLE_POSITIONS = 1 << 16
 """Longest cos/sin table kept (positions); longer models compute cos/sin per forward."""
@@ -128,7 +130,11 @@ class FastDecoder:
     def __init__(self, model: Any, plan: Plan, max_model_len: int) -> None:
         base = base_of(model)
         self.plan = plan
-        self.embed = base.embed_tokens.weight  # [V, H]
+        embed = base.embed_tokens
+        # ids [T] -> [T, H]: a dense table, or one kept in GGUF blocks (model.quantization = "gguf")
+        self.lookup = embed if isinstance(embed, QuantEmbedding) else functools.partial(F.embedding,
+                                                                                         weight=embed.weight)
+        self.embed = torch.empty(0, dtype=model.dtype, device=model.device)  # the dtype and device of activations
         self.final_norm = norm_call(base.norm)
         self.layers: list[LayerWeights] = [layer_weights(layer) for layer in base.layers]
         self.rotary = RotaryTable(base.rotary_emb, max_model_len, self.embed.dtype, self.embed.device)
@@ -150,7 +156,7 @@ class FastDecoder:
         qk_heads, qk_width, half, inter = self.qk_heads, self.qk_width, self.half, plan.intermediate_size
         attend, scaling, rotate, silu_mul = backend.forward, plan.scaling, self.rotate, self.silu_mul
         cos, sin = self.rotary.lookup(positions)
-        hidden = F.embedding(token_ids, self.embed)  # [T, H], the residual stream, updated in place
+        hidden = self.lookup(token_ids)  # [T, H], the residual stream, updated in place
         if self.fused is not None and self.fused.takes(backend, metadata, key_caches):
             self.fused.run(hidden, cos, sin, metadata, key_caches, value_caches)
             return self.final_norm(hidden)

@@ -82,6 +82,9 @@ class FusedLayers:
             return None, "the kernel library's layer layout differs from this module's (a stale build)"
         if (reason := fast_bf16_unavailable_reason(lib)) is not None:
             return None, reason
+        if not isinstance(base.embed_tokens, torch.nn.Embedding):
+            return None, ("the embedding and linear layers are quantized (model.quantization = 'gguf'); the fused "
+                          "C layers run bfloat16 weights only")
         if base.embed_tokens.weight.dtype != torch.bfloat16 or base.embed_tokens.weight.device.type != "cpu":
             return None, "only bfloat16 models on the CPU"
         if plan.intermediate_size % 64:

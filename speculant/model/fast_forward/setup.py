@@ -25,6 +25,7 @@ from speculant.interfaces import QuerySpan
 from speculant.model.fast_forward.decoder import FastDecoder
 from speculant.model.fast_forward.plan import plan_model
 from speculant.model.fast_forward.weights import WeightsError
+from speculant.model.linear.quantized import activation_rounding
 
 logger = logging.getLogger(__name__)
 
@@ -82,7 +83,7 @@ def select_fast_forward(setting: str, model: Any, max_model_len: int, runner,
         start = time.perf_counter()
         deviation = probe_deviation(runner, decoder, forward)
         probe_s = time.perf_counter() - start
-        limit = PROBE_TOLERANCE.get(model.dtype, 1e-4)
+        limit = max(PROBE_TOLERANCE.get(model.dtype, 1e-4), activation_rounding(model))
         if not deviation <= limit:  # also catches NaN
             reason = (f"its logits differ from transformers' modules by {deviation:.3g} of their scale in the "
                       f"load-time probe (allowed {limit:g} in {str(model.dtype).removeprefix('torch.')})")

@@ -25,6 +25,7 @@ from torch import nn
 
 from speculant.model.linear.merged import MergedSlice
 from speculant.model.linear.packed import PackedLinear
+from speculant.model.linear.quantized import QuantLinear
 
 Linear = Callable[[torch.Tensor], torch.Tensor]  # [T, in] -> [T, out]
 AddLinear = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # ([T, in], residual [T, out]) -> residual
@@ -50,6 +51,8 @@ def linear_call(module: nn.Module) -> Linear:
         return module.fast_call()
     if type(module) is nn.Linear:
         return functools.partial(F.linear, weight=module.weight, bias=module.bias)
+    if isinstance(module, QuantLinear):
+        return module.forward
     raise WeightsError(f"projection {type(module).__name__} is neither nn.Linear nor a packed linear")
 
 
@@ -72,6 +75,8 @@ def merged_call(modules: list[nn.Module]) -> Linear:
         return slices[0]._shared.merged.fast_call()
     if all(type(m) is nn.Linear for m in modules):
         return _concatenate([m for m in modules if isinstance(m, nn.Linear)])
+    if all(isinstance(m, QuantLinear) for m in modules):
+        return QuantLinear.siblings_call([m for m in modules if isinstance(m, QuantLinear)])
     kinds = sorted({type(m).__name__ for m in modules})
     raise WeightsError(f"sibling projections of kinds {kinds} were not merged (the packed-linear "
                        "merge declined them), so one GEMM cannot compute them")

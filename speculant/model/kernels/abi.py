@@ -65,6 +65,16 @@ def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.speculant_decoder_bf16.argtypes = [p, i64, p, i64, i64, i64, i64, i64, i64, f32, i32, p, p, p, i64, p, p, p,
                                            i64, i64, p, i64, i64, f32, p, p, i32, p]
     lib.speculant_decoder_bf16.restype = i32
+    for name in ("speculant_qlinear_isa", "speculant_qlinear_set_isa", "speculant_qlinear_isa_available",
+                 "speculant_qlinear_has_type"):
+        getattr(lib, name).argtypes = [] if name == "speculant_qlinear_isa" else [i32]
+        getattr(lib, name).restype = i32
+    lib.speculant_qlinear.argtypes = [i32, p, i64, i64, p, i64, i64, i32, p, p, i64, i32]
+    lib.speculant_qlinear.restype = i32
+    lib.speculant_qlinear_multi.argtypes = [i32, p, p, p, p, i64, p, i64, i64, i32, p, i64, i32]
+    lib.speculant_qlinear_multi.restype = i32
+    lib.speculant_qdequant_rows.argtypes = [i32, p, i64, i64, p, i64, p]
+    lib.speculant_qdequant_rows.restype = i32
     lib.speculant_decoder_scratch_elems.argtypes = [i64] * 6
     lib.speculant_decoder_scratch_elems.restype = i64
     return lib

@@ -85,7 +85,7 @@ def check_greedy(proposer: type[Proposer], models: TinyModels, options: Options 
         settings = {**SCHEDULES[0].settings}
         want = token_ids(engine(models.text, None, settings), texts, GREEDY)
         got_left = run_with_abort(engine(models.text, _spec(name, opts, k), settings), texts, GREEDY,
-                                  abort_index=1, after_steps=3)
+                                  abort_index=1, after_outputs=3)
         check_same(got_left, want, "greedy output differs after another request was aborted")
         report.schedules.append("abort")
     if report.proposer_errors:

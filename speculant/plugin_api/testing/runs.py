@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from speculant.engine.loop import EngineLoop, Mailbox
 from speculant.interfaces import PLUGIN_KINDS, Kind, SamplingParams
 from speculant.llm import LLM
 from speculant.plugin_api.testing.stats import chi_square_p, marginals, total_variation
@@ -105,23 +106,33 @@ def token_ids(llm: LLM, prompt_ids: Sequence[list[int]], params: SamplingParams 
     return [list(o.outputs[0].token_ids) for o in outs]
 
 
+class _Counter:
+    """A loop sink that only counts the outputs it is handed."""
+
+    def __init__(self) -> None:
+        self.outputs = 0
+
+    def put(self, request_id: str, item: object) -> None:
+        self.outputs += 1
+
+
 def run_with_abort(llm: LLM, prompt_ids: Sequence[list[int]], params: SamplingParams,
-                   abort_index: int, after_steps: int) -> dict[int, list[int]]:
-    """Every request but ``abort_index``'s, which is aborted after
-    ``after_steps`` engine steps: prompt index -> its token ids."""
-    eng = llm.engine
-    ids = [eng.add_request(f"kit-{i}", list(p), params) for i, p in enumerate(prompt_ids)]
+                   abort_index: int, after_outputs: int) -> dict[int, list[int]]:
+    """Every request but ``abort_index``'s, which is aborted once it has streamed
+    ``after_outputs`` outputs (through the engine loop, stepping in this
+    thread): prompt index -> its token ids."""
+    loop = EngineLoop(llm.engine, id_prefix="kit")
+    box, victim = Mailbox(loop), _Counter()
+    ids = [loop.submit(list(p), params, victim if i == abort_index else box) for i, p in enumerate(prompt_ids)]
+    loop.wait(lambda: victim.outputs >= after_outputs)
+    loop.abort(ids[abort_index])
     done: dict[str, list[int]] = {}
-    steps = 0
-    while eng.has_unfinished_requests():
-        if steps == after_steps:
-            eng.abort_request(ids[abort_index])
-        for out in eng.step():
-            if out.finished:
-                if out.error is not None:
-                    raise ConformanceError(f"request {out.request_id!r} failed: {out.error}")
-                done[out.request_id] = list(out.outputs[0].token_ids)
-        steps += 1
+    while len(done) < len(ids) - 1:
+        for request_id, item in box.take():
+            if isinstance(item, BaseException) or item.error is not None:
+                why = item if isinstance(item, BaseException) else item.error
+                raise ConformanceError(f"request {request_id!r} failed: {why}")
+            done[request_id] = list(item.outputs[0].token_ids)
     return {i: done[rid] for i, rid in enumerate(ids) if i != abort_index}
 
 

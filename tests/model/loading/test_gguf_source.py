@@ -84,7 +84,9 @@ def test_writer_round_trips_through_transformers(tmp_path, tokenizer_dir):
 
 
 def test_generates_like_transformers_loading_the_gguf(gguf_path, cache):
-    llm = LLM(str(gguf_path), max_num_batched_tokens=8, max_num_seqs=4, block_size=4)
+    # the dequantized conversion is transformers' own model; model.quantization = "gguf" is
+    # tested against its kernels' reference in tests/model/loading/test_gguf_quant.py
+    llm = LLM(str(gguf_path), max_num_batched_tokens=8, max_num_seqs=4, block_size=4, quantization="dequantize")
     outs = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
     hf_tok = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
     assert len(outs) == len(PROMPTS)
@@ -102,8 +104,10 @@ def test_directory_plus_gguf_file_is_the_same_source(gguf_path, cache, conversio
     by_file = gguf_source.resolve_model_source(str(gguf_path), None, "float32")
     by_dir = gguf_source.resolve_model_source(str(gguf_path.parent), gguf_path.name, "float32")
     assert by_file == by_dir and len(conversions) == 1
-    llm = LLM(config=build_config({"model": {"path": str(gguf_path.parent), "gguf_file": gguf_path.name}}))
-    direct = LLM(str(gguf_path))
+    # float32, the dtype converted above (model.dtype = "auto" may pick bfloat16: a second conversion)
+    llm = LLM(config=build_config({"model": {"path": str(gguf_path.parent), "gguf_file": gguf_path.name,
+                                             "dtype": "float32"}}))
+    direct = LLM(str(gguf_path), dtype="float32")
     ids = [[5, 17, 200, 31], [300]]
     assert [o.outputs[0].token_ids for o in llm.generate(ids, GREEDY, use_tqdm=False)] == \
            [o.outputs[0].token_ids for o in direct.generate(ids, GREEDY, use_tqdm=False)]

@@ -1,0 +1,50 @@
+/* GGUF block formats kept quantized (quant_decode.c, quant_linear.c).
+ *
+ * Every format is decoded, a tile of up to 256 weights at a time, into one
+ * common shape: unsigned 8-bit codes u[i] plus, per group of 16 weights, a
+ * float scale ws[g] and a float offset wb[g], so that weight i = ws[g] * u[i] +
+ * wb[g] (g = i / 16). Q4_K: ws = d * sc, wb = -dmin * m. Q6_K: u = the 6-bit
+ * code, ws = d * sc, wb = -32 * d * sc. Q8_0: u = q + 128, wb = -128 * d.
+ * The dot product of a weight row with an activation row quantized to 8 bits
+ * per block of 32 or 256 (scale dx, codes xq, and per group the sum of its codes) is
+ * then sum_g ws[g] * dx * <u, xq>_g + wb[g] * dx * sum_g(xq): integer dot
+ * products of 16 codes and one float multiply per group, the same for every
+ * format and every instruction path.
+ */
+#ifndef SPECULANT_QUANT_H
+#define SPECULANT_QUANT_H
+#include <stdint.h>
+
+/* ggml type ids (the GGUF file's tensor types) */
+enum { QT_Q4_0 = 2, QT_Q4_1 = 3, QT_Q5_0 = 6, QT_Q8_0 = 8, QT_Q4_K = 12, QT_Q5_K = 13, QT_Q6_K = 14 };
+/* instruction paths of the dot products */
+enum { QISA_SCALAR = 0, QISA_AVX2 = 1, QISA_AVX512_VNNI = 2 };
+#define QTILE 256
+#define QGROUP 16
+
+#define QUANT_AVX2_TARGET __attribute__((target("avx2,fma,f16c")))
+#define QUANT_VNNI_TARGET __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")))
+
+typedef struct {
+    int block_elems;  /* weights per block: 32 or 256 */
+    int block_bytes;  /* bytes per block in the file */
+    int max_code;     /* largest u: 255 needs 32-bit products (no 16-bit pair sums) */
+} qformat;
+
+/* the format of ggml type `type`, or NULL where there is no kernel for it */
+const qformat *speculant_qformat(int type);
+
+/* Decode weights [k0, k0 + n) of one row (n a multiple of the block size, at most QTILE,
+ * k0 a multiple of it) into u[n], ws[n / 16], wb[n / 16]; `simd` picks the AVX2 decoder
+ * where one exists (the result is the same bits either way). */
+void speculant_qdecode(int type, const uint8_t *row, int64_t k0, int n, uint8_t *u, float *ws, float *wb,
+                       int simd);
+
+float speculant_half_to_float(uint16_t h);
+
+/* quant_avx512_vnni.c (a path file, compiled on its own: NULL where the compiler could not build it):
+ * one Q4_K or Q6_K weight row (K a multiple of 256) against R activation rows, sums[r] = its dot
+ * product with row r (AVX-512 VNNI CPUs only) */
+__attribute__((weak)) void speculant_qrow_k_vnni(int type, const uint8_t *row, int64_t K, int64_t R, const int8_t *xq, const float *xd,
+                           const int16_t *xn, float *sums);
+#endif

@@ -1,0 +1,301 @@
+/* y[R, N] = x[R, K] @ W[N, K]^T + bias with W kept in a GGUF block format (quant.h).
+ *
+ * Activations are quantized per row to 8 bits per block (scale = max|x| / 127, codes
+ * rounded half away from zero), once per call: blocks of 256 where every matrix of the
+ * call is a K-quant (super-blocks of 256), else of 32. Each output element is then one
+ * thread's walk over its weight row, tile by tile (decode the tile once, then
+ * one dot product per activation row against the decoded tile), accumulating in
+ * a fixed order that does not depend on R or on the other rows: a row's output
+ * is the same bits whichever batch it comes in (speculative verify = decode).
+ *
+ * Paths: scalar (the reference, every format), AVX2 (16-bit pair products,
+ * 32-bit ones where a code may exceed 127) and AVX-512 VNNI (VPDPBUSD). The path
+ * is chosen once from cpuid; speculant_qlinear_set_isa forces one (tests).
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "bf16.h"
+#include "quant.h"
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define HAVE_QUANT_X86 1
+#else
+#define HAVE_QUANT_X86 0
+#endif
+
+typedef struct {
+    const uint8_t *u;   /* [n] decoded codes */
+    const float *ws;    /* [n / 16] */
+    const float *wb;    /* [n / 16] */
+    int n;              /* weights in the tile, a multiple of 32 */
+    int wide;           /* codes may exceed 127 */
+} qtile;
+
+typedef struct {
+    const int8_t *q;    /* [n] activation codes */
+    const float *d;     /* [n / 16] the block scale of each group */
+    const float *s;     /* [n / 16] scale * sum of the group's codes */
+} qact;
+
+static int qisa_available(int isa)
+{
+    if (isa == QISA_SCALAR)
+        return 1;
+#if HAVE_QUANT_X86
+    __builtin_cpu_init();
+    int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+    if (isa == QISA_AVX2)
+        return avx2;
+    if (isa == QISA_AVX512_VNNI)
+        return avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")
+               && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
+#endif
+    return 0;
+}
+
+static int g_isa = -1;
+
+int speculant_qlinear_isa(void)
+{
+    if (g_isa < 0)
+        g_isa = qisa_available(QISA_AVX512_VNNI) ? QISA_AVX512_VNNI : qisa_available(QISA_AVX2) ? QISA_AVX2
+                                                                                                : QISA_SCALAR;
+    return g_isa;
+}
+
+/* force path `isa` (-1: back to cpuid); returns the path now in use, or -1 where this CPU lacks it */
+int speculant_qlinear_set_isa(int isa)
+{
+    if (isa < 0) {
+        g_isa = -1;
+        return speculant_qlinear_isa();
+    }
+    if (isa > QISA_AVX512_VNNI || !qisa_available(isa))
+        return -1;
+    return g_isa = isa;
+}
+
+int speculant_qlinear_isa_available(int isa)
+{
+    return isa >= 0 && isa <= QISA_AVX512_VNNI && qisa_available(isa);
+}
+
+/* 1 where ggml type `type` has a kernel */
+int speculant_qlinear_has_type(int type)
+{
+    return speculant_qformat(type) != 0;
+}
+
+static void dot_scalar(const qtile *t, const qact *a, float *acc)
+{
+    for (int g = 0; g < t->n / QGROUP; g++) {
+        int32_t dot = 0;
+        for (int i = g * QGROUP; i < (g + 1) * QGROUP; i++)
+            dot += (int32_t)t->u[i] * a->q[i];
+        acc[0] += t->ws[g] * a->d[g] * (float)dot + t->wb[g] * a->s[g];
+    }
+}
+
+#if HAVE_QUANT_X86
+QUANT_AVX2_TARGET static void dot_avx2(const qtile *t, const qact *a, float *accv)
+{
+    __m256 acc = _mm256_loadu_ps(accv);
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (int c = 0; c < t->n; c += 32) {
+        __m256i u = _mm256_loadu_si256((const __m256i *)(t->u + c));
+        __m256i x = _mm256_loadu_si256((const __m256i *)(a->q + c));
+        float s0 = t->ws[c / 16] * a->d[c / 16], s1 = t->ws[c / 16 + 1] * a->d[c / 16 + 1];
+        if (!t->wide) {  /* lanes 0-3: group c/16, lanes 4-7: the next one */
+            __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(u, x), ones);
+            __m256 sv = _mm256_setr_ps(s0, s0, s0, s0, s1, s1, s1, s1);
+            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), sv, acc);
+        } else {        /* 255 * 127 * 2 overflows 16 bits: widen first */
+            __m256i lo = _mm256_madd_epi16(_mm256_cvtepu8_epi16(_mm256_castsi256_si128(u)),
+                                           _mm256_cvtepi8_epi16(_mm256_castsi256_si128(x)));
+            __m256i hi = _mm256_madd_epi16(_mm256_cvtepu8_epi16(_mm256_extracti128_si256(u, 1)),
+                                           _mm256_cvtepi8_epi16(_mm256_extracti128_si256(x, 1)));
+            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lo), _mm256_set1_ps(s0), acc);
+            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(hi), _mm256_set1_ps(s1), acc);
+        }
+    }
+    int g = 0, ng = t->n / QGROUP;
+    for (; g + 8 <= ng; g += 8)
+        acc = _mm256_fmadd_ps(_mm256_loadu_ps(t->wb + g), _mm256_loadu_ps(a->s + g), acc);
+    _mm256_storeu_ps(accv, acc);
+    for (; g < ng; g++)
+        accv[8] += t->wb[g] * a->s[g];
+}
+
+QUANT_VNNI_TARGET static void dot_vnni(const qtile *t, const qact *a, float *accv)
+{
+    __m512 acc = _mm512_loadu_ps(accv);
+    const __m512i spread = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+    int c = 0;
+    for (; c < t->n; c += 64) {  /* lane i holds weights 4i .. 4i + 3: group c / 16 + i / 4 */
+        __mmask64 m = t->n - c >= 64 ? ~(__mmask64)0 : (__mmask64)0xffffffffu;
+        __mmask8 gm = t->n - c >= 64 ? 0xf : 0x3;
+        __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_maskz_loadu_epi8(m, t->u + c),
+                                        _mm512_maskz_loadu_epi8(m, a->q + c));
+        __m128 s4 = _mm_mul_ps(_mm_maskz_loadu_ps(gm, t->ws + c / 16), _mm_maskz_loadu_ps(gm, a->d + c / 16));
+        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(s4)), acc);
+    }
+    int ng = t->n / QGROUP;
+    __mmask16 bm = ng >= 16 ? 0xffff : (__mmask16)((1u << ng) - 1);
+    acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(bm, t->wb), _mm512_maskz_loadu_ps(bm, a->s), acc);
+    _mm512_storeu_ps(accv, acc);
+}
+#endif
+
+/* Quantize one row of x (dtype 0 float32, 1 bfloat16) per block of `block` (32, or 256 for
+ * layers that are all K-quants): q[K] codes, and per group of 16 d[] = the block's scale,
+ * s[] = scale * the group's code sum, n[] = that sum as an integer. */
+static void quantize_row(const void *x, int dtype, int64_t K, int block, int8_t *q, float *d, float *s, int16_t *n)
+{
+    float v[QTILE];
+    for (int64_t b0 = 0; b0 < K; b0 += block) {
+        float amax = 0.0f;
+        for (int i = 0; i < block; i++) {
+            v[i] = dtype ? widen(((const uint16_t *)x)[b0 + i]) : ((const float *)x)[b0 + i];
+            float m = v[i] < 0 ? -v[i] : v[i];
+            amax = m > amax ? m : amax;
+        }
+        float scale = amax / 127.0f, inv = amax > 0 ? 127.0f / amax : 0.0f;
+        for (int g = 0; g < block / QGROUP; g++) {
+            int32_t sum = 0;
+            for (int i = g * QGROUP; i < (g + 1) * QGROUP; i++) {
+                float r = v[i] * inv;
+                int c = (int)(r + (r >= 0 ? 0.5f : -0.5f));
+                c = c > 127 ? 127 : c < -127 ? -127 : c;
+                q[b0 + i] = (int8_t)c;
+                sum += c;
+            }
+            int64_t at = (b0 + g * QGROUP) / QGROUP;
+            d[at] = scale;
+            s[at] = scale * (float)sum;
+            n[at] = (int16_t)sum;
+        }
+    }
+}
+
+static void dot_tile(int isa, const qtile *t, const qact *a, float *accv)
+{
+#if HAVE_QUANT_X86
+    if (isa == QISA_AVX512_VNNI) { dot_vnni(t, a, accv); return; }
+    if (isa == QISA_AVX2) { dot_avx2(t, a, accv); return; }
+#endif
+    (void)isa;
+    dot_scalar(t, a, accv);
+}
+
+#define ROW_CHUNK 64  /* activation rows per pass over the weights (64 rows of K = 8960: 560 KiB) */
+#define ACC_LANES 17  /* 16 vector lanes + one scalar tail */
+
+/* sums[r] = dot(weight row, activation row r) for r < R; acc: R * ACC_LANES floats of scratch */
+static void weight_row(int type, const qformat *f, int isa, const uint8_t *row, int64_t K, int64_t R,
+                       const int8_t *xq, const float *xd, const float *xs, const int16_t *xn, int block, float *acc,
+                       float *sums)
+{
+#if HAVE_QUANT_X86
+    if (isa == QISA_AVX512_VNNI && block == QTILE && (type == QT_Q4_K || type == QT_Q6_K) && speculant_qrow_k_vnni) {
+        speculant_qrow_k_vnni(type, row, K, R, xq, xd, xn, sums);
+        return;
+    }
+#endif
+    uint8_t u[QTILE] __attribute__((aligned(64)));
+    float ws[QTILE / QGROUP], wb[QTILE / QGROUP];
+    memset(acc, 0, sizeof(float) * (size_t)(R * ACC_LANES));
+    for (int64_t k0 = 0; k0 < K; k0 += QTILE) {
+        int n = K - k0 < QTILE ? (int)(K - k0) : QTILE;
+        speculant_qdecode(type, row, k0, n, u, ws, wb, isa != QISA_SCALAR);
+        qtile t = {u, ws, wb, n, f->max_code > 127};
+        for (int64_t r = 0; r < R; r++) {
+            qact a = {xq + r * K + k0, xd + (r * K + k0) / QGROUP, xs + (r * K + k0) / QGROUP};
+            dot_tile(isa, &t, &a, acc + r * ACC_LANES);
+        }
+    }
+    for (int64_t r = 0; r < R; r++) {
+        float sum = 0.0f;
+        for (int l = 0; l < ACC_LANES; l++)
+            sum += acc[r * ACC_LANES + l];
+        sums[r] = sum;
+    }
+}
+
+/* y[:, cols of matrix m] = x @ W_m^T + bias_m for n_mats matrices that read the same x (q/k/v, gate/up),
+ * concatenated along y's columns: the activations are quantized once. 0; -1 for a type without a
+ * kernel or a K it cannot split into blocks; -2 when memory runs out. */
+int speculant_qlinear_multi(int n_mats, const int *types, const uint8_t *const *ws, const int64_t *Ns,
+                            const float *const *biases, int64_t K, const void *x, int64_t R, int64_t ldx, int dtype,
+                            void *y, int64_t ldy, int threads)
+{
+    int64_t total = 0;
+    int block = QTILE;  /* activation blocks of 256 where every matrix is a K-quant, else 32 */
+    for (int m = 0; m < n_mats; m++) {
+        const qformat *f = speculant_qformat(types[m]);
+        if (!f || K <= 0 || K % f->block_elems || K % 32 || Ns[m] < 0)
+            return -1;
+        total += Ns[m];
+        block = f->block_elems == QTILE ? block : 32;
+    }
+    if (dtype != 0 && dtype != 1)
+        return -1;
+    int isa = speculant_qlinear_isa();
+    int64_t ng = K / QGROUP;
+    int8_t *xq = malloc((size_t)(R * K));
+    float *xd = malloc(sizeof(float) * (size_t)(R * ng)), *xs = malloc(sizeof(float) * (size_t)(R * ng));
+    int16_t *xn = malloc(sizeof(int16_t) * (size_t)(R * ng));
+    int failed = !xq || !xd || !xs || !xn;
+    if (!failed) {
+        size_t esize = dtype ? 2 : 4;
+#pragma omp parallel for schedule(static) num_threads(threads) if (R > 1)
+        for (int64_t r = 0; r < R; r++)
+            quantize_row((const char *)x + (size_t)(r * ldx) * esize, dtype, K, block, xq + r * K, xd + r * ng,
+                         xs + r * ng, xn + r * ng);
+#pragma omp parallel num_threads(threads) if (total > 1)
+        {
+            float *acc = aligned_alloc(64, sizeof(float) * (size_t)(((R * (ACC_LANES + 1)) + 15) / 16 * 16));
+            float *sums = acc ? acc + R * ACC_LANES : 0;
+            if (!acc) {
+#pragma omp atomic write
+                failed = 1;
+            }
+            /* rows in chunks whose activations stay in L2 while every weight row passes over them */
+            for (int64_t r0 = 0; r0 < R; r0 += ROW_CHUNK) {
+                int64_t nr = R - r0 < ROW_CHUNK ? R - r0 : ROW_CHUNK;
+#pragma omp for schedule(static)
+                for (int64_t col = 0; col < total; col++) {
+                    if (!acc)
+                        continue;
+                    int m = 0;
+                    int64_t n = col;
+                    while (n >= Ns[m])
+                        n -= Ns[m++];
+                    const qformat *f = speculant_qformat(types[m]);
+                    int64_t row_bytes = K / f->block_elems * f->block_bytes;
+                    weight_row(types[m], f, isa, ws[m] + n * row_bytes, K, nr, xq + r0 * K, xd + r0 * ng,
+                               xs + r0 * ng, xn + r0 * ng, block, acc, sums);
+                    for (int64_t r = 0; r < nr; r++) {
+                        float sum = sums[r] + (biases[m] ? biases[m][n] : 0.0f);
+                        if (dtype)
+                            ((uint16_t *)y)[(r0 + r) * ldy + col] = round_bf16(sum);
+                        else
+                            ((float *)y)[(r0 + r) * ldy + col] = sum;
+                    }
+                }
+            }
+            free(acc);
+        }
+    }
+    free(xq);
+    free(xd);
+    free(xs);
+    free(xn);
+    return failed ? -2 : 0;
+}
+
+int speculant_qlinear(int type, const uint8_t *w, int64_t N, int64_t K, const void *x, int64_t R, int64_t ldx,
+                      int dtype, const float *bias, void *y, int64_t ldy, int threads)
+{
+    return speculant_qlinear_multi(1, &type, &w, &N, &bias, K, x, R, ldx, dtype, y, ldy, threads);
+}

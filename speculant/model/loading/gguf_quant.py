@@ -1,0 +1,205 @@
+"""``model.quantization = "gguf"``: keep a GGUF checkpoint's quantized tensors in their blocks.
+
+The model is built from the cached Hugging Face conversion (``gguf_source``),
+then every linear layer whose GGUF tensor has a block format with a kernel
+(``QUANT_FORMATS``) becomes a ``QuantLinear`` over the file's own bytes and its
+dense weight is released; the input embedding becomes a ``QuantEmbedding`` on
+the same blocks (with tied embeddings the output projection shares them). The
+bytes kept are the file's bytes, so the resident weights stay near the file's size.
+
+Layout check: transformers may reorder rows when it converts (llama's q/k rows
+go from llama.cpp's interleaved rotary order back to the half-split one). For
+each tensor, a few rows dequantized from the blocks are compared with the
+converted weight, as they are and in the un-permuted rotary order; the
+ordering that matches is applied to the block rows. A tensor none matches, or
+of a type without a kernel, stays dequantized, with one notice line for all.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import gc
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from speculant.model.linear import quantized
+from speculant.model.linear.quantized import QUANT_FORMATS, QuantEmbedding, QuantLinear
+
+logger = logging.getLogger(__name__)
+QUANTIZATIONS = ("gguf", "dequantize")
+SAMPLE_ROWS = 4
+
+
+@dataclass
+class QuantReport:
+    """What ``keep_quantized`` did."""
+
+    num_quantized: int = 0
+    quantized_bytes: int = 0
+    formats: dict[str, int] = field(default_factory=dict)
+    """Format name -> layers kept in it."""
+    dequantized: dict[str, list[str]] = field(default_factory=dict)
+    """Reason -> GGUF tensors left dequantized for it."""
+    notice: str | None = None
+
+    def describe(self) -> str:
+        kinds = ", ".join(f"{n} {k}" for k, n in sorted(self.formats.items()))
+        return (f"{self.num_quantized} linear layers kept quantized ({kinds}; {self.quantized_bytes / 2**20:.0f} MiB)"
+                + (f"; {self.notice}" if self.notice else ""))
+
+
+def check_quantization(value: str, option: str = "model.quantization") -> str:
+    if value not in QUANTIZATIONS:
+        raise ValueError(f"{option} = {value!r} is not a quantization mode: 'gguf' keeps a GGUF checkpoint's "
+                         "quantized tensors in their blocks, 'dequantize' converts every tensor to model.dtype; "
+                         "set one of the two")
+    return value
+
+
+def _rotary_order(rows: int, heads: int) -> np.ndarray:
+    """Index ``inv`` with ``W_hf = W_gguf[inv]`` for llama.cpp's interleaved q/k rows."""
+    idx = np.arange(rows).reshape(heads, 2, rows // heads // 2).swapaxes(1, 2).reshape(-1)
+    return np.argsort(idx)
+
+
+def _row_orders(name: str, rows: int, cfg) -> list[np.ndarray | None]:
+    orders: list[np.ndarray | None] = [None]
+    heads = {"attn_q": getattr(cfg, "num_attention_heads", None),
+             "attn_k": getattr(cfg, "num_key_value_heads", None) or getattr(cfg, "num_attention_heads", None)}
+    for part, n in heads.items():
+        if f".{part}." in name and n and rows % (2 * n) == 0:
+            orders.append(_rotary_order(rows, n))
+    return orders
+
+
+def _matching_order(blocks: np.ndarray, type_name: str, k: int, dense: torch.Tensor,
+                    orders: list[np.ndarray | None]) -> tuple[bool, np.ndarray | None]:
+    """The row order under which sampled block rows dequantize to ``dense`` ([N, K])."""
+    import gguf
+
+    qtype = gguf.GGMLQuantizationType[type_name]
+    n = dense.shape[0]
+    sample = np.unique(np.linspace(0, n - 1, SAMPLE_ROWS).astype(np.int64))
+    want = dense[torch.from_numpy(sample)].float().numpy()
+    tol = 2.0**-7 * (np.abs(want).max() + 1e-30) if dense.dtype != torch.float32 else 1e-6 * np.abs(want).max()
+    for order in orders:
+        src = sample if order is None else order[sample]
+        got = gguf.quants.dequantize(blocks[src], qtype).reshape(len(src), k)
+        if np.abs(got - want).max() <= tol + 1e-12:
+            return True, order
+    return False, None
+
+
+def _tensor_name(map_, module_name: str) -> str | None:
+    return map_.get_name(module_name)
+
+
+def keep_quantized(model: Any, source: Path, dtype: torch.dtype) -> QuantReport:
+    """Swap ``model``'s linear layers (and input embedding) for quantized ones over ``source``'s blocks."""
+    import gguf
+
+    report = QuantReport()
+    if (why := quantized.quant_kernel_unavailable_reason()) is not None:
+        report.notice = f"every tensor stays dequantized: {why}"
+        logger.warning("model.quantization = 'gguf': %s", report.notice)
+        return report
+    reader = gguf.GGUFReader(source)
+    arch_name = reader.fields["general.architecture"].contents()
+    cfg = model.config.get_text_config()
+    arch = {v: k for k, v in gguf.MODEL_ARCH_NAMES.items()}.get(arch_name)
+    if arch is None:
+        report.notice = f"architecture {arch_name!r} has no gguf-py name map: every tensor stays dequantized"
+        return report
+    name_map = gguf.get_tensor_name_map(arch, cfg.num_hidden_layers)
+    tensors = {t.name: t for t in reader.tensors}
+    shared: dict[str, torch.Tensor] = {}  # GGUF name -> its blocks tensor (tied embedding / output)
+    embed = model.get_input_embeddings()
+    slots = [(n, m) for n, m in model.named_modules() if type(m) is nn.Linear]
+    out_emb = model.get_output_embeddings()
+    for module_name, module in slots:
+        gname = _tensor_name(name_map, module_name)
+        if module is out_emb and (gname is None or f"{gname}.weight" not in tensors) \
+                and out_emb.weight is getattr(embed, "weight", None):
+            gname = "token_embd"  # tied: the output projection is the embedding table
+        tensor = tensors.get(f"{gname}.weight") if gname else None
+        if tensor is None or tensor.tensor_type.name in ("F32", "F16", "BF16"):
+            continue  # not in the file, or not quantized there: the dense layer is the file's tensor
+        fmt = QUANT_FORMATS.get(int(tensor.tensor_type))
+        if fmt is None:
+            report.dequantized.setdefault(f"type {tensor.tensor_type.name} has no kernel", []).append(tensor.name)
+            continue
+        blocks = shared.get(tensor.name)
+        if blocks is None:
+            raw = np.asarray(tensor.data)
+            ok, order = _matching_order(raw, fmt.name, module.in_features, module.weight,
+                                        _row_orders(tensor.name, module.out_features, cfg))
+            if not ok:
+                report.dequantized.setdefault("rows do not match the converted weight", []).append(tensor.name)
+                continue
+            blocks = torch.from_numpy(np.array(raw if order is None else raw[order]))  # a copy: the file may change
+            shared[tensor.name] = blocks
+            report.quantized_bytes += blocks.numel()
+        _replace(model, module_name, QuantLinear(blocks, fmt.type_id, module.in_features, module.bias, dtype))
+        report.num_quantized += 1
+        report.formats[fmt.name] = report.formats.get(fmt.name, 0) + 1
+    _quantize_embedding(model, tensors, shared, dtype, report)
+    if report.dequantized:
+        parts = [f"{len(v)} tensor(s) dequantized because {k} (e.g. {v[0]})" for k, v in report.dequantized.items()]
+        report.notice = "; ".join(parts)
+        logger.warning("model.quantization = 'gguf': %s", report.notice)
+    return report
+
+
+def _quantize_embedding(model: Any, tensors: dict, shared: dict[str, torch.Tensor], dtype: torch.dtype,
+                        report: QuantReport) -> None:
+    embed = model.get_input_embeddings()
+    tensor = tensors.get("token_embd.weight")
+    if type(embed) is not nn.Embedding or tensor is None:
+        return
+    fmt = QUANT_FORMATS.get(int(tensor.tensor_type))
+    if fmt is None or embed.embedding_dim % fmt.block_elems:
+        if fmt is None and tensor.tensor_type.name not in ("F32", "F16", "BF16"):
+            report.dequantized.setdefault(f"type {tensor.tensor_type.name} has no kernel", []).append(tensor.name)
+        return
+    blocks = shared.get(tensor.name)
+    if blocks is None:
+        raw = np.asarray(tensor.data)
+        ok, _ = _matching_order(raw, fmt.name, embed.embedding_dim, embed.weight, [None])
+        if not ok:
+            report.dequantized.setdefault("rows do not match the converted weight", []).append(tensor.name)
+            return
+        blocks = torch.from_numpy(np.array(raw))
+        report.quantized_bytes += blocks.numel()
+    model.set_input_embeddings(QuantEmbedding(blocks, fmt.type_id, embed.embedding_dim, dtype, embed.padding_idx))
+
+
+def release_freed_memory() -> None:
+    """Hand the heap pages the dropped dense weights held back to the OS (glibc's ``malloc_trim``;
+    elsewhere nothing): without it the process keeps the bf16 conversion's size resident. Call
+    it once ``keep_quantized`` has returned (its frame held the last references)."""
+    gc.collect()
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+def resident_weight_bytes(model: nn.Module) -> int:
+    """Bytes of every distinct parameter and buffer of ``model`` (shared blocks counted once)."""
+    seen: dict[int, int] = {}
+    for t in [*model.parameters(), *model.buffers()]:
+        seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+    return sum(seen.values())
+
+
+def _replace(model: nn.Module, qualified: str, new: nn.Module) -> None:
+    parent_name, _, attr = qualified.rpartition(".")
+    parent = model.get_submodule(parent_name) if parent_name else model
+    setattr(parent, attr, new)

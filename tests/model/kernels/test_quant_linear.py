@@ -1,0 +1,88 @@
+"""The quantized linear kernel (csrc/quant_linear.c) against a float64 reference, per format and path."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from speculant.model.linear.quantized import QUANT_FORMATS, QuantLinear, available_isas, set_kernel_isa
+from tests.kernel_marks import needs_kernel
+from tests.model.kernels.quant_blocks import activation_block, dequantize, quantize_activations, random_blocks
+
+pytestmark = needs_kernel
+FORMATS = sorted(QUANT_FORMATS.values(), key=lambda f: f.type_id)
+ROWS = (1, 2, 3, 7, 16, 33, 64)
+
+
+@pytest.fixture(params=["scalar", "avx2", "avx512_vnni"])
+def isa(request):
+    if request.param not in available_isas():
+        pytest.skip(f"this CPU cannot run the {request.param} path")
+    set_kernel_isa(request.param)
+    yield request.param
+    set_kernel_isa(None)
+
+
+def _layer(fmt, n: int, k: int, seed: int, bias: bool, dtype=torch.float32):
+    rng = np.random.default_rng(seed)
+    blocks = random_blocks(fmt.name, fmt.block_elems, fmt.block_bytes, n, k, rng)
+    b = torch.from_numpy(rng.normal(size=n).astype(np.float32)) if bias else None
+    layer = QuantLinear(torch.from_numpy(blocks), fmt.type_id, k, b, dtype)
+    return layer, dequantize(blocks, fmt.name, k), b
+
+
+def _shapes(fmt):
+    # odd output counts, and K as one block, several blocks and a tail of 32 after whole 256-tiles
+    ks = (256, 768) if fmt.block_elems == 256 else (32, 96, 288)
+    return [(n, k) for n in (1, 5, 19) for k in ks]
+
+
+@pytest.mark.parametrize("fmt", FORMATS, ids=lambda f: f.name)
+def test_matches_float64_reference(fmt, isa):
+    for n, k in _shapes(fmt):
+        layer, w, bias = _layer(fmt, n, k, seed=n * 1000 + k, bias=n != 5)
+        for rows in ROWS:
+            x = torch.from_numpy(np.random.default_rng(rows).normal(size=(rows, k)).astype(np.float32))
+            got = layer(x).double().numpy()
+            offset = 0 if bias is None else bias.double().numpy()
+            ref = quantize_activations(x.numpy(), activation_block(fmt.block_elems)) @ w.T + offset
+            scale = np.abs(ref).max() + 1e-30
+            assert np.abs(got - ref).max() / scale < 2e-5, (fmt.name, isa, n, k, rows)
+            exact = x.double().numpy() @ w.T + (0 if bias is None else bias.double().numpy())
+            assert np.abs(got - exact).max() / (np.abs(exact).max() + 1e-30) < 0.05  # 8-bit activations
+
+
+@pytest.mark.parametrize("fmt", FORMATS, ids=lambda f: f.name)
+def test_rows_do_not_depend_on_the_batch(fmt, isa):
+    k = 512 if fmt.block_elems == 256 else 160
+    layer, _, _ = _layer(fmt, 37, k, seed=3, bias=True, dtype=torch.bfloat16)
+    x = torch.randn(150, k, generator=torch.Generator().manual_seed(1)).bfloat16()  # more than one 64-row chunk
+    batched = layer(x)
+    for r in (0, 1, 31, 63, 64, 127, 149):
+        assert torch.equal(layer(x[r:r + 1]), batched[r:r + 1])
+    assert torch.equal(layer(x[5:12]), batched[5:12])
+
+
+def test_every_path_agrees_with_the_scalar_reference():
+    fmt = QUANT_FORMATS[12]
+    layer, _, _ = _layer(fmt, 23, 1024, seed=5, bias=True)
+    x = torch.randn(9, 1024, generator=torch.Generator().manual_seed(2))
+    outs = {}
+    try:
+        for name in available_isas():
+            set_kernel_isa(name)
+            outs[name] = layer(x)
+    finally:
+        set_kernel_isa(None)
+    assert len(outs) >= 1
+    for out in outs.values():
+        torch.testing.assert_close(out, outs["scalar"], rtol=1e-5, atol=1e-5 * outs["scalar"].abs().max().item())
+
+
+def test_bad_shapes_are_refused_with_the_reason():
+    fmt = QUANT_FORMATS[12]
+    with pytest.raises(ValueError, match="Q4_K weight with 300 input features: not a whole number of 256-weight"):
+        QuantLinear(torch.zeros(4, 144, dtype=torch.uint8), fmt.type_id, 300, None, torch.float32)
+    with pytest.raises(ValueError, match=r"Q4_K blocks of shape \(4, 100\)"):
+        QuantLinear(torch.zeros(4, 100, dtype=torch.uint8), fmt.type_id, 256, None, torch.float32)
