@@ -37,9 +37,9 @@ def configs(k: int, token_cost: float | None, eagle: str | None = None,
     suffix = {"proposer": "suffix"}
     found = {
         "none": {},
-        f"ngram_fixed_k{k}": ngram,
+        f"ngram_fixed_k{k}": {**ngram, "draft_length": {"policy": "fixed"}},
         "ngram_adaptive": {**ngram, "draft_length": adaptive},
-        f"suffix_fixed_k{k}": suffix,
+        f"suffix_fixed_k{k}": {**suffix, "draft_length": {"policy": "fixed"}},
         "suffix_adaptive": {**suffix, "draft_length": adaptive},
     }
     if eagle:  # the trained head, alone and behind suffix decoding (the bs = 1 winners)

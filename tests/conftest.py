@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -12,6 +13,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 torch.set_num_threads(1)  # tiny models: one thread is as fast and stable under load
+# The adaptive draft-length policy (the default) prices steps with figures measured at load and
+# from propose timings; tests fix them so that no output depends on timing (tests/engine/test_cost_model.py
+# measures on purpose, with these unset). At cost 0 every proposal pays, so the default policy gives
+# every decode its k, as a test that names no policy expects; tests of the policy set their own costs.
+os.environ.setdefault("SPECULANT_TOKEN_COST", "0")
+os.environ.setdefault("SPECULANT_DRAFT_TOKEN_COST", "0")
 
 from tiny_models import build_model, build_tokenizer  # noqa: E402
 

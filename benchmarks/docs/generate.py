@@ -23,6 +23,7 @@ from .isa_tables import isa_compare
 from .quant_tables import quant_1p5b
 from .random_tables import random_llama
 from .ray_tables import ray_breakdown, ray_scaling, ray_split
+from .spec_cost_tables import spec_cost
 from .structured_tables import structured, structured_headline
 from .tables import (
     HEADLINE_HEADER,
@@ -72,6 +73,7 @@ BLOCKS: dict[str, Table] = {
     "graphs": graphs,
     "llamacpp": llamacpp,
     "prefix": prefix_cache,
+    "spec-cost": spec_cost,
     "random-llama": random_llama,
     "structured": structured,
     "fast-forward": fast_forward,

@@ -29,7 +29,7 @@ from speculant.config.sampling_params import SamplingParams
 
 PROMPT_DEFAULT_MAX_TOKENS = 16  # OpenAI's /v1/completions default, as the server
 SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "seed", "stop", "stop_token_ids", "ignore_eos",
-                   "include_stop_str_in_output")
+                   "include_stop_str_in_output", "speculative")
 KNOWN_FIELDS = frozenset({"id", "prompt", "messages", "max_tokens", "max_completion_tokens", *SAMPLING_FIELDS})
 
 LineId = str | int

@@ -81,7 +81,8 @@ def head_method(proposer: str, path: str, target: str, k: int, longest_prompt: i
     options: dict[str, Any] = {"path": str(path)}
     if "confidence_threshold" in cls.Options.model_fields:
         options["confidence_threshold"] = confidence
-    spec = {"proposer": proposer, "scorer": "mqa", "num_speculative_tokens": k_eff, "proposer_options": options}
+    spec = {"proposer": proposer, "scorer": "mqa", "num_speculative_tokens": k_eff, "proposer_options": options,
+            "draft_length": {"policy": "fixed"}}  # the *_adaptive rows replace it
     return Method(proposer, spec, engine_kwargs=kwargs, note="; ".join(notes) or None,
                   fields={"k": k_eff, "heads_max_k": max_k})
 

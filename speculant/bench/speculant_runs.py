@@ -27,6 +27,7 @@ from speculant.bench.report import gpu_peak_gb, gpu_peak_reset, median, rate, ti
 from speculant.config.sampling_params import SamplingParams
 
 ADAPTIVE = {"policy": "adaptive"}  # speculative.draft_length of the ``*_adaptive`` rows (default cost model)
+FIXED = {"policy": "fixed"}  # the other rows: every decode gets k (the engine's default is adaptive)
 
 
 def greedy(max_tokens: int) -> SamplingParams:
@@ -51,8 +52,10 @@ def speculant_methods(k: int, draft: str | None, confidence: float = 0.4) -> lis
     and the draft behind suffix decoding (``draft_suffix``; skipped without a draft);
     ``confidence`` is the draft's ``confidence_threshold``."""
     suffix = {"proposer": "suffix", "num_speculative_tokens": k}
-    methods = [Method("no_spec"), Method("ngram", {"proposer": "ngram", "num_speculative_tokens": k}),
-               Method("suffix", suffix), Method("suffix_adaptive", {**suffix, "draft_length": ADAPTIVE})]
+    methods = [Method("no_spec"),
+               Method("ngram", {"proposer": "ngram", "num_speculative_tokens": k, "draft_length": FIXED}),
+               Method("suffix", {**suffix, "draft_length": FIXED}),
+               Method("suffix_adaptive", {**suffix, "draft_length": ADAPTIVE})]
     for scorer in ("mqa", "batch_expansion"):
         name = f"draft_{scorer}"
         if draft is None:
@@ -60,13 +63,13 @@ def speculant_methods(k: int, draft: str | None, confidence: float = 0.4) -> lis
         else:
             options = {"model": str(draft), "confidence_threshold": confidence}
             methods.append(Method(name, {"proposer": "draft_model", "num_speculative_tokens": k, "scorer": scorer,
-                                         "proposer_options": options}))
+                                         "proposer_options": options, "draft_length": FIXED}))
     if draft is None:
         methods.append(Method("draft_suffix", skip="skipped: no --draft given"))
     else:
         hybrid = {"draft": {"model": str(draft), "confidence_threshold": confidence}}
         methods.append(Method("draft_suffix", {"proposer": "draft_suffix", "num_speculative_tokens": k,
-                                               "proposer_options": hybrid}))
+                                               "proposer_options": hybrid, "draft_length": FIXED}))
     return methods
 
 
@@ -172,6 +175,7 @@ def run_method(llm, prompts: list[list[int]], max_tokens: int, concurrency: int,
         "acceptance_rate": metrics.get("acceptance_rate") if spec else None,
         "mean_accepted_length": metrics.get("mean_accepted_length") if spec else None,
         "mean_planned_draft_length": metrics.get("mean_planned_draft_length") if spec else None,
+        "accepted_length_histogram": metrics.get("accepted_length_histogram") if spec else None,
         "prefix_caching": metrics.get("prefix_caching"),
         "prefix_cache_hit_rate": metrics.get("prefix_cache_hit_rate"),
         "token_ids": token_ids,

@@ -159,6 +159,10 @@ def run(args: argparse.Namespace) -> int:
     print(f"{result['env'].get('gpu') or result['env']['cpu']}, {result['env']['date_utc'][:10]}, {args.dtype}")
     print(markdown_table(result["rows"]))
     print()
+    for r in result["rows"]:
+        if r.get("accepted_length_histogram"):
+            print(f"accepted per verify step, {r.get('method', '?')} c={r.get('concurrency', '?')}: "
+                  + " ".join(f"{a}:{n}" for a, n in enumerate(r["accepted_length_histogram"])))
     for n in result["notes"]:
         print(f"- {n}")
     print(f"results: {args.out}" + (f", chart: {chart}" if not note else ""))

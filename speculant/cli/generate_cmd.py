@@ -128,7 +128,9 @@ def run(args: argparse.Namespace) -> int:
     if llm.config.speculative.enabled:
         summary.update(acceptance_rate=round(metrics["acceptance_rate"], 3),
                        mean_accepted_length=round(metrics["mean_accepted_length"], 3),
-                       propose_s=round(metrics["propose_s"], 3), score_s=round(metrics["score_s"], 3))
+                       propose_s=round(metrics["propose_s"], 3), score_s=round(metrics["score_s"], 3),
+                       accepted_length_histogram=metrics["accepted_length_histogram"],
+                       spec_off_steps=metrics["num_off_steps"])
     if args.compare and llm.config.speculative.enabled:
         from speculant.config.models import SpeculativeConfig
         from speculant.llm import LLM

@@ -161,19 +161,24 @@ class FixedDraftLengthConfig(StrictModel):
 class AdaptiveDraftLengthConfig(StrictModel):
     """Per request, k follows the acceptance observed so far; per batch, drafts
     are added only while they raise the expected tokens per unit of step
-    cost under a linear cost model (``speculant/engine/draft_length.py`` states the rule)."""
+    cost, priced by the target's measured cost curve t(n)/t(1) and the
+    proposer's cost per drafted token (``speculant/engine/draft_length.py``
+    states the rule, ``speculant/engine/cost_cache.py`` how the figures are found)."""
 
-    policy: Literal["adaptive"]
-    token_cost: float = Field(default=0.05, ge=0, le=1)
-    """Cost of one more token in a target forward, as a fraction of a one-token
-    forward (the cost model's slope; ``benchmarks/verify_cost.py`` measures the
-    forward's, ``benchmarks/adaptive_bench.py`` what a draft row costs in the
-    engine; the default comes from both, for SmolLM2-135M:
-    ``benchmarks/results/verify_cost*.json``, ``adaptive_concurrent*.json``).
-    0 means tokens are free: every decode drafts k."""
-    draft_token_cost: float = Field(default=0.0, ge=0, le=10)
-    """The proposer's cost per drafted token, in the same unit (0 for ngram and
-    suffix; about the draft's forward over the target's for draft_model)."""
+    policy: Literal["adaptive"] = "adaptive"
+    token_cost: float | None = Field(default=None, ge=0, le=1)
+    """None (the default): the target's cost of n query rows is measured at load
+    on this model, dtype, backend and CPU (about a second, cached on disk; the
+    environment variable ``SPECULANT_TOKEN_COST`` replaces it). A number: a
+    linear model instead, one more token costing this fraction of a one-token
+    forward (``benchmarks/verify_rows.py`` measures the curve); 0 means tokens
+    are free: every decode drafts k."""
+    draft_token_cost: float | None = Field(default=None, ge=0, le=10)
+    """The cost per drafted token outside the target's forward (the proposer's
+    time and what verifying the row adds to acceptance), in one-token target
+    forwards. None (the default): learnt from this engine's own step timings (0
+    until a proposal was timed; ``SPECULANT_DRAFT_TOKEN_COST`` replaces it).
+    Small for ngram and suffix; about the draft's forward over the target's for draft_model."""
     acceptance_decay: float = Field(default=0.8, ge=0, lt=1)
     """Weight of the past in a request's running acceptance estimate, per verify
     step; a step without proposals moves the estimate back toward the prior
@@ -200,9 +205,10 @@ class SpeculativeConfig(StrictModel):
     """k: proposals per decode per step."""
     disable_by_batch_size: int | None = Field(default=None, ge=1)
     """Above this many running requests, speculation is off for the step."""
-    draft_length: DraftLengthConfig = Field(default_factory=FixedDraftLengthConfig)
-    """How many of the k proposals each decode gets per step: ``{policy = "fixed"}``
-    (all k) or ``{policy = "adaptive", ...}`` (``AdaptiveDraftLengthConfig``)."""
+    draft_length: DraftLengthConfig = Field(default_factory=AdaptiveDraftLengthConfig)
+    """How many of the k proposals each decode gets per step: ``{policy = "adaptive", ...}``
+    (the default, ``AdaptiveDraftLengthConfig``: only where they are expected to
+    pay) or ``{policy = "fixed"}`` (all k)."""
 
     @property
     def enabled(self) -> bool:

@@ -20,21 +20,26 @@ in tokens. A proposer with its own confidence (``suffix``'s ``min_token_prob``,
 the policy only sets the ceiling, and rejected tokens drafted below it are what
 lowers ``a_i``.
 
-The batch's cost model is linear: a target forward over T tokens costs
-``(1 - c) + c * T`` (one token costs 1; ``c = token_cost``, measured by
-``benchmarks/verify_cost.py``), plus ``d = draft_token_cost`` per proposal.
-Without speculation n decodes yield n tokens at cost ``(1 - c) + c * n``.
+The batch's cost is priced by a ``CostModel`` (``cost_model.py``): a target
+forward over T tokens costs ``t(T)/t(1)`` (the measured curve; a configured
+``token_cost`` c makes it ``(1 - c) + c * T``), plus ``d = draft_token_cost``
+per proposal. Without speculation n decodes yield n tokens at cost ``t(n)/t(1)``.
 Proposals are added in order of decreasing gain while each one raises the
-step's expected tokens per unit of cost, i.e. while ``gain / (c + d)`` exceeds
-the current ``tokens / cost``. So a lone decode (cost dominated by the fixed
-part) drafts whenever ``a_i`` is not tiny, and as decodes grow the forward's
-fixed part is shared by more tokens and the bar rises towards 1: the step's
-total drafts shrink with the batch, to none when no proposal is expected to
-pay for itself. Under the model, a step with speculation is never expected
+step's expected tokens per unit of cost, i.e. while ``gain / (t(T+1) - t(T) + d)``
+exceeds the current ``tokens / cost``. So a lone decode (cost dominated by the
+fixed part) drafts whenever ``a_i`` is not tiny, and as decodes grow the
+forward's fixed part is shared by more tokens and the bar rises towards 1: the
+step's total drafts shrink with the batch, to none when no proposal is expected
+to pay for itself. Under the model, a step with speculation is never expected
 to be slower per token than without. A step in which a request drafts
 nothing moves its estimate back toward the prior by ``acceptance_decay``, so
 a request held at k = 0 is tried again once the prior would pay (small
 batches), and stays at 0 where even the prior would not (large ones).
+
+Per request (``SamplingParams.speculative``), a request may lower its own
+ceiling, turn speculation off (0 always) or opt out of the policy
+(``adaptive = false``: its ceiling every step). Those fixed drafts are priced
+into the batch before the policy allocates the rest.
 """
 
 from __future__ import annotations
@@ -45,6 +50,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from speculant.config.models import AdaptiveDraftLengthConfig, SpeculativeConfig
+from speculant.engine.cost_model import CostCurve, CostModel
 from speculant.engine.request import Request
 
 
@@ -71,15 +77,24 @@ class DraftLengthPolicy(ABC):
         if self.disable_by_batch_size is not None and len(running) > self.disable_by_batch_size:
             lengths = {r.request_id: 0 for r in decoding}
         else:
-            lengths = self.lengths(decoding)
+            ceilings = {r.request_id: r.params.speculation.max_tokens(self.max_k) for r in decoding}
+            fixed = {r.request_id: ceilings[r.request_id] for r in decoding
+                     if not r.params.speculation.adaptive or ceilings[r.request_id] == 0}
+            free = [r for r in decoding if r.request_id not in fixed]
+            held = [r for r in decoding if r.request_id in fixed and fixed[r.request_id] > 0]
+            lengths = {**self.lengths(free, ceilings, fixed, held), **fixed}
         self.num_planned_decodes += len(lengths)
         self.num_planned_tokens += sum(lengths.values())
         self.num_planned_zero += sum(1 for k in lengths.values() if k == 0)
         return lengths
 
     @abstractmethod
-    def lengths(self, decoding: list[Request]) -> dict[str, int]:
-        """The ceilings for ``decoding`` (all of them decoding this step)."""
+    def lengths(self, decoding: list[Request], ceilings: dict[str, int], fixed: dict[str, int],
+                fixed_requests: Sequence[Request] = ()) -> dict[str, int]:
+        """The ceilings for ``decoding`` (all of them decoding this step, each
+        allowed at most ``ceilings[id]``), beside the requests of ``fixed`` that
+        draft their own fixed number this step (``fixed_requests``: those of
+        them that draft at all)."""
 
     def free(self, request_id: str) -> None:  # noqa: B027 - optional: stateless policies keep nothing
         """Forget a finished request."""
@@ -98,8 +113,9 @@ class FixedDraftLength(DraftLengthPolicy):
 
     name = "fixed"
 
-    def lengths(self, decoding: list[Request]) -> dict[str, int]:
-        return {r.request_id: self.max_k for r in decoding}
+    def lengths(self, decoding: list[Request], ceilings: dict[str, int], fixed: dict[str, int],
+                fixed_requests: Sequence[Request] = ()) -> dict[str, int]:
+        return {r.request_id: ceilings[r.request_id] for r in decoding}
 
 
 @dataclass
@@ -117,10 +133,15 @@ class AdaptiveDraftLength(DraftLengthPolicy):
 
     name = "adaptive"
 
-    def __init__(self, spec: SpeculativeConfig) -> None:
+    def __init__(self, spec: SpeculativeConfig, cost: CostModel | None = None) -> None:
+        """``cost``: the measured figures (``cost_cache.load_cost_model``); None
+        takes the config's ``token_cost`` and ``draft_token_cost`` (0.05 and 0 if unset)."""
         super().__init__(spec)
         assert isinstance(spec.draft_length, AdaptiveDraftLengthConfig)
         self.config = spec.draft_length
+        self.cost = cost if cost is not None else CostModel(
+            CostCurve.linear(self.config.token_cost if self.config.token_cost is not None else 0.05),
+            self.config.draft_token_cost if self.config.draft_token_cost is not None else 0.0)
         self._state: dict[str, _Acceptance] = {}
 
     def estimate(self, request: Request) -> float:
@@ -143,26 +164,32 @@ class AdaptiveDraftLength(DraftLengthPolicy):
         state.drafted, state.accepted = stats.num_draft_tokens, stats.num_accepted_tokens
         return state.successes / (state.successes + state.failures)
 
-    def lengths(self, decoding: list[Request]) -> dict[str, int]:
-        cfg = self.config
+    def lengths(self, decoding: list[Request], ceilings: dict[str, int], fixed: dict[str, int],
+                fixed_requests: Sequence[Request] = ()) -> dict[str, int]:
         rates = [self.estimate(r) for r in decoding]
         lengths = {r.request_id: 0 for r in decoding}
-        per_draft = cfg.token_cost + cfg.draft_token_cost
-        gain = float(len(decoding))
-        cost = 1.0 - cfg.token_cost + cfg.token_cost * len(decoding)
-        candidates = sorted(((a ** j, i) for i, a in enumerate(rates) for j in range(1, self.max_k + 1)),
+        curve, d = self.cost.curve, self.cost.draft_token_cost
+        tokens = len(decoding) + len(fixed) + sum(fixed.values())  # the forward's rows before any adaptive draft
+        gain = float(len(decoding) + len(fixed)) + sum(
+            self.estimate(r) ** j for r in fixed_requests for j in range(1, fixed[r.request_id] + 1))
+        cost = curve.cost(tokens) + d * sum(fixed.values())
+        candidates = sorted(((a ** j, i) for i, a in enumerate(rates)
+                             for j in range(1, ceilings[decoding[i].request_id] + 1)),
                             key=lambda c: -c[0])  # stable: equal gains go to earlier arrivals
         for p, i in candidates:
-            if p * cost <= per_draft * gain:  # p / per_draft <= gain / cost: this draft would not pay
+            step_cost = curve.cost(tokens + 1) - curve.cost(tokens) + d
+            if p * cost <= step_cost * gain:  # p / step_cost <= gain / cost: this draft would not pay
                 break
             lengths[decoding[i].request_id] += 1
-            gain, cost = gain + p, cost + per_draft
+            gain, cost, tokens = gain + p, cost + step_cost, tokens + 1
         return lengths
 
     def free(self, request_id: str) -> None:
         self._state.pop(request_id, None)
 
 
-def build_draft_length_policy(spec: SpeculativeConfig) -> DraftLengthPolicy:
-    policies: dict[str, type[DraftLengthPolicy]] = {"fixed": FixedDraftLength, "adaptive": AdaptiveDraftLength}
-    return policies[spec.draft_length.policy](spec)
+def build_draft_length_policy(spec: SpeculativeConfig, cost: CostModel | None = None) -> DraftLengthPolicy:
+    """The configured policy; ``cost`` prices the adaptive one (see ``AdaptiveDraftLength``)."""
+    if spec.draft_length.policy == "adaptive":
+        return AdaptiveDraftLength(spec, cost)
+    return FixedDraftLength(spec)

@@ -21,6 +21,8 @@ from speculant.config.models import EngineConfig
 from speculant.config.sampling_params import SamplingParams
 from speculant.engine.block_manager import BlockManager
 from speculant.engine.commit import apply
+from speculant.engine.cost_cache import load_cost_model
+from speculant.engine.cost_model import CostModel
 from speculant.engine.detokenizer import Detokenizer, TextDecoder
 from speculant.engine.draft_length import DraftLengthPolicy, build_draft_length_policy
 from speculant.engine.grammar import RequestGrammar, StructuredOutputs
@@ -30,6 +32,7 @@ from speculant.engine.proposer_guard import ProposerGuard
 from speculant.engine.request import Request, RequestOutput, RequestStatus, SpecStats
 from speculant.engine.runner_view import PluginRunner
 from speculant.engine.scheduler import Scheduler
+from speculant.engine.spec_accounting import account_step
 from speculant.engine.spec_components import SpecComponents, build_spec_components, resolve_backend
 from speculant.engine.step import StepTimes
 from speculant.engine.step_runner import StepParts, StepRun, failure, run_step
@@ -65,7 +68,10 @@ class LLMEngine:
         self.scheduler = Scheduler(config.scheduler, self.blocks, self.max_model_len, prefix)
         self.scheduler.on_preempt = self._preempted
         self.spec: SpecComponents = build_spec_components(config, self.runner, registry)
-        self.draft_length: DraftLengthPolicy = build_draft_length_policy(config.speculative)
+        self.cost: CostModel | None = None  # the adaptive policy's figures (measured at load, or configured)
+        if self.spec.proposer is not None and config.speculative.draft_length.policy == "adaptive":
+            self.cost = load_cost_model(config, self.view)
+        self.draft_length: DraftLengthPolicy = build_draft_length_policy(config.speculative, self.cost)
         self._counter = itertools.count()
         self._requests: dict[str, Request] = {}  # every unfinished request, queued ones included
         self._aborting: set[str] = set()  # aborts waiting in the inbox
@@ -91,6 +97,8 @@ class LLMEngine:
         if request_id is not None:
             self._check_id_free(request_id)
         self._check_sampling(params)
+        params.speculation.check_against(self.config.speculative.proposer,
+                                         self.config.speculative.num_speculative_tokens)
         grammar = self._grammar(params)
         text, token_ids = self._tokenize(prompt)
         self._check_prompt(token_ids)
@@ -281,6 +289,9 @@ class LLMEngine:
                           None, [], fallback="isolated")
         for plan in run.plans:
             apply(plan)  # plain assignments: cannot fail halfway
+        drafted = account_step(batch, run.plans, run.times.propose_s, proposer is not None)
+        if self.cost is not None:
+            self.cost.observe_step(run.times.propose_s, run.times.accept_s, len(batch.decodes), drafted)
         for plan in run.plans:
             self.scheduler.cache_committed(plan.entry.request)
         if proposer is not None:
@@ -361,7 +372,8 @@ class LLMEngine:
 
     def get_metrics(self) -> dict:
         """Counters and timings; safe to call from any thread."""
-        stats = self.spec_totals()
+        stats = self.spec_totals().as_dict()
+        stats.pop("propose_s")  # the engine's own timer, below
         return {
             "num_engine_steps": self.num_steps,
             "propose_s": self.times.propose_s,
@@ -374,7 +386,8 @@ class LLMEngine:
             **self.draft_length.metrics(),
             "prefix_caching": self.prefix_caching,
             **(self.scheduler.prefix.metrics() if self.scheduler.prefix is not None else {}),
-            **stats.as_dict(),
+            **stats,
+            **(self.cost.describe() if self.cost is not None else {}),
             **(self._structured_metrics()),
         }
 

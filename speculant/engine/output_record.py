@@ -29,6 +29,9 @@ def spec_summary(out: RequestOutput) -> dict[str, Any]:
             "acceptance_rate": round(m.get("acceptance_rate", 0.0), 6),
             "mean_acceptance_length": round(m.get("mean_accepted_length", 0.0), 6),
             "acceptance_per_position": [round(x, 6) for x in m.get("acceptance_per_position", [])],
+            "accepted_length_histogram": list(m.get("accepted_length_histogram", [])),
+            "spec_off_steps": m.get("num_off_steps", 0),
+            "propose_s": round(m.get("propose_s", 0.0), 6),
             "preemptions": m.get("num_preemptions", 0)}
 
 

@@ -30,6 +30,9 @@ class SpecStats:
     num_emitted_tokens: int = 0  # accepted + bonus/recovered, before stop truncation
     accepted_per_position: list[int] = field(default_factory=list)
     drafted_per_position: list[int] = field(default_factory=list)
+    accepted_histogram: list[int] = field(default_factory=list)  # [a]: verify steps that accepted a proposals
+    num_off_steps: int = 0  # decode steps without proposals (k = 0: policy, setting, budget or proposer)
+    propose_s: float = 0.0  # this request's share of the proposer's time
 
     @property
     def acceptance_rate(self) -> float:
@@ -45,6 +48,8 @@ class SpecStats:
         self.num_draft_tokens += num_draft
         self.num_accepted_tokens += num_accepted
         self.num_emitted_tokens += num_accepted + 1
+        self.accepted_histogram.extend([0] * (num_accepted + 1 - len(self.accepted_histogram)))
+        self.accepted_histogram[num_accepted] += 1
         for lst in (self.accepted_per_position, self.drafted_per_position):
             lst.extend([0] * (num_draft - len(lst)))
         for i in range(num_draft):
@@ -57,8 +62,11 @@ class SpecStats:
         self.num_draft_tokens += other.num_draft_tokens
         self.num_accepted_tokens += other.num_accepted_tokens
         self.num_emitted_tokens += other.num_emitted_tokens
+        self.num_off_steps += other.num_off_steps
+        self.propose_s += other.propose_s
         for mine, theirs in ((self.accepted_per_position, other.accepted_per_position),
-                             (self.drafted_per_position, other.drafted_per_position)):
+                             (self.drafted_per_position, other.drafted_per_position),
+                             (self.accepted_histogram, other.accepted_histogram)):
             mine.extend([0] * (len(theirs) - len(mine)))
             for i, v in enumerate(theirs):
                 mine[i] += v
@@ -74,6 +82,9 @@ class SpecStats:
             "acceptance_per_position": [
                 a / d if d else 0.0 for a, d in zip(self.accepted_per_position, self.drafted_per_position)
             ],
+            "accepted_length_histogram": list(self.accepted_histogram),
+            "num_off_steps": self.num_off_steps,
+            "propose_s": self.propose_s,
         }
 
 

@@ -15,6 +15,7 @@ import operator
 from dataclasses import dataclass, field
 from typing import SupportsIndex
 
+from speculant.interfaces.speculative_params import SpeculativeParams, parse_speculative
 from speculant.interfaces.structured import StructuredOutput, parse_structured
 
 MIN_TEMPERATURE = 1e-5
@@ -50,7 +51,10 @@ class SamplingParams:
     ``structured`` constrains the output to a JSON schema, any JSON object, a
     regex or a Lark grammar (``config/structured.py``); it is stored as a
     ``StructuredOutput``, and an EOS the grammar allows ends the request even
-    with ``ignore_eos``.
+    with ``ignore_eos``. ``speculative`` narrows the engine's speculation for
+    this request (``interfaces/speculative_params.py``): ``{"enabled": False}``,
+    ``{"num_speculative_tokens": n}``, ``{"adaptive": False}``; stored as a
+    ``SpeculativeParams``.
     """
 
     max_tokens: int = 16
@@ -65,6 +69,7 @@ class SamplingParams:
     logprobs: int | None = None
     include_stop_str_in_output: bool = False
     structured: StructuredOutput | dict | None = None
+    speculative: SpeculativeParams | dict | None = None
 
     def __post_init__(self) -> None:
         self.max_tokens = _int("max_tokens", self.max_tokens, "ask for at least one token, e.g. max_tokens=16")
@@ -94,6 +99,7 @@ class SamplingParams:
         self.stop = _stop_strings(self.stop)
         self.stop_token_ids = _token_ids(self.stop_token_ids)
         self.structured = parse_structured(self.structured)
+        self.speculative = parse_speculative(self.speculative)
         for name in ("ignore_eos", "include_stop_str_in_output"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"SamplingParams.{name}={getattr(self, name)!r} must be a bool, got "
@@ -102,6 +108,12 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def speculation(self) -> SpeculativeParams:
+        """``speculative`` as validated (a dict given is parsed on construction)."""
+        s = self.speculative
+        return s if isinstance(s, SpeculativeParams) else parse_speculative(s)
 
     @property
     def constraint(self) -> StructuredOutput | None:

@@ -7,6 +7,11 @@ batched over all speculating decodes, extend the proposals. After acceptance
 the draft's valid length moves back to what the target kept; rejected slots
 are overwritten later.
 
+Off is off: a decode planned no proposals costs the draft nothing, and when it
+speculates again its first draft forward carries every token it missed (one
+batched pass with the other decodes' first proposals). A request whose
+``SamplingParams.speculative`` turns speculation off is never fed at all.
+
 Prefix caching: the draft's pool keys its full blocks of committed tokens with
 the target's keys (``request.block_hashes``) at commit, and a request the draft
 holds nothing for (new, preempted, or reset after a fault) starts by sharing the
@@ -141,6 +146,8 @@ class DraftModelProposer(Proposer):
         spans: list[QuerySpan] = []
         for p in batch.prefills:
             req = p.request
+            if not req.params.speculation.enabled:
+                continue  # never drafts: the draft holds nothing for it
             end = p.start + p.num_new_tokens
             done = self._done(req, end)
             if done < end:

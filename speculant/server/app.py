@@ -233,8 +233,9 @@ async def _run(state: ServerState, request: Request, body: CompletionRequest | C
         message = str(exc)
         code = PROMPT_TOO_LONG if message.startswith("prompt has") else \
             INVALID_PROMPT if message.startswith("prompt") else NOT_SUPPORTED_HERE
-        raise APIError(400, message, param=None if code == NOT_SUPPORTED_HERE else "messages" if chat else "prompt",
-                       code=code) from None
+        param = "speculative" if message.startswith("SamplingParams.speculative") else \
+            None if code == NOT_SUPPORTED_HERE else "messages" if chat else "prompt"
+        raise APIError(400, message, param=param, code=code) from None
     except RuntimeError as exc:  # shutting down
         raise APIError(503, str(exc), code="shutting_down") from None
     reply = Reply(chat, state.model_name, stream.request_id, engine.tokenizer, params.logprobs)

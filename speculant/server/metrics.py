@@ -26,10 +26,11 @@ from prometheus_client import (
     disable_created_metrics,
     generate_latest,
 )
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from speculant.engine.llm_engine import LLMEngine
+from speculant.engine.request import SpecStats
 from speculant.server.admission import Admission
 from speculant.server.open_requests import OpenRequestCount
 
@@ -108,12 +109,31 @@ class _EngineCollector(Collector):
         yield per_pos
         yield GaugeMetricFamily("speculant_spec_mean_acceptance_length", "Tokens emitted per verify step, "
                                 "bonus token included (since start)", value=stats.mean_accepted_length)
+        yield from _acceptance_histogram(stats, engine.config.speculative.proposer)
         metrics = engine.get_metrics()
         yield CounterMetricFamily("speculant_proposer_errors", "Proposer faults contained (they cost "
                                   "speculation, not requests)", value=metrics["proposer_errors"])
         yield CounterMetricFamily("speculant_failed_requests", "Requests the engine failed (finish_reason "
                                   "error)", value=metrics["failed_requests"])
         yield from _prefix_cache(metrics)
+
+
+def _acceptance_histogram(stats: SpecStats, proposer: str | None) -> Iterator[Metric]:
+    """Proposals accepted per verify step, as a histogram labelled by proposer,
+    and the decode steps each request spent with speculation off."""
+    hist = HistogramMetricFamily("speculant_spec_accepted_length", "Proposals accepted per verify step (one "
+                                 "observation per request and step with proposals)", labels=["proposer"])
+    cumulative, buckets = 0, []
+    for a, n in enumerate(stats.accepted_histogram):
+        cumulative += n
+        buckets.append((str(a), cumulative))
+    buckets.append(("+Inf", stats.num_steps))
+    hist.add_metric([proposer or "none"], buckets, sum_value=stats.num_accepted_tokens)
+    yield hist
+    yield CounterMetricFamily("speculant_spec_off_steps", "Decode steps without proposals (the draft-length "
+                              "policy, a request's own setting or the budget set k = 0)", value=stats.num_off_steps)
+    yield CounterMetricFamily("speculant_spec_propose_seconds", "Seconds the proposer spent, summed over "
+                              "requests", value=stats.propose_s)
 
 
 def _prefix_cache(metrics: dict) -> Iterator[Metric]:

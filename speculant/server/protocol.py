@@ -15,7 +15,8 @@ empty, ``suffix`` empty): anything else is a 400 naming the field and why.
 Extensions (vLLM's names, sent with the ``openai`` client's ``extra_body``):
 ``top_k``, ``min_p``, ``ignore_eos``, ``stop_token_ids``,
 ``include_stop_str_in_output``, ``structured_outputs`` (exactly one of
-``json_schema``, ``json_object``, ``regex``, ``grammar``). ``response_format``
+``json_schema``, ``json_object``, ``regex``, ``grammar``), ``speculative``
+(``SamplingParams.speculative``). ``response_format``
 takes OpenAI's ``text``, ``json_object`` and ``json_schema``.
 
 What the schema cannot say is checked when the request runs, and is a 400
@@ -145,6 +146,9 @@ class _Common(Strict):
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputs | None = None
     """Extension: constrain the output to a JSON schema, any JSON object, a regex or a Lark grammar."""
+    speculative: dict[str, Any] | None = None
+    """Extension: this request's speculation within the engine's: ``{"enabled": false}``,
+    ``{"num_speculative_tokens": n}`` (n at most the engine's), ``{"adaptive": false}``."""
     presence_penalty: float = Field(0.0, ge=0, le=0)
     """Not implemented: only 0."""
     frequency_penalty: float = Field(0.0, ge=0, le=0)

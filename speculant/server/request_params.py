@@ -15,7 +15,7 @@ from speculant.server.errors import CONFLICTING_PARAMETERS, INVALID_STRUCTURED_O
 from speculant.server.protocol import ChatCompletionRequest, CompletionRequest
 
 _SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "seed", "stop", "stop_token_ids", "ignore_eos",
-                    "include_stop_str_in_output")
+                    "include_stop_str_in_output", "speculative")
 
 
 def one_prompt(prompt: Any) -> str | list[int]:

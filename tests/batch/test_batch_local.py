@@ -80,7 +80,7 @@ def test_bad_lines_become_error_records_and_the_rest_runs(tmp_path, model, refer
                             "str; use 0 for greedy decoding or a positive value.",
         ("unknown", None): "line 9 (id 'unknown'): unknown field(s) 'best_of'; a line takes id, "
                            "ignore_eos, include_stop_str_in_output, max_completion_tokens, max_tokens, messages, "
-                           "min_p, prompt, seed, stop, stop_token_ids, temperature, top_k, top_p",
+                           "min_p, prompt, seed, speculative, stop, stop_token_ids, temperature, top_k, top_p",
         ("bad-role", None): "line 12 (id 'bad-role'): conversation 0 message 0: role='robot' is not one of "
                             "system, user, assistant, tool",
         ("r0", None): "line 13: id 'r0' is already used on line 1; ids must be unique (a rerun skips the ids "
@@ -139,3 +139,27 @@ def test_usage_errors_exit_2(tmp_path, model, capsys):
     assert run_batch(tmp_path / "missing.jsonl", tmp_path / "o.jsonl", model) == 2
     assert "missing.jsonl" in capsys.readouterr().err
     assert not (tmp_path / "o.jsonl").exists()
+
+
+def test_speculative_field_per_line(tmp_path, model, reference):
+    """A line's ``speculative`` field is its ``SamplingParams.speculative``:
+    off equals the same text with nothing verified, and a setting the engine
+    cannot honour is that line's error record, naming the field."""
+    line = {"prompt": "a b a b a b a b", "max_tokens": 12, "temperature": 0, "ignore_eos": True}
+    rows = [{"id": "off", **line, "speculative": {"enabled": False}},
+            {"id": "k1", **line, "speculative": {"num_speculative_tokens": 1, "adaptive": False}},
+            {"id": "too-many", **line, "speculative": {"num_speculative_tokens": 9}},
+            {"id": "typo", **line, "speculative": {"enable": False}}]
+    assert run_batch(write_jsonl(tmp_path / "in.jsonl", rows), tmp_path / "out.jsonl", model,
+                     "--set", "speculative.proposer=ngram", "--set", "speculative.num_speculative_tokens=3") == 0
+    records = {r["id"]: r for r in read_jsonl(tmp_path / "out.jsonl")}
+    want = reference.generate(["a b a b a b a b"], SamplingParams(max_tokens=12, temperature=0, ignore_eos=True),
+                              use_tqdm=False)[0].outputs[0].text
+    assert records["off"]["text"] == records["k1"]["text"] == want
+    assert records["off"]["speculant"]["spec_steps"] == 0 and records["off"]["speculant"]["spec_off_steps"] == 11
+    k1 = records["k1"]["speculant"]
+    assert k1["spec_steps"] > 0 and k1["draft_tokens"] == k1["spec_steps"]  # one proposal per verify step
+    assert len(k1["accepted_length_histogram"]) <= 2
+    assert "SamplingParams.speculative.num_speculative_tokens=9 exceeds the engine's " \
+           "speculative.num_speculative_tokens=3" in records["too-many"]["error"]
+    assert "SamplingParams.speculative has unknown key(s) 'enable'" in records["typo"]["error"]

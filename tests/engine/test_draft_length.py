@@ -33,7 +33,7 @@ def test_fixed_gives_every_decode_k_and_honours_disable_by_batch_size():
     assert isinstance(policy, FixedDraftLength)
     assert policy.plan(reqs + [prefilling]) == {"r0": 3, "r1": 3, "r2": 3}
     off = build_draft_length_policy(SpeculativeConfig(proposer="ngram", num_speculative_tokens=3,
-                                                      disable_by_batch_size=3))
+                                                      disable_by_batch_size=3, draft_length={"policy": "fixed"}))
     assert off.plan(reqs) == {"r0": 3, "r1": 3, "r2": 3}
     assert off.plan(reqs + [prefilling]) == {"r0": 0, "r1": 0, "r2": 0}  # 4 running > 3
     assert off.metrics() == {"draft_length_policy": "fixed", "mean_planned_draft_length": 1.5,

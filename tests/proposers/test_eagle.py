@@ -128,7 +128,7 @@ class EveryOtherStep(FixedDraftLength):
 
     name = "every_other_step"
 
-    def lengths(self, decoding):
+    def lengths(self, decoding, ceilings, fixed, fixed_requests=()):
         self.step = getattr(self, "step", -1) + 1
         return {r.request_id: 0 if self.step % 2 or (i == 1 and self.step % 3 == 0) else self.max_k
                 for i, r in enumerate(decoding)}
@@ -172,7 +172,7 @@ def test_a_decode_that_never_speculates_keeps_bounded_pending_entries(llama_dir,
     class Never(FixedDraftLength):
         name = "never"
 
-        def lengths(self, decoding):
+        def lengths(self, decoding, ceilings, fixed, fixed_requests=()):
             return {r.request_id: 0 for r in decoding}
 
     llm.engine.draft_length = Never(llm.config.speculative)

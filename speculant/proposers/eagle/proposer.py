@@ -299,13 +299,17 @@ class EagleProposer(Proposer):
         assert scores.prompt_hidden is not None and scores.decode_hidden is not None, \
             "eagle proposer committed without hidden states"
         row = 0
+        # a request whose SamplingParams.speculative turns speculation off never drafts: nothing is kept for it
         for p in batch.prefills:
             n = p.num_new_tokens
-            self._add(p.request.request_id, p.start, scores.prompt_hidden[row: row + n], p.request.token_ids)
+            if p.request.params.speculation.enabled:
+                self._add(p.request.request_id, p.start, scores.prompt_hidden[row: row + n], p.request.token_ids)
             row += n
         first_rows = scores.cu_num_logits[:-1].tolist()
         for d, first, a in zip(batch.decodes, first_rows, num_accepted):
-            self._add(d.request.request_id, d.start, scores.decode_hidden[first: first + a + 1], d.request.token_ids)
+            if d.request.params.speculation.enabled:
+                self._add(d.request.request_id, d.start, scores.decode_hidden[first: first + a + 1],
+                          d.request.token_ids)
 
     def free(self, request_id: str) -> None:
         self._state.pop(request_id, None)

@@ -1,0 +1,144 @@
+"""The adaptive policy's cost model: the curve t(n)/t(1) (interpolation, a
+measurement driven by an injected clock, so nothing here depends on timing),
+the on-disk cache (written, read back, a corrupt file measured again), the
+figures that skip the measurement, the proposer cost learnt from propose
+timings, and the policy pricing drafts with a curve."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from speculant import LLM
+from speculant.config.models import SpeculativeConfig
+from speculant.config.sampling_params import SamplingParams
+from speculant.engine.cost_cache import DRAFT_TOKEN_COST_ENV, TOKEN_COST_ENV
+from speculant.engine.cost_model import CostCurve, CostModel, measure_curve
+from speculant.engine.draft_length import AdaptiveDraftLength
+from speculant.engine.request import Request, RequestStatus
+
+
+def test_curve_interpolates_extrapolates_and_never_falls():
+    curve = CostCurve((1, 2, 4, 8), (1.0, 1.02, 1.03, 1.5))
+    assert curve.cost(1) == 1.0 and curve.cost(0) == 0.0
+    assert curve.cost(3) == pytest.approx(1.025)
+    assert curve.cost(6) == pytest.approx(1.265)
+    assert curve.cost(12) == pytest.approx(1.5 + 4 * (1.5 - 1.03) / 4)  # the last segment's slope
+    noisy = CostCurve((1, 2, 4), (1.0, 1.1, 1.05))  # timing noise: 4 rows looked cheaper than 2
+    assert noisy.ratios == (1.0, 1.1, 1.1)
+    assert CostCurve.linear(0.2).cost(5) == pytest.approx(0.8 + 0.2 * 5)
+    with pytest.raises(ValueError, match="ascending distinct sizes starting at 1"):
+        CostCurve((2, 4), (1.0, 1.2))
+
+
+class FakeRunner:
+    """A RunnerView whose forward of n rows advances a fake clock by ``cost(n)``."""
+
+    vocab_size = 32
+
+    def __init__(self, seconds_per_call) -> None:
+        from speculant.engine.block_manager import BlockManager
+
+        self.block_manager = BlockManager(64, 4)
+        self.now = 0.0
+        self.seconds = seconds_per_call
+        self.calls = []
+
+    def forward(self, spans, want_hidden=False):
+        (span,) = spans
+        self.calls.append(len(span.token_ids))
+        self.now += self.seconds(len(span.token_ids))
+        return None
+
+
+def test_measure_curve_times_each_size_and_gives_blocks_back():
+    runner = FakeRunner(lambda n: 0.010 + 0.001 * max(0, n - 4))
+    curve = measure_curve(runner, max_rows=16, ctx=8, rounds=3, clock=lambda: runner.now)
+    assert curve.sizes == (1, 2, 4, 8, 16)
+    assert curve.ratios == pytest.approx((1.0, 1.0, 1.0, 1.4, 2.2))
+    assert curve.t1_s == pytest.approx(0.010)
+    assert runner.block_manager.num_free_blocks == 64  # its borrowed blocks are back
+    assert runner.calls[0] == 8 and runner.calls.count(16) == 1 + 3  # prefix, warm-up, 3 rounds
+
+
+def test_draft_cost_is_learnt_from_step_timings_unless_configured():
+    learnt = CostModel(CostCurve((1, 2), (1.0, 1.1), t1_s=0.01))
+    assert learnt.draft_token_cost == 0.0
+    learnt.observe_step(0.0, 0.002, 2, 0)  # no proposals: acceptance costs 1 ms a decode
+    learnt.observe_step(0.004, 0.002, 2, 4)  # 1 ms a drafted token to propose, nothing more to accept
+    assert learnt.draft_token_cost == pytest.approx(0.1)  # of a 10 ms forward
+    learnt.observe_step(0.004, 0.006, 2, 4)  # and now 1 ms more a drafted token to accept
+    assert learnt.draft_token_cost == pytest.approx(0.15)  # a plain mean over the first samples
+    learnt.observe_step(1.0, 1.0, 0, 0)  # a step of prefills only: nothing learnt
+    assert learnt.draft_token_cost == pytest.approx(0.15)
+    fixed = CostModel(CostCurve((1, 2), (1.0, 1.1), t1_s=0.01), 0.5)
+    fixed.observe_step(1.0, 0.0, 1, 1)
+    assert fixed.draft_token_cost == 0.5
+
+
+def decoding(request_id: str) -> Request:
+    req = Request(request_id=request_id, prompt=None, prompt_token_ids=[1, 2], params=SamplingParams(), seed=0)
+    req.token_ids, req.num_computed_tokens, req.status = [1, 2, 3], 2, RequestStatus.RUNNING
+    return req
+
+
+def test_policy_prices_drafts_with_the_curve():
+    spec = SpeculativeConfig(proposer="ngram", num_speculative_tokens=8, draft_length={"policy": "adaptive",
+                                                                                        "prior_acceptance": 0.7})
+    flat_then_steep = CostCurve((1, 4, 5), (1.0, 1.0, 3.0))  # 3 extra rows free, the 4th costs 2 forwards
+    policy = AdaptiveDraftLength(spec, CostModel(flat_then_steep, 0.0))
+    assert policy.plan([decoding("r")]) == {"r": 3}
+    # the proposer's own cost stops drafts the forward would carry for free
+    costly = AdaptiveDraftLength(spec, CostModel(CostCurve.linear(0.0), 0.5))
+    assert costly.plan([decoding("r")]) == {"r": 1}  # 0.7 / 0.5 > 1 / 1, then 0.49 / 0.5 < 1.7 / 1.5
+
+
+@pytest.fixture
+def measuring(monkeypatch, tmp_path):
+    """The engine measures: no fixed figures, and a cache directory of its own."""
+    monkeypatch.delenv(TOKEN_COST_ENV, raising=False)
+    monkeypatch.delenv(DRAFT_TOKEN_COST_ENV, raising=False)
+    monkeypatch.setenv("SPECULANT_CACHE_DIR", str(tmp_path))
+    return tmp_path / "cost"
+
+
+def ngram_llm(llama_dir, **draft_length) -> LLM:
+    return LLM(model=str(llama_dir), max_num_batched_tokens=64, max_num_seqs=4,
+               speculative={"proposer": "ngram", "num_speculative_tokens": 3,
+                            "draft_length": {"policy": "adaptive", **draft_length}})
+
+
+def test_engine_measures_at_load_caches_and_remeasures_a_corrupt_cache(llama_dir, measuring):
+    llm = ngram_llm(llama_dir)
+    files = list(measuring.glob("*.json"))
+    assert len(files) == 1, files
+    stored = json.loads(files[0].read_text())
+    assert stored["key"]["dtype"] == "float32" and stored["key"]["model"].endswith(llama_dir.name)
+    m = llm.get_metrics()
+    assert m["cost_curve"]["sizes"] == [1, 2, 4, 8, 16, 32] and m["cost_curve"]["ratios"][0] == 1.0
+    assert m["draft_token_cost_source"] == "measured"
+    # a second engine reads the file: the same curve, nothing rewritten
+    mtime = files[0].stat().st_mtime_ns
+    assert ngram_llm(llama_dir).get_metrics()["cost_curve"] == m["cost_curve"]
+    assert files[0].stat().st_mtime_ns == mtime
+    for junk in ("{not json", json.dumps({"key": stored["key"], "curve": {"sizes": [2], "ratios": [1]}})):
+        files[0].write_text(junk)
+        again = ngram_llm(llama_dir).get_metrics()["cost_curve"]
+        assert again["sizes"] == [1, 2, 4, 8, 16, 32]
+        assert json.loads(files[0].read_text())["curve"] == again  # rewritten whole
+    out = llm.generate([[1, 2, 3, 1, 2, 3]], SamplingParams(max_tokens=6, temperature=0, ignore_eos=True))
+    assert len(out[0].outputs[0].token_ids) == 6
+
+
+def test_a_configured_figure_skips_the_measurement(llama_dir, measuring):
+    m = ngram_llm(llama_dir, token_cost=0.1, draft_token_cost=0.0).get_metrics()
+    assert not measuring.exists()
+    assert m["cost_curve"] == {"sizes": [1, 2], "ratios": [1.0, 1.1], "t1_s": None}
+    assert m["draft_token_cost_source"] == "config"
+
+
+def test_a_bad_environment_figure_is_refused_by_name(llama_dir, monkeypatch):
+    monkeypatch.setenv(TOKEN_COST_ENV, "fast")
+    with pytest.raises(ValueError, match=r"SPECULANT_TOKEN_COST='fast' must be a number in \[0, 1\]"):
+        ngram_llm(llama_dir)
