@@ -119,6 +119,17 @@ class GrammarOutput(Strict):
 StructuredOutputs = JsonSchemaOutput | JsonObjectOutput | RegexOutput | GrammarOutput
 
 
+class SpeculativeOptions(Strict):
+    """This request's speculation, within what the engine's ``[speculative]`` config allows."""
+
+    enabled: bool = True
+    """false: this request never speculates (its proposer does no work for it)."""
+    num_speculative_tokens: int | None = Field(None, ge=0)
+    """At most this many proposals per step (at most the engine's k; 0 turns speculation off)."""
+    adaptive: bool = True
+    """false: always num_speculative_tokens (or the engine's k), whatever the draft-length policy chooses."""
+
+
 class _Common(Strict):
     model: str | None = None
     """The served model name (``GET /v1/models``); omitted means that model."""
@@ -146,7 +157,7 @@ class _Common(Strict):
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputs | None = None
     """Extension: constrain the output to a JSON schema, any JSON object, a regex or a Lark grammar."""
-    speculative: dict[str, Any] | None = None
+    speculative: SpeculativeOptions | None = None
     """Extension: this request's speculation within the engine's: ``{"enabled": false}``,
     ``{"num_speculative_tokens": n}`` (n at most the engine's), ``{"adaptive": false}``."""
     presence_penalty: float = Field(0.0, ge=0, le=0)

@@ -53,6 +53,8 @@ def messages_of(req: ChatCompletionRequest) -> list[dict[str, Any]]:
 def sampling_params(req: CompletionRequest | ChatCompletionRequest, default_max_tokens: int) -> SamplingParams:
     """The request's SamplingParams; a value it refuses is a 400 with its message."""
     kwargs: dict[str, Any] = {f: getattr(req, f) for f in _SAMPLING_FIELDS if getattr(req, f) is not None}
+    if req.speculative is not None:  # only the keys the client sent: SamplingParams checks them
+        kwargs["speculative"] = req.speculative.model_dump(exclude_unset=True)
     max_tokens = req.max_tokens
     if isinstance(req, ChatCompletionRequest):
         if req.max_completion_tokens is not None:

@@ -18,12 +18,13 @@ def complete(server, **body) -> httpx.Response:
 
 
 @pytest.mark.parametrize("value,message", [
-    ({"enable": False}, "SamplingParams.speculative has unknown key(s) 'enable'; allowed keys: enabled, "
-                        "num_speculative_tokens, adaptive"),
+    ({"enable": False}, "unknown field 'speculative.enable'; remove it"),
     ({"num_speculative_tokens": 9}, "SamplingParams.speculative.num_speculative_tokens=9 exceeds the engine's "
                                     "speculative.num_speculative_tokens=3"),
-    ({"adaptive": 1}, "SamplingParams.speculative.adaptive=1 must be a bool, got int"),
-    ("off", "field 'speculative': Input should be a valid dictionary (got 'off')"),
+    ({"adaptive": 1}, "field 'speculative.adaptive': Input should be a valid boolean (got 1)"),
+    ({"num_speculative_tokens": -1}, "field 'speculative.num_speculative_tokens': Input should be greater than or "
+                                     "equal to 0 (got -1)"),
+    ("off", "field 'speculative': Input should be a valid dictionary or object to extract fields from (got 'off')"),
 ])
 def test_a_setting_the_engine_cannot_honour_is_a_400_naming_the_field(server, value, message):
     r = complete(server, speculative=value)
