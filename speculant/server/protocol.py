@@ -49,6 +49,7 @@ def _bool_only(value: Any) -> Any:
 # integer types: the range before the validator, or pydantic writes it as "ge"/"le", which JSON Schema ignores
 _Integral = BeforeValidator(_integral)
 TokenId = Annotated[int, Field(ge=0), _Integral]
+Count = Annotated[int, Field(ge=0), _Integral]
 PositiveInt = Annotated[int, Field(ge=1), _Integral]
 OnlyOne = Annotated[int, Field(ge=1, le=1), _Integral]
 TopK = Annotated[int, Field(ge=-1, le=MAX_TOP_K), _Integral]
@@ -124,7 +125,7 @@ class SpeculativeOptions(Strict):
 
     enabled: bool = True
     """false: this request never speculates (its proposer does no work for it)."""
-    num_speculative_tokens: int | None = Field(None, ge=0)
+    num_speculative_tokens: Count | None = None
     """At most this many proposals per step (at most the engine's k; 0 turns speculation off)."""
     adaptive: bool = True
     """false: always num_speculative_tokens (or the engine's k), whatever the draft-length policy chooses."""
