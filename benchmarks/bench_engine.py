@@ -358,12 +358,13 @@ def bench_forward(cfg: dict, model_dir: Path, hf, backends: list[str]) -> dict[s
     keep_alive = []
     for lb in backends:
         llm = load_speculant(model_dir, linear_backend=lb, kv_cache_memory_gb=0.25)
-        runner = llm.engine.view  # the runner with the engine's blocks
-        table = runner.block_manager.allocate("bench-forward", prefix_len + max(ts))
-        runner.forward([QuerySpan(table, 0, ids[:prefix_len], [prefix_len - 1])])  # fill the prefix
+        runner = llm.engine.view  # the target as plugins see it, on the engine's blocks
+        seq, _ = runner.open_sequence("bench-forward")
+        runner.grow(seq, prefix_len + max(ts))
+        runner.forward([QuerySpan(seq, 0, ids[:prefix_len], [prefix_len - 1])])  # fill the prefix
         calls[f"speculant_{lb}"] = {
-            t: (lambda t=t, r=runner, tb=table: r.forward(
-                [QuerySpan(tb, prefix_len, ids[prefix_len:prefix_len + t], list(range(t)))]))
+            t: (lambda t=t, r=runner, sq=seq: r.forward(
+                [QuerySpan(sq, prefix_len, ids[prefix_len:prefix_len + t], list(range(t)))]))
             for t in ts}
         keep_alive.append(llm)
     cache = DynamicCache(config=hf.config)

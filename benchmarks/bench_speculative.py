@@ -103,11 +103,11 @@ def forward_times(runner, ctx: int, sizes: list[int], repeats: int, seed: int = 
     Sizes are interleaved call by call so load drift hits them alike."""
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, runner.vocab_size, (ctx + max(sizes),), generator=g).tolist()
-    rid = "__bench_forward_times__"
-    table = runner.block_manager.allocate(rid, ctx + max(sizes))
+    seq, _ = runner.open_sequence("bench forward times")
     try:
-        runner.forward([QuerySpan(table, 0, ids[:ctx], [])])  # a real cached prefix
-        spans = {n: QuerySpan(table, ctx, ids[ctx:ctx + n], list(range(n))) for n in sizes}
+        runner.grow(seq, ctx + max(sizes))
+        runner.forward([QuerySpan(seq, 0, ids[:ctx], [])])  # a real cached prefix
+        spans = {n: QuerySpan(seq, ctx, ids[ctx:ctx + n], list(range(n))) for n in sizes}
         for n in sizes:  # warm-up: first call of a shape primes oneDNN
             runner.forward([spans[n]])
             runner.forward([spans[n]])
@@ -119,7 +119,7 @@ def forward_times(runner, ctx: int, sizes: list[int], repeats: int, seed: int = 
                 out[n].append(time.perf_counter() - t0)
         return out
     finally:
-        runner.block_manager.free(rid)
+        runner.free(seq)
 
 
 # --- 2. speculation at bs = 1 -------------------------------------------------------
@@ -290,7 +290,7 @@ def run_speculation(target: Path, draft: Path, s: dict, fwd: dict, prompt: list[
 
 
 # --- 3. scorers ---------------------------------------------------------------------
-def scorer_batch(runner, bs: int, ctx: int, k: int, seed: int = 0) -> tuple[StepBatch, Proposals, list[str]]:
+def scorer_batch(eng: LLMEngine, bs: int, ctx: int, k: int, seed: int = 0) -> tuple[StepBatch, Proposals, list[str]]:
     """``bs`` decodes at context ``ctx``, each with k random proposals. KV
     contents are whatever the pool holds: attention cost does not depend on
     values, and both scorers read the same cache."""
@@ -299,16 +299,17 @@ def scorer_batch(runner, bs: int, ctx: int, k: int, seed: int = 0) -> tuple[Step
     ids = []
     for i in range(bs):
         rid = f"__bench_scorer_{bs}_{i}__"
-        toks = torch.randint(0, runner.vocab_size, (ctx,), generator=g).tolist()
+        toks = torch.randint(0, eng.view.vocab_size, (ctx,), generator=g).tolist()
         req = Request(request_id=rid, prompt=None, prompt_token_ids=toks[:-1], params=greedy(64),
                       seed=0)
         req.token_ids = list(toks)
         req.status = RequestStatus.RUNNING
         req.num_computed_tokens = ctx - 1
-        table = runner.block_manager.allocate(rid, ctx + k)
+        table = eng.blocks.allocate(rid, ctx + k)
         batch.decodes.append(ScheduledRequest(req, 1, k, table))
         ids.append(rid)
-    rows = torch.randint(0, runner.vocab_size, (bs, k), generator=g).tolist()
+    rows = torch.randint(0, eng.view.vocab_size, (bs, k), generator=g).tolist()
+    eng.view.begin_step(batch.decodes)  # the scorers' handles on these sequences
     return batch, Proposals.from_lists(rows), ids
 
 
@@ -322,7 +323,8 @@ def run_scorers(target: Path, s: dict) -> dict[str, Any]:
     scorers = {name: reg.get("scorer", name)() for name in ("mqa", "batch_expansion")}
     rows = []
     for bs in SCORER_BS:
-        batch, props, ids = scorer_batch(runner, bs, s["scorer_ctx"], k)
+        engine_batch, props, ids = scorer_batch(eng, bs, s["scorer_ctx"], k)
+        batch = engine_batch.view()
         try:
             outs = {n: sc.score(runner, batch, props) for n, sc in scorers.items()}  # warm-up
             outs = {n: sc.score(runner, batch, props) for n, sc in scorers.items()}
@@ -334,8 +336,9 @@ def run_scorers(target: Path, s: dict) -> dict[str, Any]:
                     sc.score(runner, batch, props)
                     times[n].append(time.perf_counter() - t0)
         finally:
+            runner.end_step()
             for rid in ids:
-                runner.block_manager.free(rid)
+                eng.blocks.free(rid)
         mqa, be = median(times["mqa"]), median(times["batch_expansion"])
         rows.append({"bs": bs, "k": k, "query_tokens": bs * (k + 1), "mqa_ms": 1e3 * mqa, "be_ms": 1e3 * be,
                      "mqa_over_be": mqa / be,

@@ -41,7 +41,7 @@ class RejectionSampler(AcceptanceMethod):
     """
 
     name = "rejection"
-    api_version = "2.0"
+    api_version = "3.0"
     capabilities = AcceptanceCapabilities(needs_draft_probs=False, lossless=True, supports_sampling=True,
                                           supports_structured_output=True)
 

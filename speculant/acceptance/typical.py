@@ -51,7 +51,7 @@ class TypicalAcceptance(AcceptanceMethod):
     """
 
     name = "typical"
-    api_version = "2.0"
+    api_version = "3.0"
     capabilities = AcceptanceCapabilities(needs_draft_probs=False, lossless=False, supports_sampling=True,
                                           supports_structured_output=True)
     Options: ClassVar[type[BaseModel]] = TypicalOptions

@@ -67,7 +67,7 @@ def save_continuations(path: str | Path, pairs: list[tuple[list[int], list[int]]
 
 class OracleProposer(Proposer):
     name = "oracle"
-    api_version = "2.0"
+    api_version = "3.0"
     capabilities = ProposerCapabilities(
         needs_target_hidden_states=False, supports_chunked_prefill=True, draft_probs="one_hot",
         max_num_speculative_tokens=None, supports_prefix_caching=True)

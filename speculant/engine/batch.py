@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from speculant.engine.request import Request
 from speculant.interfaces import batch as views
+from speculant.interfaces.sequence import SequenceHandle
 
 
 @dataclass(slots=True)
@@ -29,6 +30,8 @@ class ScheduledRequest:
     num_spec_tokens: int = 0
     block_table: list[int] = field(default_factory=list)
     """The request's KV block ids (the scheduler's, after it allocated this step's slots)."""
+    sequence: SequenceHandle | None = None
+    """The handle plugins name the request's KV by this step (``SequenceRunner.begin_step``)."""
     start: int = field(init=False)
     """Position of the first token fed this step."""
     samples: bool = field(init=False)
@@ -54,7 +57,7 @@ class ScheduledRequest:
     def view(self) -> views.ScheduledRequest:
         """This entry as plugins see it (read-only)."""
         return views.ScheduledRequest(self.request.view, self.num_new_tokens, self.num_spec_tokens, self.start,
-                                      self.samples, self.reports, tuple(self.block_table))
+                                      self.samples, self.reports, self.sequence)
 
 
 @dataclass(slots=True)

@@ -170,14 +170,55 @@ class BlockManager:
         become cached (the tail queued for eviction before the head), the others empty."""
         self._num_keyed.pop(seq_id, None)
         for block in reversed(self._tables.pop(seq_id, ())):
-            self._ref[block] -= 1
-            if self._ref[block]:
+            self._release(block)
+
+    def fork(self, parent_id: str, child_id: str, num_tokens: int) -> None:
+        """Start ``child_id`` sharing the blocks that hold ``parent_id``'s first
+        ``num_tokens`` positions (each gains a reference; ``unshare`` copies one
+        before either sequence writes into it)."""
+        if child_id in self._tables:
+            raise ValueError(f"sequence {child_id!r} already holds blocks; fork into a new sequence id")
+        shared = self._tables.get(parent_id, [])[:self.num_blocks_for(num_tokens)]
+        for b in shared:
+            self._ref[b] += 1
+        self._tables[child_id] = list(shared)
+
+    def unshare(self, seq_id: str, start: int, end: int) -> list[tuple[int, int]]:
+        """Before ``seq_id`` writes positions ``start .. end - 1``: give it a
+        block of its own in place of each one there that another sequence also
+        holds or that is keyed (cached content is never written), and return
+        the ``(old, new)`` pairs whose K/V the caller copies."""
+        table = self._tables.get(seq_id, [])
+        pairs = []
+        for i in range(start // self.block_size, min(len(table), self.num_blocks_for(end))):
+            old = table[i]
+            if self._ref[old] == 1 and self._key[old] is None:
                 continue
-            if self._key[block] is not None:
-                self._cached[block] = None
-            else:
-                self._is_free[block] = True
-                self._num_free += 1
+            if self.num_free_blocks < 1:
+                raise KVPoolExhausted(f"sequence {seq_id!r} needs a KV block of its own to write into "
+                                      f"(block {old} is shared), and none is free")
+            if not self._num_free:
+                self._evict()
+            new = self._is_free.index(True)
+            self._is_free[new] = False
+            self._num_free -= 1
+            self._ref[new] = 1
+            table[i] = new
+            self._num_keyed[seq_id] = min(self._num_keyed.get(seq_id, 0), i)
+            self._release(old)
+            pairs.append((old, new))
+        return pairs
+
+    def _release(self, block: int) -> None:
+        """Drop one reference to ``block``: keyed, unreferenced blocks become cached, others empty."""
+        self._ref[block] -= 1
+        if self._ref[block]:
+            return
+        if self._key[block] is not None:
+            self._cached[block] = None
+        else:
+            self._is_free[block] = True
+            self._num_free += 1
 
     def block_table(self, seq_id: str) -> list[int]:
         return self._tables.get(seq_id, [])

@@ -30,7 +30,7 @@ import torch
 
 from speculant.config.models import AdaptiveDraftLengthConfig, EngineConfig
 from speculant.engine.cost_model import CostCurve, CostModel, measure_curve
-from speculant.engine.runner_view import PluginRunner
+from speculant.engine.runner_view import SequenceRunner
 from speculant.model.kernels.build import cache_root
 from speculant.model.runner import ModelRunner
 
@@ -121,7 +121,7 @@ def write_curve(path: Path, key: dict[str, Any], curve: CostCurve) -> None:
         logger.warning("could not cache the cost model in %s (%s); it is measured again at the next load", path, exc)
 
 
-def load_cost_model(config: EngineConfig, view: PluginRunner) -> CostModel:
+def load_cost_model(config: EngineConfig, runner: ModelRunner, view: SequenceRunner) -> CostModel:
     """The adaptive policy's figures for ``config`` on the target ``view`` (module
     docstring); a measurement borrows blocks of its idle pool and gives them back."""
     dl = config.speculative.draft_length
@@ -130,7 +130,6 @@ def load_cost_model(config: EngineConfig, view: PluginRunner) -> CostModel:
     token_cost = dl.token_cost if dl.token_cost is not None else _env_figure(TOKEN_COST_ENV, 1)
     if token_cost is not None:
         return CostModel(CostCurve.linear(token_cost), draft_cost)
-    runner: ModelRunner = view.runner
     key = cost_key(config, runner)
     path = cache_file(key)
     curve = read_curve(path, key)

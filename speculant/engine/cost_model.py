@@ -82,12 +82,11 @@ def measure_curve(runner: RunnerView, max_rows: int, *, ctx: int = 64, rounds: i
     sizes = [n for n in MEASURE_SIZES if n <= max_rows] or [1]
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, runner.vocab_size, (ctx + sizes[-1],), generator=g).tolist()
-    rid = "__speculant_cost_model__"
-    blocks = runner.block_manager
-    table = blocks.allocate(rid, ctx + sizes[-1])
+    seq, _ = runner.open_sequence("cost model")
     try:
-        runner.forward([QuerySpan(table, 0, ids[:ctx], [])])
-        spans = {n: QuerySpan(table, ctx, ids[ctx:ctx + n], list(range(n))) for n in sizes}
+        runner.grow(seq, ctx + sizes[-1])
+        runner.forward([QuerySpan(seq, 0, ids[:ctx], [])])
+        spans = {n: QuerySpan(seq, ctx, ids[ctx:ctx + n], list(range(n))) for n in sizes}
         for n in sizes:  # warm-up: a shape's first call primes the linear backend
             runner.forward([spans[n]])
         times: dict[int, list[float]] = {n: [] for n in sizes}
@@ -98,7 +97,7 @@ def measure_curve(runner: RunnerView, max_rows: int, *, ctx: int = 64, rounds: i
                 _sync(runner)
                 times[n].append(clock() - t0)
     finally:
-        blocks.free(rid)
+        runner.free(seq)
     t1 = min(times[1])
     ratios = [min(times[n]) / t1 if t1 > 0 else 1.0 for n in sizes]
     return CostCurve(tuple(sizes), (1.0, *ratios[1:]), t1)

@@ -30,7 +30,7 @@ from speculant.engine.inbox import Inbox
 from speculant.engine.prefix_caching import PrefixCache
 from speculant.engine.proposer_guard import ProposerGuard
 from speculant.engine.request import Request, RequestOutput, RequestStatus, SpecStats
-from speculant.engine.runner_view import PluginRunner
+from speculant.engine.runner_view import SequenceRunner
 from speculant.engine.scheduler import Scheduler
 from speculant.engine.spec_accounting import account_step
 from speculant.engine.spec_components import SpecComponents, build_spec_components, resolve_backend
@@ -62,7 +62,7 @@ class LLMEngine:
         self.decoder = TextDecoder.for_tokenizer(self.tokenizer, self._detokenize)
         self.max_model_len = self.runner.max_model_len
         self.blocks = BlockManager(self.runner.num_blocks, self.runner.block_size)  # the target's KV bookkeeping
-        self.view = PluginRunner(self.runner, self.blocks)  # the target as plugins see it (RunnerView)
+        self.view = SequenceRunner(self.runner, self.blocks, "target")  # the target as scorers see it (RunnerView)
         prefix = PrefixCache(self.blocks, config.model.path, config.model.gguf_file, config.model.dtype,
                              config.model.quantization) if config.cache.enable_prefix_caching else None
         self.scheduler = Scheduler(config.scheduler, self.blocks, self.max_model_len, prefix)
@@ -70,7 +70,7 @@ class LLMEngine:
         self.spec: SpecComponents = build_spec_components(config, self.runner, registry)
         self.cost: CostModel | None = None  # the adaptive policy's figures (measured at load, or configured)
         if self.spec.proposer is not None and config.speculative.draft_length.policy == "adaptive":
-            self.cost = load_cost_model(config, self.view)
+            self.cost = load_cost_model(config, self.runner, self.view)
         self.draft_length: DraftLengthPolicy = build_draft_length_policy(config.speculative, self.cost)
         self._counter = itertools.count()
         self._requests: dict[str, Request] = {}  # every unfinished request, queued ones included
@@ -281,12 +281,15 @@ class LLMEngine:
             return []
         parts = StepParts(self.view, proposer, self.spec.scorer, self.spec.acceptance, self.guard,
                           self.spec.want_hidden, self.decoder, self.stream_text, self._structured)
+        self.view.begin_step(batch.entries)  # each request's handle, for this step's plugins
         try:
             run = run_step(batch, parts)
         except Exception as exc:  # a fault of the step machinery itself: no one to blame
             logger.exception("engine step failed outside any request's computation")
             run = StepRun([], {i: failure(e, "the engine ran its step", exc) for i, e in enumerate(batch.entries)},
                           None, [], fallback="isolated")
+        finally:
+            self.view.end_step()
         for plan in run.plans:
             apply(plan)  # plain assignments: cannot fail halfway
         drafted = account_step(batch, run.plans, run.times.propose_s, proposer is not None)

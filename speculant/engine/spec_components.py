@@ -15,7 +15,7 @@ import torch
 
 from speculant.config.compat import resolve_attention_backend_name
 from speculant.config.models import CacheConfig, EngineConfig, ModelConfig
-from speculant.engine.runner_view import PluginRunner
+from speculant.engine.runner_view import SequenceRunner
 from speculant.interfaces import AcceptanceMethod, AttentionBackend, Proposer, ProposerContext, Scorer, TargetView
 from speculant.model.runner import ModelRunner
 
@@ -64,11 +64,11 @@ def target_view(runner: ModelRunner) -> TargetView:
     """What a proposer may read about the target (``ProposerContext.target``),
     and a factory for its own runner on the target's backend and KV geometry."""
 
-    def new_runner(model: ModelConfig, option: str = "speculative.proposer_options.model") -> PluginRunner:
+    def new_runner(model: ModelConfig, option: str = "speculative.proposer_options.model") -> SequenceRunner:
         # never more blocks than the target: a draft's cache covers at most the target's positions
         cache = CacheConfig(block_size=runner.block_size, num_blocks=runner.num_blocks)
-        return PluginRunner(ModelRunner(model, cache, runner.backend, path_option=option, tokenizer_option=option,
-                                        graph_limits=runner.graph_limits))  # with a block manager of its own
+        return SequenceRunner(ModelRunner(model, cache, runner.backend, path_option=option, tokenizer_option=option,
+                                        graph_limits=runner.graph_limits), name="proposer")  # own blocks
 
     return TargetView(
         tokenizer=runner.tokenizer, vocab_size=runner.vocab_size, device=runner.device, dtype=runner.model.dtype,

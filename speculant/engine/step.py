@@ -17,7 +17,7 @@ import torch
 
 from speculant.engine.batch import StepBatch
 from speculant.engine.proposer_guard import ProposerGuard
-from speculant.engine.runner_view import PluginRunner
+from speculant.engine.runner_view import SequenceRunner
 from speculant.interfaces import AcceptanceMethod, Proposals, Proposer, Scorer, Scores
 from speculant.interfaces import batch as views
 from speculant.interfaces.layout import score_flat
@@ -63,7 +63,7 @@ def propose(proposer: Proposer | None, batch: StepBatch, guard: ProposerGuard | 
     return guard.propose(proposer, batch.view())
 
 
-def score(scorer: Scorer | None, runner: PluginRunner, batch: StepBatch | views.StepBatch, proposals: Proposals,
+def score(scorer: Scorer | None, runner: SequenceRunner, batch: StepBatch | views.StepBatch, proposals: Proposals,
           want_hidden: bool = False) -> Scores:
     """The target's scores with ``scorer`` (None: the plain flat forward); it
     gets the batch's read-only view (``batch`` may be the engine's or a view)."""

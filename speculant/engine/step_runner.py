@@ -29,7 +29,7 @@ from speculant.engine.commit import Outcome, Plan, outcomes_of, plan
 from speculant.engine.detokenizer import TextDecoder
 from speculant.engine.grammar.step_masks import StepGrammar, StructuredOutputs
 from speculant.engine.proposer_guard import ProposerGuard
-from speculant.engine.runner_view import PluginRunner
+from speculant.engine.runner_view import SequenceRunner
 from speculant.engine.step import StepTimes, Timer, decide, propose, score
 from speculant.interfaces import AcceptanceMethod, Proposals, Proposer, Scorer, Scores
 
@@ -40,7 +40,7 @@ logger = logging.getLogger(__name__)
 class StepParts:
     """What a step runs with (the engine's current components)."""
 
-    runner: PluginRunner  # the target as plugins see it: its forward, its blocks
+    runner: SequenceRunner  # the target as plugins see it: its forward, its blocks
     proposer: Proposer | None
     scorer: Scorer | None
     acceptance: AcceptanceMethod | None

@@ -12,6 +12,7 @@
 - ``sampling_params``: each request's ``SamplingParams``;
 - ``views``: the protocols of what a plugin calls or reads (``RunnerView``,
   ``EngineConfigView``);
+- ``sequence``: the ``SequenceHandle`` naming a sequence's KV in a runner view;
 - ``layout``: how a step's batch becomes query spans and its logits ``Scores``;
 - ``version``: ``API_VERSION``, the contract's version a plugin declares.
 
@@ -44,6 +45,7 @@ from speculant.interfaces.components import (
 )
 from speculant.interfaces.kinds import PLUGIN_KINDS, Kind, PluginKind, UnknownPluginError
 from speculant.interfaces.sampling_params import SamplingParams
+from speculant.interfaces.sequence import SequenceHandle, SequenceHandleError
 from speculant.interfaces.version import API_VERSION, PluginVersionError, version_problem
 from speculant.interfaces.views import EngineConfigView, ForwardResult, RunnerView
 
@@ -64,7 +66,8 @@ __all__ = [
     "EngineConfigView",
     "ForwardResult", "Kind", "NoOptions", "PluginKind", "PluginVersionError", "Proposals", "Proposer",
     "ProposerCapabilities", "ProposerContext", "QuerySpan", "RequestView", "RunnerView", "SamplingParams",
-    "ScheduledRequest", "Scorer", "ScorerCapabilities", "Scores", "StepBatch", "TargetView", "TokenIds",
+    "ScheduledRequest", "Scorer", "ScorerCapabilities", "Scores", "SequenceHandle",
+    "SequenceHandleError", "StepBatch", "TargetView", "TokenIds",
     "UnknownPluginError", "decode_tokens", "gather_scores", "prefill_spans", "score_flat", "version_problem",
 ]
 _LAZY = {"data": ("PLACEHOLDER_TOKEN_ID", "AcceptedNodes", "AcceptedTokens", "Proposals", "QuerySpan", "Scores"),

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Protocol, overload
 
 if TYPE_CHECKING:
     from speculant.interfaces.sampling_params import SamplingParams
+    from speculant.interfaces.sequence import SequenceHandle
 
 
 class TokenIds(Sequence[int]):
@@ -179,8 +180,11 @@ class ScheduledRequest:
     reports: bool
     """The entry's last row goes into ``Scores`` (it samples, or it ends a
     recompute one token short, whose hidden state a proposer resumes from)."""
-    block_table: tuple[int, ...] = ()
-    """The target's KV blocks of this request (what a scorer's spans attend to)."""
+    sequence: SequenceHandle | None = None
+    """The request's sequence on the target's runner this step: what a
+    scorer's spans name (``QuerySpan.sequence``); the target's ``RunnerView``
+    refuses it once the step ends, and every other runner refuses it always.
+    None outside an engine step (a batch a test builds by hand)."""
 
     @property
     def request_id(self) -> str:

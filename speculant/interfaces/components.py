@@ -9,7 +9,7 @@ Engine objects appear through the views of ``views.py`` and ``batch.py``, so
 this package imports nothing of the layers above it.
 
 Every plugin class also declares the contract version it targets,
-``api_version = "2.0"`` (``version.py``): the registry refuses a class that
+``api_version = "3.0"`` (``version.py``): the registry refuses a class that
 declares none or another major version.
 """
 

@@ -6,8 +6,12 @@ built from. Tensors and lists in small dataclasses; no engine types.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from speculant.interfaces.sequence import SequenceHandle
 
 PLACEHOLDER_TOKEN_ID = -1
 
@@ -141,28 +145,15 @@ class AcceptedTokens:
     num_accepted: torch.Tensor  # [n] long, 0..lens[i]
 
 
-@dataclass(slots=True)
-class QuerySpan:
-    """A run of query tokens of one sequence.
+class SpanRun:
+    """What every span of query tokens has, whatever names its sequence: the
+    tokens, where they start, where logits are wanted, and how they attend."""
 
-    The tokens sit at ``positions`` (None: ``start .. start + len(token_ids) -
-    1``); they attend to the sequence's cached prefix (positions < start,
-    found through ``block_table``) and to each other as ``ancestor_mask``
-    says (None: causally, token i sees tokens 0..i). Several spans may share a
-    block table (batch expansion): all K/V of a forward are written before any
-    span attends, so a span sees the K/V its siblings write at lower positions.
-
-    A tree span (explicit positions that are not that run, or a mask) is
-    refused by this engine's runner with the reason, until tree attention
-    lands; chains are unchanged.
-    """
-
-    block_table: list[int]
+    __slots__ = ()
     start: int
     token_ids: list[int]
-    logits_at: list[int]  # offsets inside the span whose logits are needed
-    positions: list[int] | None = None  # [num_tokens] position of each token; None: start + offset
-    ancestor_mask: list[list[bool]] | None = None  # [num_tokens][num_tokens]: row i sees token j; None: causal
+    positions: list[int] | None
+    ancestor_mask: list[list[bool]] | None
 
     @property
     def num_tokens(self) -> int:
@@ -187,3 +178,30 @@ class QuerySpan:
     def end(self) -> int:
         """Context length after this span (positions < end are visible)."""
         return self.start + len(self.token_ids)
+
+
+@dataclass(slots=True)
+class QuerySpan(SpanRun):
+    """A run of query tokens of one sequence, named by its handle.
+
+    ``sequence`` is a ``SequenceHandle`` the same ``RunnerView`` issued (a
+    proposer's own sequences, or, for a scorer, the step's
+    ``ScheduledRequest.sequence``); the runner refuses any other. The tokens
+    sit at ``positions`` (None: ``start .. start + len(token_ids) - 1``); they
+    attend to the sequence's cached prefix (positions < start) and to each
+    other as ``ancestor_mask`` says (None: causally, token i sees tokens
+    0..i). Several spans may name one sequence (batch expansion): all K/V of a
+    forward are written before any span attends, so a span sees the K/V its
+    siblings write at lower positions.
+
+    A tree span (explicit positions that are not that run, or a mask) is
+    refused by this engine's runner with the reason, until tree attention
+    lands; chains are unchanged.
+    """
+
+    sequence: SequenceHandle
+    start: int
+    token_ids: list[int]
+    logits_at: list[int]  # offsets inside the span whose logits are needed
+    positions: list[int] | None = None  # [num_tokens] position of each token; None: start + offset
+    ancestor_mask: list[list[bool]] | None = None  # [num_tokens][num_tokens]: row i sees token j; None: causal

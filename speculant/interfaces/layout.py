@@ -17,17 +17,21 @@ from speculant.interfaces.data import Proposals, QuerySpan, Scores
 
 if TYPE_CHECKING:
     from speculant.interfaces.batch import ScheduledRequest, StepBatch
+    from speculant.interfaces.sequence import SequenceHandle
     from speculant.interfaces.views import ForwardResult, RunnerView
 
 
-def block_table(entry: ScheduledRequest) -> list[int]:
-    """The entry's block table, as the scheduler put it into the batch (a copy)."""
-    return list(entry.block_table)
+def sequence(entry: ScheduledRequest) -> SequenceHandle:
+    """The entry's sequence on the target's runner this step (what its spans name)."""
+    if entry.sequence is None:
+        raise ValueError(f"scheduled request {entry.request_id!r} carries no sequence handle: a batch is "
+                         "scored only inside the engine's step, which issues one per request")
+    return entry.sequence
 
 
 def prefill_spans(runner: RunnerView, batch: StepBatch) -> list[QuerySpan]:
     return [
-        QuerySpan(block_table(p), p.start, p.new_token_ids, [p.num_new_tokens - 1] if p.reports else [])
+        QuerySpan(sequence(p), p.start, p.new_token_ids, [p.num_new_tokens - 1] if p.reports else [])
         for p in batch.prefills
     ]
 
@@ -40,7 +44,7 @@ def decode_tokens(batch: StepBatch, proposals: Proposals) -> list[list[int]]:
 def flat_decode_spans(runner: RunnerView, batch: StepBatch, proposals: Proposals) -> list[QuerySpan]:
     spans = []
     for d, tokens in zip(batch.decodes, decode_tokens(batch, proposals)):
-        spans.append(QuerySpan(block_table(d), d.start, tokens, list(range(len(tokens)))))
+        spans.append(QuerySpan(sequence(d), d.start, tokens, list(range(len(tokens)))))
     return spans
 
 

@@ -1,6 +1,12 @@
-"""Tensor form of a forward's query spans, computed once per forward and
-shared by the model runner (positions, slot mapping) and attention backends
-(per-sequence lengths, block tables)."""
+"""A forward's query spans as the model runner and attention backends see
+them: ``PagedSpan`` (a span with its sequence's block table, which the
+engine's ``RunnerView`` resolves from a plugin's ``QuerySpan`` handle after
+checking it), and their tensor form, computed once per forward and shared by
+the model runner (positions, slot mapping) and attention backends
+(per-sequence lengths, block tables).
+
+Only attention backends and the engine see block tables; proposers and
+scorers name sequences by handle (``views.SequenceHandle``)."""
 
 from __future__ import annotations
 
@@ -8,7 +14,21 @@ from dataclasses import dataclass
 
 import torch
 
-from speculant.interfaces.data import QuerySpan
+from speculant.interfaces.data import SpanRun
+
+
+@dataclass(slots=True)
+class PagedSpan(SpanRun):
+    """A run of query tokens of one sequence, with the sequence's KV block ids
+    (position p lives in block ``block_table[p // block_size]``); otherwise as
+    ``QuerySpan``."""
+
+    block_table: list[int]
+    start: int
+    token_ids: list[int]
+    logits_at: list[int]  # offsets inside the span whose logits are needed
+    positions: list[int] | None = None  # [num_tokens]; None: start + offset
+    ancestor_mask: list[list[bool]] | None = None  # [num_tokens][num_tokens]; None: causal
 
 
 @dataclass(slots=True)
@@ -31,7 +51,7 @@ class SpanTensors:
         return self.query_lens.shape[0]
 
     @classmethod
-    def build(cls, spans: list[QuerySpan], block_size: int, device: torch.device) -> SpanTensors:
+    def build(cls, spans: list[PagedSpan], block_size: int, device: torch.device) -> SpanTensors:
         # plain Python lists first, one tensor per field at the end: for the few
         # tokens of a decode step this is ~3x cheaper than a chain of small tensor ops
         qlens = [s.num_tokens for s in spans]

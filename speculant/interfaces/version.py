@@ -4,18 +4,25 @@
 written for the previous one may break (a method's arguments change, a view
 loses a field); the minor number when the contract only grows. Every plugin
 class declares the version it was written for as a class attribute,
-``api_version = "2.0"``; the registry refuses a class that declares none or
+``api_version = "3.0"``; the registry refuses a class that declares none or
 another major version, with a message that says what to change.
 
 History: 1 (no declaration) handed plugins the engine's own request objects
 and chain-only data; 2 hands them read-only views, tree-ready ``Proposals``
 (``parents``), ``commit`` with accepted node indices, and ``QuerySpan`` with
-explicit positions and an ancestor mask.
+explicit positions and an ancestor mask; 3 takes the KV allocator away from
+plugins: ``RunnerView.block_manager`` is gone and a ``QuerySpan`` names a
+``SequenceHandle`` the runner issued (``open_sequence``, ``grow``, ``fork``,
+``free``, ``cache_prefix``; a scorer's are ``ScheduledRequest.sequence``)
+instead of a block table, and the runner refuses any handle it does not hold.
+A plugin that allocated blocks or built spans from block tables breaks, so
+the major number changed; one that never called the runner only updates its
+``api_version``.
 """
 
 from __future__ import annotations
 
-API_VERSION = "2.0"
+API_VERSION = "3.0"
 
 
 class PluginVersionError(TypeError):

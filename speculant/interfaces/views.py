@@ -5,8 +5,10 @@ engine config, which live in layers above this one. Naming those classes here
 would close an import circle (the engine imports the contract), so the
 contract names them through the views below:
 
-- ``RunnerView``: the part of a model runner a scorer or a proposer calls
-  (``speculant.model.runner.ModelRunner`` implements it);
+- ``RunnerView``: the part of a model runner a scorer or a proposer calls,
+  with the ``SequenceHandle``s that name its sequences
+  (``speculant.engine.runner_view.SequenceRunner`` implements it over the
+  model runner and a block manager);
 - ``StepBatchView``: the read-only ``speculant.interfaces.batch.StepBatch``
   the engine builds for its plugins each step;
 - ``EngineConfigView``: what a plugin may read of the validated engine config
@@ -18,6 +20,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from speculant.interfaces.batch import StepBatch
+from speculant.interfaces.sequence import SequenceHandle
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -111,42 +114,24 @@ class ForwardResult(Protocol):
         ...
 
 
-class BlockTables(Protocol):
-    """A runner's KV block allocator, as its callers use it."""
+class RunnerView(Protocol):
+    """A model runner as a plugin drives it: sequences whose KV the runner
+    allocates, grows, forks and frees, and one forward over query spans that
+    name them.
+
+    A proposer's own runner (``TargetView.new_runner``) holds only the
+    sequences the proposer opened; the target's runner, as a scorer gets it,
+    holds the sequences of the step being scored (``ScheduledRequest.sequence``)
+    until that step ends. Any other handle (another view's, a freed one, one
+    of a finished step, one built by hand) is a ``SequenceHandleError`` naming
+    it and the fix, and the forward reads and writes nothing. Blocks two
+    sequences share after ``fork`` are copied before either writes into them.
+    """
 
     @property
-    def block_size(self) -> int:
-        """Tokens per block."""
+    def name(self) -> str:
+        """This view's name (it appears in its handles and errors)."""
         ...
-
-    def can_allocate(self, seq_id: str, num_tokens: int, prefix: Sequence[int] = ()) -> bool:
-        """Whether ``allocate`` with these arguments would succeed."""
-        ...
-
-    def allocate(self, seq_id: str, num_tokens: int, prefix: Sequence[int] = ()) -> list[int]:
-        """Grow ``seq_id``'s block table to hold ``num_tokens`` and return it; a
-        new sequence may start with ``prefix``, cached blocks it shares."""
-        ...
-
-    def match_prefix(self, keys: Sequence[bytes]) -> list[int]:
-        """The cached blocks holding ``keys[0], keys[1], ...``, up to the first missing one."""
-        ...
-
-    def cache_blocks(self, seq_id: str, keys: Sequence[bytes], num_full: int) -> None:
-        """Key ``seq_id``'s first ``num_full`` blocks (full of committed tokens' K/V) with ``keys``."""
-        ...
-
-    def free(self, seq_id: str) -> None:
-        """Release every block of ``seq_id``."""
-        ...
-
-    def block_table(self, seq_id: str) -> list[int]:
-        """``seq_id``'s block ids, in sequence order."""
-        ...
-
-
-class RunnerView(Protocol):
-    """A model runner: one forward over flattened query spans on a paged cache."""
 
     @property
     def vocab_size(self) -> int:
@@ -154,11 +139,43 @@ class RunnerView(Protocol):
         ...
 
     @property
-    def block_manager(self) -> BlockTables:
-        """The allocator of the runner's KV blocks."""
+    def block_size(self) -> int:
+        """Tokens per KV block (the unit of prefix sharing)."""
+        ...
+
+    def open_sequence(self, label: str = "", prefix_keys: Sequence[bytes] = ()) -> tuple[SequenceHandle, int]:
+        """A new, empty sequence, and how many leading tokens it already holds:
+        with ``prefix_keys`` (a request's ``block_hashes``) it starts with the
+        cached blocks holding them, up to the first missing one (whole blocks;
+        0 without keys)."""
+        ...
+
+    def can_grow(self, sequence: SequenceHandle, num_tokens: int) -> bool:
+        """Whether ``grow(sequence, num_tokens)`` would find room."""
+        ...
+
+    def grow(self, sequence: SequenceHandle, num_tokens: int) -> None:
+        """Give ``sequence`` KV slots for positions ``0 .. num_tokens - 1`` (a
+        no-op where it has them). A forward may write only where it has slots."""
+        ...
+
+    def fork(self, sequence: SequenceHandle, num_tokens: int, label: str = "") -> SequenceHandle:
+        """A new sequence whose first ``num_tokens`` positions hold ``sequence``'s
+        K/V (shared, copied on write); the parent is unchanged and either may
+        be freed first."""
+        ...
+
+    def free(self, sequence: SequenceHandle) -> None:
+        """Release ``sequence``'s KV; its handle is refused from then on."""
+        ...
+
+    def cache_prefix(self, sequence: SequenceHandle, keys: Sequence[bytes], num_full_blocks: int) -> None:
+        """Key ``sequence``'s first ``num_full_blocks`` blocks, each full of
+        committed tokens' K/V, with ``keys`` so a later ``open_sequence`` may
+        share them."""
         ...
 
     def forward(self, spans: list[QuerySpan], want_hidden: bool = False) -> ForwardResult:
-        """Run the model over ``spans`` (their K/V written to the cache) and
-        return logits at each span's ``logits_at`` rows."""
+        """Run the model over ``spans`` (their K/V written to their sequences)
+        and return logits at each span's ``logits_at`` rows."""
         ...

@@ -28,7 +28,8 @@ from typing import Protocol
 
 import torch
 
-from speculant.interfaces import AttentionBackend, QuerySpan
+from speculant.interfaces import AttentionBackend
+from speculant.interfaces.span_tensors import PagedSpan
 from speculant.model.attention.context import ForwardContext, forward_context
 from speculant.model.graph_buffers import StaticSpans, host_refill
 
@@ -158,7 +159,7 @@ class GraphedForward:
         self.replays = 0
         self.eager_runs = 0
 
-    def key(self, spans: list[QuerySpan]) -> tuple[int, int] | None:
+    def key(self, spans: list[PagedSpan]) -> tuple[int, int] | None:
         """The graph key of a forward over ``spans``, None where it runs eagerly."""
         total = sum(s.num_tokens for s in spans)
         if total > self.buckets[-1] or len(spans) >= self.num_span_slots:
@@ -167,7 +168,7 @@ class GraphedForward:
         key = (bucket, query_cap(max(s.num_tokens for s in spans), bucket))
         return None if key in self.failed else key
 
-    def run(self, spans: list[QuerySpan]) -> torch.Tensor | None:  # -> [Tb, H] hidden states, or None: run eagerly
+    def run(self, spans: list[PagedSpan]) -> torch.Tensor | None:  # -> [Tb, H] hidden states, or None: run eagerly
         key = self.key(spans)
         if key is None:
             self.eager_runs += 1

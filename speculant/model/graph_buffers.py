@@ -23,8 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from speculant.interfaces import QuerySpan
-from speculant.interfaces.span_tensors import SpanTensors
+from speculant.interfaces.span_tensors import PagedSpan, SpanTensors
 
 TOKEN_ROWS = ("token_ids", "positions", "slot_mapping", "seq_index")
 SPAN_ROWS = ("query_lens", "cu_query_lens", "starts", "seq_lens")
@@ -41,7 +40,7 @@ class Refill:
     bucket: int  # Tb
 
 
-def host_refill(spans: list[QuerySpan], block_size: int, bucket: int, num_span_slots: int,
+def host_refill(spans: list[PagedSpan], block_size: int, bucket: int, num_span_slots: int,
                 trash_slot: int) -> Refill:
     """The padded static layout of ``spans`` (module docstring) as CPU tensors."""
     n = len(spans)

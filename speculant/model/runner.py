@@ -1,6 +1,7 @@
 """Drive a Hugging Face causal LM over flattened, paged batches.
 
-A forward takes a list of ``QuerySpan``s, lays their tokens out as one row of
+A forward takes a list of ``PagedSpan``s (block tables resolved by the
+engine's ``RunnerView`` from a plugin's sequence handles), lays their tokens out as one row of
 ``T`` tokens with explicit positions, writes K/V into the paged cache through
 the attention seam and returns logits (and optionally final hidden states)
 only at the requested offsets.
@@ -14,8 +15,8 @@ from dataclasses import dataclass
 import torch
 
 from speculant.config.models import CacheConfig, ModelConfig, resolve_device
-from speculant.interfaces import AttentionBackend, QuerySpan
-from speculant.interfaces.span_tensors import SpanTensors
+from speculant.interfaces import AttentionBackend
+from speculant.interfaces.span_tensors import PagedSpan, SpanTensors
 from speculant.model import cuda_graphs
 from speculant.model.attention.context import ForwardContext, forward_context
 from speculant.model.attention.hf_seam import SEAM_NAME
@@ -260,7 +261,7 @@ class ModelRunner:
         """Graphs run the base model and apply the output embedding eagerly: refuse
         a model whose logits are more than that projection of the hidden states."""
         n = min(3, self.block_size)
-        span = QuerySpan(block_table=[self.trash_block], start=0, token_ids=list(range(n)), logits_at=list(range(n)))
+        span = PagedSpan(block_table=[self.trash_block], start=0, token_ids=list(range(n)), logits_at=list(range(n)))
         with torch.inference_mode():
             out = self._eager_forward([span], want_hidden=True)
             assert out.hidden_states is not None
@@ -270,9 +271,20 @@ class ModelRunner:
                     "(a logit scale or soft-cap?), which the graphed forward assumes")
         return None
 
+    @torch.inference_mode()
+    def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
+        """Copy every layer's K/V of block ``src`` into block ``dst``, for each
+        ``(src, dst)`` (copy-on-write of a block two sequences share)."""
+        if not pairs:
+            return
+        src = torch.tensor([a for a, _ in pairs], dtype=torch.long, device=self.device)
+        dst = torch.tensor([b for _, b in pairs], dtype=torch.long, device=self.device)
+        for cache in (*self.key_caches, *self.value_caches):
+            cache.index_copy_(0, dst, cache.index_select(0, src))
+
     # --- forward ---------------------------------------------------------
     @torch.inference_mode()
-    def forward(self, spans: list[QuerySpan], want_hidden: bool = False) -> ForwardOutput:
+    def forward(self, spans: list[PagedSpan], want_hidden: bool = False) -> ForwardOutput:
         check_spans(spans, self.block_size, self.num_blocks + 1, self.max_model_len)  # + the trash block
         if self.graphs is not None:
             rows = self.graphs.run(spans)  # [Tb, H] or None
@@ -280,7 +292,7 @@ class ModelRunner:
                 return self._head_output(spans, rows, want_hidden)
         return self._eager_forward(spans, want_hidden, self.fast_forward.decoder)
 
-    def _eager_forward(self, spans: list[QuerySpan], want_hidden: bool,
+    def _eager_forward(self, spans: list[PagedSpan], want_hidden: bool,
                        decoder: FastDecoder | None = None) -> ForwardOutput:
         st = SpanTensors.build(spans, self.block_size, self.device)
         metadata = self.backend.build_metadata(st)
@@ -306,7 +318,7 @@ class ModelRunner:
             self._captured_hidden = None
         return ForwardOutput(logits=out.logits[0].float(), hidden_states=hidden, token_hidden=every)
 
-    def _keep(self, spans: list[QuerySpan]) -> torch.Tensor:  # -> [R] long: the rows whose logits are needed
+    def _keep(self, spans: list[PagedSpan]) -> torch.Tensor:  # -> [R] long: the rows whose logits are needed
         keep: list[int] = []
         offset = 0
         for span in spans:
@@ -314,7 +326,7 @@ class ModelRunner:
             offset += span.num_tokens
         return torch.tensor(keep, dtype=torch.long, device=self.device)
 
-    def _head_output(self, spans: list[QuerySpan], rows: torch.Tensor,  # [Tb, H] final hidden states
+    def _head_output(self, spans: list[PagedSpan], rows: torch.Tensor,  # [Tb, H] final hidden states
                      want_hidden: bool, copy: bool = True) -> ForwardOutput:
         """Logits (and hidden states) from the base model's output rows; ``copy`` for a graph's
         static output, which the next replay overwrites."""

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from speculant.interfaces import QuerySpan
+from speculant.interfaces.span_tensors import PagedSpan
 from speculant.model.layer_reference import (
     Call,
     decoder_layers,
@@ -94,7 +94,7 @@ def _swap_to_reference(model: PreTrainedModel) -> str:
                             "so speculant cannot check its own attention against it")
 
 
-Forward = list[tuple[int, QuerySpan]]  # (test sequence, its span) in one engine forward
+Forward = list[tuple[int, PagedSpan]]  # (test sequence, its span) in one engine forward
 
 
 def _engine_forwards(runner, seqs: list[list[int]], fn: Callable[[Forward, torch.Tensor], None] | None,
@@ -106,10 +106,10 @@ def _engine_forwards(runner, seqs: list[list[int]], fn: Callable[[Forward, torch
     forwards: list[Forward] = [[], []]
     for i, (seq, table, split) in enumerate(zip(seqs, tables, _SPLITS)):
         split = min(split, len(seq) - 1) if len(seq) > 1 else 1
-        forwards[0].append((i, QuerySpan(table, 0, seq[:split], list(range(split)))))
+        forwards[0].append((i, PagedSpan(table, 0, seq[:split], list(range(split)))))
         if split < len(seq):
             rest = seq[split:]
-            forwards[1].append((i, QuerySpan(table, split, rest, list(range(len(rest))))))
+            forwards[1].append((i, PagedSpan(table, split, rest, list(range(len(rest))))))
     for spans in filter(None, forwards):
         if before is not None:
             before(spans)

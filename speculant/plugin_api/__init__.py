@@ -5,7 +5,7 @@
 This module re-exports the contract, ``speculant.interfaces``, and nothing
 else of speculant: the ``hookimpl`` marker that registers a plugin's classes
 and ``API_VERSION``, the version each plugin class declares it targets
-(``api_version = "2.0"``). ``speculant.plugin_api.testing`` is the
+(``api_version = "3.0"``). ``speculant.plugin_api.testing`` is the
 conformance kit a plugin package runs from its own tests.
 """
 

@@ -35,6 +35,7 @@ from speculant.interfaces import (
     ProposerContext,
     QuerySpan,
     Scores,
+    SequenceHandle,
 )
 from speculant.interfaces.batch import RequestView, StepBatch
 from speculant.model.loading.files import read_text_config
@@ -60,7 +61,7 @@ class DraftModelOptions(BaseModel):
 
 class DraftModelProposer(Proposer):
     name = "draft_model"
-    api_version = "2.0"
+    api_version = "3.0"
     capabilities = ProposerCapabilities(
         needs_target_hidden_states=False, supports_chunked_prefill=True, draft_probs="full",
         supports_prefix_caching=True)  # shares its own cached blocks under the target's keys, computes the rest
@@ -117,11 +118,13 @@ class DraftModelProposer(Proposer):
                 "draft and target must share one vocabulary")
         self._computed: dict[str, int] = {}  # request id -> tokens whose K/V the draft holds
         self._pending: dict[str, tuple[int, int]] = {}  # request id -> (num_tokens at propose, proposals)
+        self._seqs: dict[str, SequenceHandle] = {}  # request id -> its sequence on the draft's runner
 
     # --- helpers -----------------------------------------------------------
     def _span(self, request_id: str, token_ids: list[int], start: int, logits_at: list[int]) -> QuerySpan:
-        table = self.runner.block_manager.allocate(request_id, start + len(token_ids))
-        return QuerySpan(table, start, token_ids, logits_at)
+        seq = self._seqs[request_id]
+        self.runner.grow(seq, start + len(token_ids))
+        return QuerySpan(seq, start, token_ids, logits_at)
 
     def _done(self, req: RequestView, upto: int) -> int:
         """Tokens of ``req`` whose K/V the draft holds; for a request it holds
@@ -129,17 +132,16 @@ class DraftModelProposer(Proposer):
         done = self._computed.get(req.request_id)
         if done is not None:
             return done
-        blocks = self.runner.block_manager
-        blocks.free(req.request_id)  # nothing of it is valid
-        size = blocks.block_size
-        prefix = blocks.match_prefix(req.block_hashes[:max(0, upto) // size])
-        done = len(prefix) * size
-        if prefix and blocks.can_allocate(req.request_id, done, prefix):
-            blocks.allocate(req.request_id, done, prefix)
-        else:
-            done = 0
+        self._drop_sequence(req.request_id)  # nothing of it is valid
+        keys = req.block_hashes[:max(0, upto) // self.runner.block_size]
+        self._seqs[req.request_id], done = self.runner.open_sequence(req.request_id, keys)
         self._computed[req.request_id] = done
         return done
+
+    def _drop_sequence(self, request_id: str) -> None:
+        seq = self._seqs.pop(request_id, None)
+        if seq is not None:
+            self.runner.free(seq)
 
     # --- Proposer ------------------------------------------------------------
     def propose(self, batch: StepBatch) -> Proposals:
@@ -199,14 +201,14 @@ class DraftModelProposer(Proposer):
             base, k = pending
             # the draft fed last, p1..p_{k-1}; of those, last..p_a are still valid
             self._computed[d.request.request_id] = base + min(a, k - 1)
-        blocks = self.runner.block_manager
         for e in batch.entries:  # key full blocks of committed tokens (none holds a rejected proposal)
             req = e.request
-            if req.block_hashes and req.request_id in self._computed:
-                n = min(self._computed[req.request_id], req.num_tokens) // blocks.block_size
-                blocks.cache_blocks(req.request_id, req.block_hashes, n)
+            seq = self._seqs.get(req.request_id)
+            if req.block_hashes and seq is not None and req.request_id in self._computed:
+                n = min(self._computed[req.request_id], req.num_tokens) // self.runner.block_size
+                self.runner.cache_prefix(seq, req.block_hashes, n)
 
     def free(self, request_id: str) -> None:
         self._computed.pop(request_id, None)
         self._pending.pop(request_id, None)
-        self.runner.block_manager.free(request_id)
+        self._drop_sequence(request_id)

@@ -181,7 +181,7 @@ class SuffixHybrid(Proposer):
 
 class EagleSuffixProposer(SuffixHybrid):
     name = "eagle_suffix"
-    api_version = "2.0"
+    api_version = "3.0"
     capabilities = combined(EagleProposer.capabilities, SuffixProposer.capabilities)
     Options = EagleSuffixOptions
     model_cls = EagleProposer
@@ -190,7 +190,7 @@ class EagleSuffixProposer(SuffixHybrid):
 
 class DraftSuffixProposer(SuffixHybrid):
     name = "draft_suffix"
-    api_version = "2.0"
+    api_version = "3.0"
     capabilities = combined(DraftModelProposer.capabilities, SuffixProposer.capabilities)
     Options = DraftSuffixOptions
     model_cls = DraftModelProposer

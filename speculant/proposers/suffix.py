@@ -92,7 +92,7 @@ class SuffixProposer(Proposer):
     """
 
     name = "suffix"
-    api_version = "2.0"
+    api_version = "3.0"
     capabilities = ProposerCapabilities(
         needs_target_hidden_states=False,
         supports_chunked_prefill=True,

@@ -1,7 +1,7 @@
 """Batch-expansion scorer: each decode becomes k+1 single-token rows.
 
 Row j of a decode feeds token j of ``[last, p1..pk]`` at its own position and
-shares the request's block table. All rows of a forward write their K/V before
+names the request's sequence. All rows of a forward write their K/V before
 any row attends, so row j sees the K/V its siblings wrote for positions before
 it. Prefill chunks stay multi-token spans, as in MQA, in the same forward.
 """
@@ -9,18 +9,18 @@ it. Prefill chunks stay multi-token spans, as in MQA, in the same forward.
 from __future__ import annotations
 
 from speculant.interfaces import QuerySpan, Scorer, ScorerCapabilities, Scores
-from speculant.interfaces.layout import block_table, decode_tokens, gather_scores, prefill_spans
+from speculant.interfaces.layout import decode_tokens, gather_scores, prefill_spans, sequence
 
 
 class BatchExpansionScorer(Scorer):
     name = "batch_expansion"
-    api_version = "2.0"
+    api_version = "3.0"
     capabilities = ScorerCapabilities(supports_mixed_prefill_decode=True, needs_multi_token_queries=False)
 
     def score(self, runner, batch, proposals, want_hidden: bool = False) -> Scores:
         spans = prefill_spans(runner, batch)
         for d, tokens in zip(batch.decodes, decode_tokens(batch, proposals)):
-            table = block_table(d)
+            seq = sequence(d)
             for j, tok in enumerate(tokens):
-                spans.append(QuerySpan(table, d.start + j, [tok], [0]))
+                spans.append(QuerySpan(seq, d.start + j, [tok], [0]))
         return gather_scores(runner.forward(spans, want_hidden), batch, proposals)

@@ -13,7 +13,7 @@ from speculant.interfaces.layout import score_flat
 
 class MQAScorer(Scorer):
     name = "mqa"
-    api_version = "2.0"
+    api_version = "3.0"
     capabilities = ScorerCapabilities(supports_mixed_prefill_decode=True, needs_multi_token_queries=True)
 
     def score(self, runner, batch, proposals, want_hidden: bool = False) -> Scores:

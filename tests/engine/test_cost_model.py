@@ -32,15 +32,13 @@ def test_curve_interpolates_extrapolates_and_never_falls():
         CostCurve((2, 4), (1.0, 1.2))
 
 
-class FakeRunner:
-    """A RunnerView whose forward of n rows advances a fake clock by ``cost(n)``."""
+class FakeModelRunner:
+    """A model runner whose forward of n rows advances a fake clock by ``cost(n)``
+    (behind a real ``SequenceRunner``, the RunnerView the cost model gets)."""
 
-    vocab_size = 32
+    vocab_size, block_size, num_blocks, max_model_len = 32, 4, 64, 256
 
     def __init__(self, seconds_per_call) -> None:
-        from speculant.engine.block_manager import BlockManager
-
-        self.block_manager = BlockManager(64, 4)
         self.now = 0.0
         self.seconds = seconds_per_call
         self.calls = []
@@ -51,15 +49,21 @@ class FakeRunner:
         self.now += self.seconds(len(span.token_ids))
         return None
 
+    def copy_blocks(self, pairs) -> None:
+        assert not pairs
+
 
 def test_measure_curve_times_each_size_and_gives_blocks_back():
-    runner = FakeRunner(lambda n: 0.010 + 0.001 * max(0, n - 4))
-    curve = measure_curve(runner, max_rows=16, ctx=8, rounds=3, clock=lambda: runner.now)
+    from speculant.engine.runner_view import SequenceRunner
+
+    model = FakeModelRunner(lambda n: 0.010 + 0.001 * max(0, n - 4))
+    runner = SequenceRunner(model)
+    curve = measure_curve(runner, max_rows=16, ctx=8, rounds=3, clock=lambda: model.now)
     assert curve.sizes == (1, 2, 4, 8, 16)
     assert curve.ratios == pytest.approx((1.0, 1.0, 1.0, 1.4, 2.2))
     assert curve.t1_s == pytest.approx(0.010)
-    assert runner.block_manager.num_free_blocks == 64  # its borrowed blocks are back
-    assert runner.calls[0] == 8 and runner.calls.count(16) == 1 + 3  # prefix, warm-up, 3 rounds
+    assert runner._blocks.num_free_blocks == 64  # its borrowed blocks are back
+    assert model.calls[0] == 8 and model.calls.count(16) == 1 + 3  # prefix, warm-up, 3 rounds
 
 
 def test_draft_cost_is_learnt_from_step_timings_unless_configured():

@@ -60,7 +60,7 @@ class FullRows(Proposer):
     the same kind of work whatever the batch (with proposals, all verified)."""
 
     name = "full_rows"
-    api_version = "2.0"
+    api_version = "3.0"
 
     def __init__(self, real: Proposer) -> None:
         self.real, self.context, self.options, self.capabilities = real, real.context, real.options, real.capabilities

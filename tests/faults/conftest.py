@@ -64,13 +64,13 @@ def assert_idle(llm: LLM) -> None:
     parts = list(getattr(prop, "parts", [prop]))  # a hybrid's parts hold the state
     for part in parts:
         if part is not None and hasattr(part, "runner"):
-            pools.append(("draft", part.runner.block_manager))
+            pools.append(("draft", part.runner._blocks))
     for what, bm in pools:
         bm.check()  # empty + cached + in use = total; reference counts equal the (now absent) block tables
         assert bm.num_free_blocks == bm.num_blocks and bm.num_used_blocks == 0, \
             f"{what} pool: {bm.num_blocks - bm.num_free_blocks} blocks leaked"
     for part in parts:
-        for attr in ("_computed", "_pending", "_hidden", "_state"):
+        for attr in ("_computed", "_pending", "_hidden", "_state", "_seqs"):
             left = getattr(part, attr, None)
             assert not left, f"proposer {type(part).__name__}.{attr} still holds {sorted(left)}"
 

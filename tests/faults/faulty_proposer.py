@@ -45,7 +45,7 @@ RESTORE_FAULTS = (
 
 class FaultyProposer(Proposer):
     name = "faulty"
-    api_version = "2.0"
+    api_version = "3.0"
 
     def __init__(self, real: Proposer, faults=FAULTS, rate: float = 0.3, seed: int = 0,
                  sleep_s: float = 0.0) -> None:

@@ -107,7 +107,7 @@ def test_faults_with_shared_prefixes_preemption_and_aborts(proposer, llama_dir, 
     llm.engine.guard.slow_seconds = SLEEP_S / 2
     eng, step = llm.engine, llm.engine.step
     prop = real_proposer(llm)
-    pools = [eng.blocks] + [part.runner.block_manager for part in getattr(prop, "parts", [prop])
+    pools = [eng.blocks] + [part.runner._blocks for part in getattr(prop, "parts", [prop])
                                           if hasattr(part, "runner")]
 
     def checked_step():

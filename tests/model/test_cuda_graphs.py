@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from speculant.config.models import CacheConfig, ModelConfig
-from speculant.interfaces import QuerySpan
+from speculant.interfaces.span_tensors import PagedSpan
 from speculant.model import cuda_graphs
 from speculant.model.attention.torch_ref import TorchAttentionBackend
 from speculant.model.attention.triton_backend import TritonAttentionBackend
@@ -62,7 +62,7 @@ def test_buckets_and_query_caps():
 
 
 def test_host_refill_pads_with_a_trash_span_and_empty_spans():
-    spans = [QuerySpan([3, 4], 5, [7, 8], [1]), QuerySpan([9], 0, [1, 2, 3], [2])]
+    spans = [PagedSpan([3, 4], 5, [7, 8], [1]), PagedSpan([9], 0, [1, 2, 3], [2])]
     r = host_refill(spans, BS, bucket=8, num_span_slots=4, trash_slot=40)
     ids, pos, slots, seq_index = r.tokens.tolist()
     assert ids == [7, 8, 1, 2, 3, 0, 0, 0] and pos == [5, 6, 0, 1, 2, 0, 0, 0]
@@ -75,7 +75,7 @@ def test_host_refill_pads_with_a_trash_span_and_empty_spans():
 
 
 def span(blocks, start, ids, every=False):
-    return QuerySpan(blocks, start, ids, list(range(len(ids))) if every else [len(ids) - 1])
+    return PagedSpan(blocks, start, ids, list(range(len(ids))) if every else [len(ids) - 1])
 
 
 def check_same(graphed, eager, spans, want_hidden=True):

@@ -12,7 +12,7 @@ from kernel_marks import needs_bf16_paths
 
 from speculant import LLM, SamplingParams
 from speculant.cli import main
-from speculant.interfaces import QuerySpan
+from speculant.interfaces.span_tensors import PagedSpan
 from speculant.model.attention.cpu_kernel import MAX_KERNEL_QUERY
 from speculant.model.fast_forward.fused_layers import FusedLayers
 
@@ -54,7 +54,7 @@ class Spy:
         del self.fused.run
 
 
-def forward_both(llm, stages: list[list[QuerySpan]]) -> tuple[list[torch.Tensor], ...]:
+def forward_both(llm, stages: list[list[PagedSpan]]) -> tuple[list[torch.Tensor], ...]:
     """Run the stages (each a forward over spans) per operator and fused from the same cache state;
     returns (logits per-op, logits fused, caches per-op, caches fused, fused calls)."""
     runner = llm.engine.runner
@@ -107,8 +107,8 @@ def test_fused_layers_give_the_per_operator_bits(engines, arch, batch, seed):
     try:
         tables = allocate(llm, [(n, p + q) for n, (p, q) in zip(names, batch)])
         tokens = [torch.randint(0, vocab, (p + q,), generator=gen).tolist() for p, q in batch]
-        prefill = [QuerySpan(t, 0, s[:p], list(range(p))) for t, s, (p, _) in zip(tables, tokens, batch) if p]
-        runs = [QuerySpan(t, p, s[p:], list(range(q))) for t, s, (p, q) in zip(tables, tokens, batch)]
+        prefill = [PagedSpan(t, 0, s[:p], list(range(p))) for t, s, (p, _) in zip(tables, tokens, batch) if p]
+        runs = [PagedSpan(t, p, s[p:], list(range(q))) for t, s, (p, q) in zip(tables, tokens, batch)]
         stages = [prefill, runs] if prefill else [runs]
         per_op, fast, per_op_caches, fast_caches, calls = forward_both(llm, stages)
     finally:
@@ -126,8 +126,8 @@ def test_spans_sharing_a_block_table_see_their_siblings_keys(engines):
     tokens = list(range(5, 30))
     try:
         table, = allocate(llm, [("shared", len(tokens))])
-        stages = [[QuerySpan(table, 0, tokens[:20], list(range(20)))],
-                  [QuerySpan(table, 20, tokens[20:20 + n], list(range(n))) for n in (1, 3, 5)]]
+        stages = [[PagedSpan(table, 0, tokens[:20], list(range(20)))],
+                  [PagedSpan(table, 20, tokens[20:20 + n], list(range(n))) for n in (1, 3, 5)]]
         per_op, fast, per_op_caches, fast_caches, calls = forward_both(llm, stages)
     finally:
         free(llm, ["shared"])

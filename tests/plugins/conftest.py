@@ -173,7 +173,7 @@ from speculant.plugin_api import Proposals, Proposer, ProposerCapabilities, hook
 
 class {cls}(Proposer):
     name = {name!r}
-    api_version = "2.0"
+    api_version = "3.0"
     capabilities = ProposerCapabilities(draft_probs="one_hot")
 
     def propose(self, batch):

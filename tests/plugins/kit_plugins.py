@@ -35,7 +35,7 @@ from speculant.plugin_api import (
 
 class BigramProposer(Proposer):
     name = "kit-bigram"
-    api_version = "2.0"
+    api_version = "3.0"
     capabilities = ProposerCapabilities(draft_probs="one_hot", supports_prefix_caching=True)
 
     def propose(self, batch: StepBatch) -> Proposals:
@@ -57,13 +57,13 @@ class BigramProposer(Proposer):
 
 class TwoPassScorer(Scorer):
     name = "kit-two-pass"
-    api_version = "2.0"
+    api_version = "3.0"
     capabilities = ScorerCapabilities(supports_mixed_prefill_decode=True, needs_multi_token_queries=True)
 
     def score(self, runner, batch: StepBatch, proposals: Proposals, want_hidden: bool = False) -> Scores:
         spans = prefill_spans(runner, batch)
         first = runner.forward(spans, want_hidden) if spans else None
-        decode_spans = [QuerySpan(list(d.block_table), d.start, tokens, list(range(len(tokens))))
+        decode_spans = [QuerySpan(d.sequence, d.start, tokens, list(range(len(tokens))))
                         for d, tokens in zip(batch.decodes, decode_tokens(batch, proposals))]
         second = runner.forward(decode_spans, want_hidden) if decode_spans else None
         vocab = runner.vocab_size
@@ -80,7 +80,7 @@ class TwoPassScorer(Scorer):
 
 class CoinFlipAcceptance(AcceptanceMethod):
     name = "kit-coin-flip"
-    api_version = "2.0"
+    api_version = "3.0"
     capabilities = AcceptanceCapabilities(needs_draft_probs=False, lossless=True, supports_sampling=True)
 
     def accept(self, target_logprobs, draft_token_ids, cu_num_draft_tokens, draft_probs, greedy,

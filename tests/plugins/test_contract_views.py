@@ -10,13 +10,12 @@ from speculant.engine.batch import ScheduledRequest as EngineEntry
 from speculant.engine.batch import StepBatch as EngineBatch
 from speculant.engine.proposal_checks import check_proposals
 from speculant.engine.request import Request
-from speculant.interfaces.span_tensors import SpanTensors
+from speculant.interfaces.span_tensors import PagedSpan, SpanTensors
 from speculant.plugin_api import (
     API_VERSION,
     AcceptedNodes,
     Proposals,
     Proposer,
-    QuerySpan,
     SamplingParams,
     TokenIds,
     version_problem,
@@ -36,22 +35,22 @@ def _with_version(version: object | None) -> type:
 
 
 def test_the_current_major_version_is_accepted():
-    assert API_VERSION == "2.0"
-    assert version_problem(_with_version("2.0"), "proposer") is None
-    assert version_problem(_with_version("2.7"), "proposer") is None
+    assert API_VERSION == "3.0"
+    assert version_problem(_with_version("3.0"), "proposer") is None
+    assert version_problem(_with_version("3.7"), "proposer") is None
 
 
 def test_a_plugin_without_a_version_is_refused_with_the_fix():
     assert version_problem(_with_version(None), "proposer") == (
         "proposer 'declared' (pkg.mod.Declared) declares no api_version; this speculant implements plugin "
-        "API 2.0. Port it to API 2.0 (see speculant.plugin_api) and set the class attribute api_version = '2.0'")
+        "API 3.0. Port it to API 3.0 (see speculant.plugin_api) and set the class attribute api_version = '3.0'")
 
 
 def test_another_major_version_is_refused_with_the_fix():
     assert version_problem(_with_version("1.3"), "scorer") == (
-        "scorer 'declared' (pkg.mod.Declared) targets plugin API 1.3, but this speculant implements 2.0 "
-        "(another major version: the methods it calls or implements differ). Port it to API 2.0 and set "
-        "api_version = '2.0', or install a speculant release that implements API 1.3")
+        "scorer 'declared' (pkg.mod.Declared) targets plugin API 1.3, but this speculant implements 3.0 "
+        "(another major version: the methods it calls or implements differ). Port it to API 3.0 and set "
+        "api_version = '3.0', or install a speculant release that implements API 1.3")
 
 
 def test_a_malformed_version_is_refused():
@@ -96,7 +95,8 @@ def test_the_batch_view_is_built_once_and_is_frozen():
     view = batch.view()
     assert view is batch.view()
     (d,) = view.decodes
-    assert (d.start, d.num_spec_tokens, d.samples, d.block_table, d.request_id) == (3, 2, True, (0,), "r0")
+    assert (d.start, d.num_spec_tokens, d.samples, d.sequence, d.request_id) == (3, 2, True, None, "r0")
+    assert not hasattr(d, "block_table")  # plugins name KV by handle, never by block ids
     with pytest.raises(AttributeError):
         d.num_spec_tokens = 4  # type: ignore[misc]
 
@@ -115,12 +115,12 @@ def test_tree_proposals_are_refused_not_misread():
 
 
 def test_tree_spans_are_refused_and_chain_spans_run():
-    chain = QuerySpan([0, 1], 2, [5, 6], [1], positions=[2, 3])
+    chain = PagedSpan([0, 1], 2, [5, 6], [1], positions=[2, 3])
     assert SpanTensors.build([chain], 4, torch.device("cpu")).positions.tolist() == [2, 3]
-    tree = QuerySpan([0, 1], 2, [5, 6], [1], positions=[2, 2])
+    tree = PagedSpan([0, 1], 2, [5, 6], [1], positions=[2, 2])
     with pytest.raises(ValueError, match=r"query span 0 cannot run: QuerySpan.positions \[2, 2\] are not the "):
         SpanTensors.build([tree], 4, torch.device("cpu"))
-    masked = QuerySpan([0, 1], 2, [5, 6], [1], ancestor_mask=[[True, False], [True, True]])
+    masked = PagedSpan([0, 1], 2, [5, 6], [1], ancestor_mask=[[True, False], [True, True]])
     with pytest.raises(ValueError, match="ancestor_mask is set"):
         SpanTensors.build([masked], 4, torch.device("cpu"))
 

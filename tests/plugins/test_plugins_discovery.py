@@ -183,12 +183,12 @@ def test_invalid_class_rejects_whole_plugin(site):
 
         class Good(Proposer):
             name = "mixed_good"
-            api_version = "2.0"
+            api_version = "3.0"
             def propose(self, batch):
                 return Proposals.from_lists([])
 
         class Nameless(Proposer):
-            api_version = "2.0"
+            api_version = "3.0"
             def propose(self, batch):
                 return Proposals.from_lists([])
 

@@ -60,7 +60,7 @@ def _marked(batch, marker: str) -> bool:
 
 class RaisingNgram(NgramProposer):
     name = "raising_ngram"
-    api_version = "2.0"
+    api_version = "3.0"
 
     def propose(self, batch):
         if _marked(batch, SLOW):
@@ -72,7 +72,7 @@ class RaisingNgram(NgramProposer):
 
 class FaultyScorer(MQAScorer):
     name = "faulty_scorer"
-    api_version = "2.0"
+    api_version = "3.0"
 
     def score(self, runner, batch, proposals, want_hidden=False):
         if _marked(batch, SCORE_FAIL):

@@ -93,7 +93,7 @@ def pools(eng) -> list:
     for part in proposer_parts(eng.spec.proposer):
         draft_runner = getattr(part, "runner", None)
         if draft_runner is not None:
-            found.append(draft_runner.block_manager)
+            found.append(draft_runner._blocks)
     return found
 
 

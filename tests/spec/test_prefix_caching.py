@@ -72,7 +72,7 @@ def pools(llm: LLM) -> list:
     prop = eng.spec.proposer
     for part in getattr(prop, "parts", [prop]) if prop is not None else []:
         if hasattr(part, "runner"):
-            found.append(part.runner.block_manager)
+            found.append(part.runner._blocks)
     return found
 
 

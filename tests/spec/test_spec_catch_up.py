@@ -148,7 +148,7 @@ def test_switching_under_preemption_and_aborts(llama_dir, reference, request, pr
     eng = llm.engine
     assert eng.blocks.num_used_blocks == 0
     if proposer == "draft_model":
-        assert not eng.spec.proposer._computed and eng.spec.proposer.runner.block_manager.num_used_blocks == 0
+        assert not eng.spec.proposer._computed and eng.spec.proposer.runner._blocks.num_used_blocks == 0
     else:
         assert not eng.spec.proposer._state
     assert token_ids([outs[i] for i in (0, 1, 3)]) == [reference[i] for i in (0, 1, 3)]

@@ -38,7 +38,7 @@ class BothScorers(Scorer):
     """Runs MQA and batch expansion on the same batch and records how they compare."""
 
     name = "both"
-    api_version = "2.0"
+    api_version = "3.0"
 
     def __init__(self, acceptance) -> None:
         super().__init__()

@@ -140,7 +140,7 @@ def test_unpack_bitmask_bit_order():
 
 class _NoGrammar(RejectionSampler):
     name = "no_grammar"
-    api_version = "2.0"
+    api_version = "3.0"
     capabilities = AcceptanceCapabilities(supports_structured_output=False)
 
 

@@ -89,7 +89,7 @@ class CpuKernelMetadata:
 
 class CpuKernelAttentionBackend(TorchAttentionBackend):
     name = "cpu_kernel"
-    api_version = "2.0"
+    api_version = "3.0"
     capabilities = AttentionBackendCapabilities(multi_token_queries=True, devices=("cpu",), priority=10)
 
     def __init__(self) -> None:

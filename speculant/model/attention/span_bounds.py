@@ -12,7 +12,7 @@ size, and nothing is read or written.
 
 from __future__ import annotations
 
-from speculant.interfaces import QuerySpan
+from speculant.interfaces.span_tensors import PagedSpan
 
 FAULTS = {
     0: "block-table entry {entry} is block {block}, outside the KV pool of {pool} blocks (ids 0..{last})",
@@ -36,11 +36,11 @@ def span_fault_message(bad: list[int], pool: int, block_size: int, tokens: int =
             "nothing was read or written")
 
 
-def check_spans(spans: list[QuerySpan], block_size: int, pool: int, max_model_len: int) -> None:
+def check_spans(spans: list[PagedSpan], block_size: int, pool: int, max_model_len: int) -> None:
     """Raise ``ValueError`` (an empty forward, positions past ``max_model_len``, bad ``logits_at``)
     or ``IndexError`` (a block table that reaches outside the ``pool`` blocks) before a forward."""
     if not spans:
-        raise ValueError("a forward needs at least one span: pass a non-empty list of QuerySpan")
+        raise ValueError("a forward needs at least one span: pass a non-empty list of PagedSpan")
     for i, s in enumerate(spans):
         n = len(s.token_ids)
         end = s.start + n

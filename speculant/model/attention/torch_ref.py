@@ -38,7 +38,7 @@ class TorchAttentionMetadata:
 
 class TorchAttentionBackend(AttentionBackend):
     name = "torch"
-    api_version = "2.0"
+    api_version = "3.0"
     capabilities = AttentionBackendCapabilities(multi_token_queries=True, devices=("cpu", "cuda"))
 
     def build_metadata(self, spans: SpanTensors) -> TorchAttentionMetadata:

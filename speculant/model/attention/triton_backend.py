@@ -47,7 +47,7 @@ class TritonAttentionMetadata:
 
 class TritonAttentionBackend(AttentionBackend):
     name = "triton"
-    api_version = "2.0"
+    api_version = "3.0"
     capabilities = AttentionBackendCapabilities(
         multi_token_queries=True, devices=("cuda",), priority=20, dtypes=("float32", "bfloat16", "float16"),
         unavailable=_MISSING, graph_capturable=True)

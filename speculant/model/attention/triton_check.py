@@ -33,8 +33,8 @@ from pathlib import Path
 
 import torch
 
-from speculant.interfaces import AttentionBackend, QuerySpan
-from speculant.interfaces.span_tensors import SpanTensors
+from speculant.interfaces import AttentionBackend
+from speculant.interfaces.span_tensors import PagedSpan, SpanTensors
 from speculant.model.attention.torch_ref import TorchAttentionBackend
 from speculant.model.attention.triton_backend import TritonAttentionBackend
 
@@ -102,7 +102,7 @@ def build(case: Case, device: torch.device, seed: int = 0):
         key_cache.view(-1, case.kv_heads, case.head_dim)[slots] = k[:prefix]
         value_cache.view(-1, case.kv_heads, case.head_dim)[slots] = v[:prefix]
         for start, end in seq_spans:
-            spans.append(QuerySpan(list(table), start, [0] * (end - start), []))
+            spans.append(PagedSpan(list(table), start, [0] * (end - start), []))
             qs.append(q[start:end])
             ks.append(k[start:end])
             vs.append(v[start:end])

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from speculant.interfaces import QuerySpan
+from speculant.interfaces.span_tensors import PagedSpan
 from speculant.model.fast_forward.decoder import FastDecoder
 from speculant.model.fast_forward.plan import plan_model
 from speculant.model.fast_forward.weights import WeightsError
@@ -65,7 +65,7 @@ class FastForwardStatus:
         return f"transformers' modules ({self.reason})"
 
 
-ForwardFn = Callable[[list[QuerySpan], FastDecoder | None], torch.Tensor]
+ForwardFn = Callable[[list[PagedSpan], FastDecoder | None], torch.Tensor]
 """The runner's forward over spans with a given decoder (None: the reference path) -> logits [R, V]."""
 
 
@@ -123,8 +123,8 @@ def probe_deviation(runner, decoder: FastDecoder, forward: ForwardFn) -> float:
         lengths, tables = lengths[:1], runner.scratch_tables([sum(lengths[0])])
     deviation = 0.0
     seqs = [torch.randint(0, runner.vocab_size, (a + b,), generator=gen).tolist() for a, b in lengths]
-    stages = [[QuerySpan(t, 0, s[:a], list(range(a))) for t, s, (a, _) in zip(tables, seqs, lengths)],
-              [QuerySpan(t, a, s[a:], list(range(b))) for t, s, (a, b) in zip(tables, seqs, lengths) if b]]
+    stages = [[PagedSpan(t, 0, s[:a], list(range(a))) for t, s, (a, _) in zip(tables, seqs, lengths)],
+              [PagedSpan(t, a, s[a:], list(range(b))) for t, s, (a, b) in zip(tables, seqs, lengths) if b]]
     stages = [spans for spans in stages if spans]
     # each path runs every stage in order on the same slots: its later stages read its own K/V
     refs = [forward(spans, None) for spans in stages]

@@ -115,7 +115,7 @@ class SeqState:
 
 class EagleProposer(Proposer):
     name = "eagle"
-    api_version = "2.0"
+    api_version = "3.0"
     capabilities = ProposerCapabilities(needs_target_hidden_states=True, needs_prompt_hidden_states=True,
                                         supports_chunked_prefill=True, draft_probs="full",
                                         supports_prefix_caching=True)  # restore_prefix: its own block store

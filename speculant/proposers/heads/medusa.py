@@ -68,7 +68,7 @@ def medusa_config(hidden_size: int, vocab_size: int, num_heads: int, num_layers:
 
 class MedusaProposer(HiddenStateProposer):
     name = "medusa"
-    api_version = "2.0"
+    api_version = "3.0"
     model_type = MODEL_TYPE
 
     @classmethod

@@ -65,7 +65,7 @@ def mlp_speculator_config(hidden_size: int, vocab_size: int, n_predict: int, inn
 
 class MLPSpeculatorProposer(HiddenStateProposer):
     name = "mlp_speculator"
-    api_version = "2.0"
+    api_version = "3.0"
     model_type = MODEL_TYPE
     heads: MLPSpeculator  # built by build_heads
 

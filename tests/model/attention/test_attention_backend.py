@@ -25,8 +25,7 @@ import torch
 import torch.nn.functional as F
 from kernel_marks import cpu_flags, require_bf16_paths, require_kernel
 
-from speculant.interfaces import QuerySpan
-from speculant.interfaces.span_tensors import SpanTensors
+from speculant.interfaces.span_tensors import PagedSpan, SpanTensors
 from speculant.model.attention import cpu_kernel
 from speculant.model.attention.cpu_kernel import CpuKernelAttentionBackend
 from speculant.model.attention.torch_ref import TorchAttentionBackend
@@ -140,7 +139,7 @@ def run_backend(backend_cls, layout: str, input_layout: str, block_size: int, nu
     spans, qs, ks, vs = [], [], [], []
     for name, start, end in spans_def:
         q, k, v = full[name]
-        spans.append(QuerySpan(list(tables[name]), start, [0] * (end - start), []))
+        spans.append(PagedSpan(list(tables[name]), start, [0] * (end - start), []))
         qs.append(q[start:end]), ks.append(k[start:end]), vs.append(v[start:end])
     query, key, value = as_layout(input_layout, torch.cat(qs), torch.cat(ks), torch.cat(vs))
     assert torch.equal(query, torch.cat(qs)) and torch.equal(value, torch.cat(vs))
@@ -220,8 +219,8 @@ def test_backend_in_reduced_precision_matches_float64_attention(backend_cls, ker
 def test_span_tensors_positions_and_slots():
     """The flattened layout the runner feeds the model: positions and the cache
     slot each token's K/V is written to, through non-contiguous tables."""
-    spans = [QuerySpan([9, 3, 12], 3, [5, 6, 7], [2]), QuerySpan([1], 2, [8], [0]),
-             QuerySpan([4, 0], 4, [9], [0])]
+    spans = [PagedSpan([9, 3, 12], 3, [5, 6, 7], [2]), PagedSpan([1], 2, [8], [0]),
+             PagedSpan([4, 0], 4, [9], [0])]
     st = SpanTensors.build(spans, BLOCK_SIZE, torch.device("cpu"))
     assert st.token_ids.tolist() == [5, 6, 7, 8, 9]
     assert st.positions.tolist() == [3, 4, 5, 2, 4]
@@ -247,7 +246,7 @@ def test_cpu_kernel_falls_back_with_a_warning_when_disabled(monkeypatch):
     try:
         with pytest.warns(RuntimeWarning, match="SPECULANT_CPU_KERNEL=0"):
             backend = CpuKernelAttentionBackend()
-        spans = [QuerySpan([0], 0, [1, 2], [1])]
+        spans = [PagedSpan([0], 0, [1, 2], [1])]
         meta = backend.build_metadata(SpanTensors.build(spans, BLOCK_SIZE, torch.device("cpu")))
         cache = torch.zeros(2, BLOCK_SIZE, 1, HEAD_DIM)
         q, k, v = torch.randn(2, 2, HEAD_DIM), torch.randn(2, 1, HEAD_DIM), torch.randn(2, 1, HEAD_DIM)

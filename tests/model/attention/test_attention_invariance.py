@@ -11,8 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from kernel_marks import needs_kernel
 
-from speculant.interfaces import QuerySpan
-from speculant.interfaces.span_tensors import SpanTensors
+from speculant.interfaces.span_tensors import PagedSpan, SpanTensors
 from speculant.model.attention.cpu_kernel import MAX_KERNEL_QUERY, CpuKernelAttentionBackend
 from speculant.model.kernels.abi import runnable_isas
 from speculant.model.kernels.build import load_kernel, set_kernel_isa
@@ -22,7 +21,7 @@ pytestmark = needs_kernel
 PATHS = [p for p in ("scalar", "avx2", "avx512_bf16") if LIB is not None and p in runnable_isas(LIB)] or ["scalar"]
 
 
-def attend(backend, spans: list[QuerySpan], query, key_cache, value_cache, block_size, scale):
+def attend(backend, spans: list[PagedSpan], query, key_cache, value_cache, block_size, scale):
     """The backend's output for ``spans`` (their K/V already in the cache: rewritten unchanged)."""
     st_ = SpanTensors.build(spans, block_size, torch.device("cpu"))
     metadata = backend.build_metadata(st_)
@@ -53,13 +52,13 @@ def test_a_decode_row_equals_its_position_inside_a_verify_span(path, dtype, kv_h
         other_query = torch.randn(3, heads, head_dim, generator=gen).to(dtype)
         backend = CpuKernelAttentionBackend()
         scale = head_dim ** -0.5
-        verify = attend(backend, [QuerySpan(table, start, [0] * q_len, [])], query, key_cache, value_cache,
+        verify = attend(backend, [PagedSpan(table, start, [0] * q_len, [])], query, key_cache, value_cache,
                         block_size, scale)
         # with another span of the same sequence in the call (batch expansion's layout)
-        mixed = attend(backend, [QuerySpan(table, 1, [0] * 3, []), QuerySpan(table, start, [0] * q_len, [])],
+        mixed = attend(backend, [PagedSpan(table, 1, [0] * 3, []), PagedSpan(table, start, [0] * q_len, [])],
                        torch.cat([other_query, query]), key_cache, value_cache, block_size, scale)[3:]
         for i in range(q_len):
-            decode = attend(backend, [QuerySpan(table, start + i, [0], [])], query[i:i + 1], key_cache,
+            decode = attend(backend, [PagedSpan(table, start + i, [0], [])], query[i:i + 1], key_cache,
                             value_cache, block_size, scale)
             assert torch.equal(decode[0], verify[i]), f"row {i} of the verify span differs from its decode"
         assert torch.equal(mixed, verify)

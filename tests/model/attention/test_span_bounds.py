@@ -18,8 +18,7 @@ import torch
 from kernel_marks import needs_kernel
 
 from speculant.config.models import CacheConfig, ModelConfig
-from speculant.interfaces import QuerySpan
-from speculant.interfaces.span_tensors import SpanTensors
+from speculant.interfaces.span_tensors import PagedSpan, SpanTensors
 from speculant.model.attention.cpu_kernel import CpuKernelAttentionBackend
 from speculant.model.attention.span_bounds import check_spans
 from speculant.model.attention.torch_ref import TorchAttentionBackend
@@ -30,9 +29,9 @@ from speculant.model.runner import ModelRunner
 BS, POOL, D = 4, 9, 8
 
 
-def bad_spans(block: int) -> list[QuerySpan]:
+def bad_spans(block: int) -> list[PagedSpan]:
     """A good span, then one whose prefix block is ``block`` (its own query lands in block 8)."""
-    return [QuerySpan([0, 1], 0, [1, 2, 3], [2]), QuerySpan([block, 8], BS, [5], [0])]
+    return [PagedSpan([0, 1], 0, [1, 2, 3], [2]), PagedSpan([block, 8], BS, [5], [0])]
 
 
 @needs_kernel
@@ -90,11 +89,11 @@ def test_check_spans_in_c_names_each_kind_of_fault(case, kind):
 
 @pytest.mark.parametrize("spans,error,match", [
     ([], ValueError, "at least one span"),
-    ([QuerySpan([0], 62, [1, 2, 3], [0])], ValueError, r"positions 62..64, outside 0..63 \(model.max_model_len"),
-    ([QuerySpan([0], -1, [1], [0])], ValueError, "must start at a position >= 0"),
-    ([QuerySpan([0], 0, [1], [1])], ValueError, "logits_at"),
-    ([QuerySpan([0], 3, [1, 2], [0])], IndexError, "need 2 block-table entries of 4 positions, but its table has 1"),
-    ([QuerySpan([0, 1], 0, [1], [0]), QuerySpan([3, 9], 4, [1], [0])], IndexError,
+    ([PagedSpan([0], 62, [1, 2, 3], [0])], ValueError, r"positions 62..64, outside 0..63 \(model.max_model_len"),
+    ([PagedSpan([0], -1, [1], [0])], ValueError, "must start at a position >= 0"),
+    ([PagedSpan([0], 0, [1], [1])], ValueError, "logits_at"),
+    ([PagedSpan([0], 3, [1, 2], [0])], IndexError, "need 2 block-table entries of 4 positions, but its table has 1"),
+    ([PagedSpan([0, 1], 0, [1], [0]), PagedSpan([3, 9], 4, [1], [0])], IndexError,
      r"span 1 of the forward: block-table entry 1 is block 9, outside the KV pool of 9 blocks"),
 ])
 def test_check_spans_names_the_problem(spans, error, match):
@@ -108,11 +107,11 @@ def test_every_backend_refuses_through_the_runner(backend, llama_dir):
     pool = runner.num_blocks + 1  # the trash block is a real block of the cache
     before = [c.clone() for c in runner.key_caches]
     for block in (pool, 100000, -5):
-        span = QuerySpan([block, runner.trash_block], BS, [5], [0])
+        span = PagedSpan([block, runner.trash_block], BS, [5], [0])
         with pytest.raises(IndexError, match=f"is block {block}, outside the KV pool of {pool} blocks"):
             runner.forward([span])
     assert all(torch.equal(a, b) for a, b in zip(before, runner.key_caches))
-    good = runner.forward([QuerySpan([0], 0, [1, 2, 3], [2])])
+    good = runner.forward([PagedSpan([0], 0, [1, 2, 3], [2])])
     assert torch.isfinite(good.logits).all()
 
 
@@ -120,12 +119,12 @@ def test_max_model_len_is_a_real_check_under_python_O(llama_dir):
     """``python -O`` strips asserts; the runner's guard must survive it."""
     code = (
         "import sys; from speculant.config.models import CacheConfig, ModelConfig\n"
-        "from speculant.interfaces import QuerySpan\n"
+        "from speculant.interfaces import PagedSpan\n"
         "from speculant.model.attention.torch_ref import TorchAttentionBackend\n"
         "from speculant.model.runner import ModelRunner\n"
         f"r = ModelRunner(ModelConfig(path={str(llama_dir)!r}, max_model_len=16), CacheConfig(num_blocks=8, "
         "block_size=4), TorchAttentionBackend())\n"
-        "try:\n    r.forward([QuerySpan([0, 1, 2, 3, 4], 15, [1, 2], [0])])\nexcept ValueError as e:\n"
+        "try:\n    r.forward([PagedSpan([0, 1, 2, 3, 4], 15, [1, 2], [0])])\nexcept ValueError as e:\n"
         "    print('refused:', e); sys.exit(0)\nsys.exit(3)\n")
     out = subprocess.run([sys.executable, "-O", "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr
@@ -136,7 +135,7 @@ def test_the_graph_buffers_refuse_what_does_not_fit():
     """The static graph buffers are written in place: their guards are real checks, not asserts."""
     from speculant.model.graph_buffers import host_refill
 
-    spans = [QuerySpan([0], 0, [1, 2], [1]), QuerySpan([1], 0, [3], [0])]
+    spans = [PagedSpan([0], 0, [1, 2], [1]), PagedSpan([1], 0, [3], [0])]
     with pytest.raises(ValueError, match="2 spans do not fit the graph's 2 span slots"):
         host_refill(spans, BS, 8, 2, trash_slot=POOL * BS)
     with pytest.raises(ValueError, match="3 tokens do not fit the graph bucket of 2"):

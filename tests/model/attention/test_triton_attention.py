@@ -24,8 +24,7 @@ import torch
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from speculant.interfaces import QuerySpan
-from speculant.interfaces.span_tensors import SpanTensors
+from speculant.interfaces.span_tensors import PagedSpan, SpanTensors
 from speculant.model.attention.torch_ref import TorchAttentionBackend
 from triton_interpreter import interpreted_kernels, use_interpreted_kernels
 
@@ -111,7 +110,7 @@ def build_case(case: dict):
             slot = (table[pos // bs], pos % bs)
             key_cache[slot], value_cache[slot] = k[pos], v[pos]
         for start, end in seq_spans:
-            spans.append(QuerySpan(list(table), start, [0] * (end - start), []))
+            spans.append(PagedSpan(list(table), start, [0] * (end - start), []))
             qs.append(q[start:end]), ks.append(k[start:end]), vs.append(v[start:end])
     query, key, value = in_layout(case["layout"], torch.cat(qs), torch.cat(ks), torch.cat(vs))
     scale = d ** -0.5 if case["scale"] is None else case["scale"]

@@ -11,8 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from speculant.interfaces import QuerySpan
-from speculant.interfaces.span_tensors import SpanTensors
+from speculant.interfaces.span_tensors import PagedSpan, SpanTensors
 from speculant.model.attention.triton_backend import TritonAttentionBackend
 from speculant.model.graph_buffers import StaticSpans, host_refill
 from triton_interpreter import interpreted_kernels, use_interpreted_kernels
@@ -29,10 +28,10 @@ def launch():
         yield launch
 
 
-def spans() -> list[QuerySpan]:
+def spans() -> list[PagedSpan]:
     """A decode over 6 cached tokens, a 3-token verify run over 5, a fresh 4-token prefill chunk."""
-    return [QuerySpan([3, 7], 6, [1], [0]), QuerySpan([0, 5], 5, [2, 3, 4], [0, 1, 2]),
-            QuerySpan([9], 0, [5, 6, 7, 8], [3])]
+    return [PagedSpan([3, 7], 6, [1], [0]), PagedSpan([0, 5], 5, [2, 3, 4], [0, 1, 2]),
+            PagedSpan([9], 0, [5, 6, 7, 8], [3])]
 
 
 @pytest.mark.parametrize("bucket,qcap,slots", [(8, 8, 4), (8, 4, 4), (16, 16, 6), (16, 4, 6)])

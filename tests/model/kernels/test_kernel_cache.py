@@ -12,8 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from speculant.interfaces import QuerySpan
-from speculant.interfaces.span_tensors import SpanTensors
+from speculant.interfaces.span_tensors import PagedSpan, SpanTensors
 from speculant.model.attention.cpu_kernel import CpuKernelAttentionBackend, CpuKernelMetadata
 from speculant.model.kernels import build
 
@@ -53,7 +52,7 @@ def kernel_works(lib) -> bool:
     """One decode through the backend with this library agrees with the torch reference."""
     backend = CpuKernelAttentionBackend()
     backend._lib = lib
-    spans = [QuerySpan([0], 3, [7], [0])]
+    spans = [PagedSpan([0], 3, [7], [0])]
     meta = backend.build_metadata(SpanTensors.build(spans, 4, torch.device("cpu")))
     assert isinstance(meta, CpuKernelMetadata) and meta.pieces.ids.tolist() == [0]  # the C path, not torch's
     gen = torch.Generator().manual_seed(0)

@@ -68,7 +68,7 @@ class RetrievalProposer(Proposer):
     """Proposes the continuation of the longest suffix match in a corpus."""
 
     name = "retrieval"
-    api_version = "2.0"
+    api_version = "3.0"
     capabilities = ProposerCapabilities(
         needs_target_hidden_states=False,
         supports_chunked_prefill=True,  # reads only token ids, never the target's internals
