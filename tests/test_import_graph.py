@@ -4,11 +4,13 @@ of docs/ARCHITECTURE.md, with no circle, type-only imports included.
 Layers, bottom to top (a module imports only its own layer or lower ones):
 
 0. ``speculant.interfaces`` (the contract) and ``speculant.version``;
-1. ``speculant.plugins`` (hookspecs, manager, registry; not ``builtin``);
-2. ``speculant.sampling`` (sampler, logits processing, acceptance arithmetic);
-3. ``speculant.config`` (config models, compatibility rules);
-4. ``speculant.model`` (runner, loading, attention backends, linears);
-5. ``speculant.engine`` (requests, scheduler, the step pipeline, the engine);
+1. ``speculant.sampling`` (sampler, logits processing, acceptance arithmetic);
+2. ``speculant.config`` (config models, compatibility rules);
+3. ``speculant.model`` (runner, loading, attention backends, linears);
+4. ``speculant.engine`` (requests, scheduler, the step pipeline, the engine);
+5. ``speculant.plugins`` (hookspecs, manager, registry; not ``builtin``): the
+   layers below get its registry handed in, or through the loader ``import
+   speculant`` installs (``interfaces.catalog``), never by importing it;
 6. the built-in plugins: ``proposers``, ``scorers``, ``acceptance``, ``plugins.builtin``,
    which never import the engine (they get what it hands plugins: the contract);
 7. the Python API: ``speculant`` itself, ``llm``, ``chat``, ``plugin_api``;
@@ -34,11 +36,11 @@ PACKAGE_ROOT = Path(__file__).resolve().parents[1] / "speculant"
 CONTRACT = "speculant.interfaces"
 LAYERS: list[tuple[str, ...]] = [
     ("speculant.interfaces", "speculant.version"),
-    ("speculant.plugins",),
     ("speculant.sampling",),
     ("speculant.config",),
     ("speculant.model",),
     ("speculant.engine",),
+    ("speculant.plugins",),
     ("speculant.proposers", "speculant.scorers", "speculant.acceptance", "speculant.plugins.builtin"),
     ("speculant", "speculant.llm", "speculant.chat", "speculant.plugin_api"),
     ("speculant.cli", "speculant.server", "speculant.bench", "speculant.batch"),
@@ -212,8 +214,8 @@ def test_the_layering_is_respected_type_only_and_function_level_imports_included
 
 def test_a_layer_violation_is_seen():
     assert layer_of("speculant.engine.step") > layer_of("speculant.model.runner") > layer_of("speculant.config.models")
-    assert layer_of("speculant.plugins.builtin") > layer_of("speculant.engine.llm_engine") > \
-        layer_of("speculant.plugins.registry")
+    assert layer_of("speculant.plugins.builtin") > layer_of("speculant.plugins.registry") > \
+        layer_of("speculant.engine.llm_engine") > layer_of("speculant.config.compat")
     assert layer_of("speculant") > layer_of("speculant.proposers.ngram")
 
 

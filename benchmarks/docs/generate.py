@@ -19,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from .fast_forward_tables import cpu_kernels, cpu_kernels_headline, fast_forward, fast_forward_headline
+from .gate_tables import engine_loop_gate
 from .isa_tables import isa_compare
 from .quant_tables import quant_1p5b
 from .random_tables import random_llama
@@ -83,6 +84,7 @@ BLOCKS: dict[str, Table] = {
     "ray-scaling": ray_scaling,
     "ray-breakdown": ray_breakdown,
     "ray-split": ray_split,
+    "engine-loop-gate": engine_loop_gate,
 }
 """Block name -> the function that renders it. docs/benchmarks.md holds a
 ``tables`` block that gathers every block but the headline, each under its

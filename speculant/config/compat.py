@@ -50,11 +50,11 @@ from speculant.config.rules import (
     structured_issues,
     structured_reasons,
 )
-from speculant.interfaces import Kind, UnknownPluginError
+from speculant.interfaces import Kind, UnknownPluginError, catalog
 
 if TYPE_CHECKING:
-    from speculant.plugins.manager import LoadedPlugins
-    from speculant.plugins.registry import Registry
+    from speculant.interfaces.catalog import LoadedCatalog
+    from speculant.interfaces.catalog import PluginCatalog as Registry
 
 __all__ = [
     "Issue", "backend_issues", "combination_issues", "combination_reasons", "sampling_issues",
@@ -64,17 +64,16 @@ __all__ = [
 ]
 
 
-def default_plugins() -> LoadedPlugins:
+def default_plugins() -> LoadedCatalog:
     """The loaded plugins (their ``registry`` and load ``errors``), for callers
     that pass no registry.
 
-    ``speculant.plugins`` sits above core (it imports the built-in plugins,
-    which import core), so core imports it nowhere at module level: this is the
-    one place core reaches up to it, lazily, when a registry was not passed in.
+    ``speculant.plugins`` sits above config and the engine (it loads the
+    built-in plugins, which import them), so nothing here imports it, not even
+    inside a function: the loader ``import speculant`` installs
+    (``interfaces.catalog``) is asked instead.
     """
-    from speculant.plugins.manager import load_plugins
-
-    return load_plugins()
+    return catalog.default_plugins()
 
 
 def auto_attention_backend(registry: Registry, device: str, dtype: str | None = None) -> str | None:

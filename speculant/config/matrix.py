@@ -23,7 +23,7 @@ from speculant.config.models import SpeculativeConfig
 from speculant.interfaces import UnknownPluginError
 
 if TYPE_CHECKING:
-    from speculant.plugins.registry import Registry
+    from speculant.interfaces.catalog import PluginCatalog as Registry
 
 README_START = "<!-- compat-matrix:start -->"
 README_END = "<!-- compat-matrix:end -->"

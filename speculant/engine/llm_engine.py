@@ -43,7 +43,7 @@ from speculant.model.runner import ModelRunner
 
 if TYPE_CHECKING:
     from speculant.interfaces.batch import RequestView
-    from speculant.plugins.registry import Registry
+    from speculant.interfaces.catalog import PluginCatalog as Registry
 
 logger = logging.getLogger(__name__)
 

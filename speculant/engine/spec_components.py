@@ -20,7 +20,7 @@ from speculant.interfaces import AcceptanceMethod, AttentionBackend, Proposer, P
 from speculant.model.runner import ModelRunner
 
 if TYPE_CHECKING:
-    from speculant.plugins.registry import Registry
+    from speculant.interfaces.catalog import PluginCatalog as Registry
 
 FINAL_NORM_PATHS = ("norm", "final_layernorm", "final_layer_norm", "ln_f", "norm_f", "decoder.final_layer_norm")
 """Where transformers' decoder stacks keep the norm before the LM head (llama-likes, phi, gpt_neox /
