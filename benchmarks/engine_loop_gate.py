@@ -7,7 +7,7 @@ repository; each then runs what ``speculant bench`` runs
 at batch 1 each prompt alone, streamed step by step (4 chat prompts x
 ``--max-tokens``), and 32 requests at once through ``LLM.generate``
 (the 4 prompts repeated, ``--max-tokens-c32`` each). Greedy, EOS ignored,
-prefix caching off. The workers take turns, round by round, the order
+prefix caching off, the GGUF dequantized to bf16 on both sides. The workers take turns, round by round, the order
 reversed every other round (``harness.rounds``); the figures are the medians
 of tokens/s and the per-round ratios branch / base with their spread, on the
 wall clock and per CPU second of the worker process (``*_cpu``: blind to time
@@ -39,9 +39,13 @@ def worker(args) -> None:
     from repeated_tasks import conversations
     from speculant.bench import render_prompts
     from speculant.bench.speculant_runs import Method, build_llm, run_method
+    from speculant.config.models import ModelConfig
 
     harness.pin_threads(args.threads)
-    llm = build_llm(harness.smollm2_path(), Method("no_spec"), 32, args.dtype)
+    # bf16 weights on both sides: a checkout that keeps a GGUF's blocks quantized by default
+    # (model.quantization, issue 51) dequantizes them here, as checkouts before that option always did
+    extra = {"quantization": "dequantize"} if "quantization" in ModelConfig.model_fields else {}
+    llm = build_llm(harness.smollm2_path(), Method("no_spec"), 32, args.dtype, **extra)
     texts = [c[-1]["content"] for c in conversations("edit")[: args.num_prompts]]
     prompts = render_prompts(llm.tokenizer, texts, chat=True)
     print(MARK + json.dumps({"ready": speculant.__file__}), flush=True)

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from speculant.engine.block_manager import BlockManager
 from speculant.interfaces.data import QuerySpan
@@ -38,6 +38,12 @@ if TYPE_CHECKING:  # the runner imports transformers' model classes (~2 s)
     from speculant.model.runner import ForwardOutput, ModelRunner
 
 _VIEW_NUMBERS = itertools.count(1)
+DIAGNOSTICS = frozenset({
+    "model", "tokenizer", "backend", "fast_forward", "graphs", "graphs_off_reason", "linear_report",
+    "quant_report", "kernel_report", "self_test", "self_test_deviation", "norms_fused", "norms_kept",
+})
+"""What the runner reports about itself (its load-time choices and the model), readable through
+the view for logs, benchmarks and tests; nothing that reaches the KV caches or an unchecked forward."""
 
 
 class SequenceRunner:
@@ -71,6 +77,13 @@ class SequenceRunner:
     @property
     def num_blocks(self) -> int:
         return self._blocks.num_blocks
+
+    def __getattr__(self, name: str) -> Any:  # only for names not found above
+        if name in DIAGNOSTICS:
+            return getattr(self._runner, name)
+        raise AttributeError(f"a RunnerView has no {name!r}: plugins reach KV only through sequence handles "
+                             f"(open_sequence, grow, fork, free, forward); readable runner reports: "
+                             f"{', '.join(sorted(DIAGNOSTICS))}")
 
     # --- handles -------------------------------------------------------------
     def _issue(self, label: str, seq_id: str | None = None) -> tuple[SequenceHandle, str]:

@@ -56,7 +56,7 @@ def test_new_runner_shares_the_targets_backend_and_kv_geometry(engine, llama_dir
     assert runner._runner.backend is engine.runner.backend
     assert (runner.block_size, runner.num_blocks) == (8, 64)
     assert runner._blocks is not engine.blocks
-    assert not hasattr(runner, "block_manager")  # plugins allocate through sequence handles only
+    assert not hasattr(runner, "block_manager") and not hasattr(runner, "key_caches")  # KV only by handle
 
 
 # --- sequence handles: a plugin attends only to its own sequences ----------------------------------
