@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .tables import _load, measured_on
+from .tables import _load, markdown_table, measured_on
 
 LABELS = {"bs1": "batch 1 (wall clock)", "c32": "32 requests (wall clock)",
           "bs1_cpu": "batch 1 (per CPU second)", "c32_cpu": "32 requests (per CPU second)"}
@@ -18,17 +18,18 @@ def engine_loop_gate(results: Path) -> list[str]:
         return []
     opts, env = data["options"], data.get("environment") or {}
     load = env.get("load_avg")
-    out = [f"Greedy, {opts['num_prompts']} chat edit prompts: batch 1 streamed ({opts['max_tokens']} tokens each), "
-           f"and 32 requests at once ({opts['max_tokens_c32']} tokens each); {opts['repeats']} alternating rounds, "
-           f"{opts['threads']} thread(s) per worker; base {data['base']['path']}; measured on {measured_on(data)}; "
-           f"load average at the start {load[0] if load else '?'} on 2 cores (read the spread).", "",
-           "| workload | base tok/s (median) | branch tok/s (median) | branch / base per round: median (min-max) "
-           "| same tokens |", "|---|---|---|---|---|"]
+    intro = (f"Greedy, {opts['num_prompts']} chat edit prompts: batch 1 streamed ({opts['max_tokens']} tokens "
+             f"each), and 32 requests at once ({opts['max_tokens_c32']} tokens each); {opts['repeats']} alternating "
+             f"rounds, {opts['threads']} thread(s) per worker; base {data['base']['path']}; measured on "
+             f"{measured_on(data)}; load average at the start {load[0] if load else '?'} on 2 cores (read the spread).")
+    header = ["workload", "base tok/s (median)", "branch tok/s (median)",
+              "branch / base per round: median (min-max)", "same tokens"]
+    rows = []
     for key, label in LABELS.items():
         r = data["results"].get(key)
-        if r is None:
-            continue
-        tps, ratio = r["tokens_per_s"], r["branch_over_base"]
-        out.append(f"| {label} | {tps['base']:.1f} | {tps['branch']:.1f} | {ratio['median']:.3f} "
-                   f"({ratio['min']:.3f}-{ratio['max']:.3f}) | {'yes' if r['same_tokens'] else '**no**'} |")
-    return out
+        if r is not None:
+            tps, ratio = r["tokens_per_s"], r["branch_over_base"]
+            rows.append([label, f"{tps['base']:.1f}", f"{tps['branch']:.1f}",
+                         f"{ratio['median']:.3f} ({ratio['min']:.3f}-{ratio['max']:.3f})",
+                         "yes" if r["same_tokens"] else "**no**"])
+    return markdown_table(intro, header, rows)
