@@ -90,7 +90,7 @@ class SequenceRunner:
         serial = self._num_issued
         self._num_issued += 1
         handle = SequenceHandle(self.name, serial, label)
-        seq_id = seq_id if seq_id is not None else f"\0{self.name}:{serial}"  # never a request id
+        seq_id = seq_id if seq_id is not None else f"\0{self.name}:{serial}:{label}"  # never a request id
         self._live[serial] = (handle, seq_id)
         return handle, seq_id
 

@@ -91,7 +91,8 @@ class Watch:
 
             def watched_allocate(seq_id, num_tokens, prefix=(), pool=pool, allocate=allocate):
                 if prefix and not pool.has(seq_id):
-                    self.draft_hits[seq_id] = self.draft_hits.get(seq_id, 0) + len(prefix) * pool.block_size
+                    rid = seq_id.split(":", 2)[2]  # the draft runner's id for a sequence it labelled rid
+                    self.draft_hits[rid] = self.draft_hits.get(rid, 0) + len(prefix) * pool.block_size
                 return allocate(seq_id, num_tokens, prefix)
 
             pool.allocate = watched_allocate

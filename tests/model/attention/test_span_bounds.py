@@ -119,7 +119,7 @@ def test_max_model_len_is_a_real_check_under_python_O(llama_dir):
     """``python -O`` strips asserts; the runner's guard must survive it."""
     code = (
         "import sys; from speculant.config.models import CacheConfig, ModelConfig\n"
-        "from speculant.interfaces import PagedSpan\n"
+        "from speculant.interfaces.span_tensors import PagedSpan\n"
         "from speculant.model.attention.torch_ref import TorchAttentionBackend\n"
         "from speculant.model.runner import ModelRunner\n"
         f"r = ModelRunner(ModelConfig(path={str(llama_dir)!r}, max_model_len=16), CacheConfig(num_blocks=8, "
