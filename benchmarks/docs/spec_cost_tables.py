@@ -29,7 +29,8 @@ def _table(what: str, workload: str, data: dict | None) -> list[str]:
     rows = data["rows"]
     base = next(iter(rows))
     load = (data.get("environment") or {}).get("load_avg")
-    out = ["", f"{what}; {data['model']}, {data.get('prompts', '')} prompt(s) x {data['max_tokens']} tokens per run, "
+    requests = "32 requests" if workload == "mixed" else f"{data.get('prompts', '')} prompt(s)"
+    out = ["", f"{what}; {data['model']}, {requests} x {data['max_tokens']} tokens per run, "
                f"{data['options']['repeats']} alternating rounds, {data['options']['threads']} threads; measured on "
                f"{measured_on(data)}; load average at the start {load[0] if load else '?'} on 2 cores.", "",
            f"| configuration | tok/s (median) | vs {base}: median (min-max) | greedy output identical | "
