@@ -93,7 +93,7 @@ int speculant_isa_set(int isa);
 #define PATH_AVX2 __attribute__((target("avx2,fma,f16c")))
 #define PATH_AVX512 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512dq,avx512vl")))
 #define PATH_AVX512_VNNI __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")))
-#define PATH_AVX512_BF16 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16")))
+#define PATH_AVX512_BF16 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512dq,avx512vl,avx512bf16")))
 #define BF16_PATH_TARGET PATH_AVX512_BF16
 /* aarch64: NEON (ASIMD, part of armv8-a) and the dot-product extension (SDOT/UDOT, armv8.2-a's
  * +dotprod: GCC's arm_neon.h declares vdotq_s32 under that arch, so the attribute names it) */
