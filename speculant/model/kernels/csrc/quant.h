@@ -31,6 +31,9 @@ typedef struct {
     int max_code;     /* largest u: 255 needs 32-bit products (no 16-bit pair sums) */
 } qformat;
 
+/* quant_dispatch.c: the path the dot products take now (a QISA_* value) */
+int speculant_qlinear_isa(void);
+
 /* the format of ggml type `type`, or NULL where there is no kernel for it */
 const qformat *speculant_qformat(int type);
 

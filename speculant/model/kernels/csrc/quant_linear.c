@@ -12,8 +12,7 @@
  * 32-bit ones where a code may exceed 127), AVX-512 VNNI (VPDPBUSD), and on aarch64
  * NEON (16-bit products) and NEON dotprod (SDOT): the NEON paths find the same integer
  * group sums and share the scalar path's float arithmetic, so they give its bits. The
- * path is the best one under the kernels' active path (cpuid / HWCAP, capped by
- * SPECULANT_CPU_ISA); speculant_qlinear_set_isa forces one (tests).
+ * path is the best one under the kernels' active path (quant_dispatch.c).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -27,67 +26,6 @@
 #else
 #define HAVE_QUANT_X86 0
 #endif
-
-static int qisa_available(int isa)
-{
-    if (isa == QISA_SCALAR)
-        return 1;
-#if HAVE_QUANT_X86
-    __builtin_cpu_init();
-    int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
-    if (isa == QISA_AVX2)
-        return avx2;
-    if (isa == QISA_AVX512_VNNI)
-        return avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")
-               && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
-#elif defined(__aarch64__)
-    /* the auxiliary vector's HWCAP (asimd, asimddp), through the kernels' dispatch */
-    if (isa == QISA_NEON)
-        return speculant_isa_runs(ISA_NEON) && speculant_qdot_neon != 0;
-    if (isa == QISA_NEON_DOTPROD)
-        return speculant_isa_runs(ISA_NEON_DOTPROD) && speculant_qdot_neon_dotprod != 0;
-#endif
-    return 0;
-}
-
-static int g_isa = -1; /* a path forced by speculant_qlinear_set_isa, or -1 */
-
-/* The best path under the kernels' active one (speculant_isa_set caps it: SPECULANT_CPU_ISA). */
-int speculant_qlinear_isa(void)
-{
-    if (g_isa >= 0)
-        return g_isa;
-#if HAVE_QUANT_X86 || defined(__aarch64__)
-    const int active = speculant_isa_active();
-    static const int ORDER[][2] = {{QISA_AVX512_VNNI, ISA_AVX512_VNNI}, {QISA_AVX2, ISA_AVX2},
-                                   {QISA_NEON_DOTPROD, ISA_NEON_DOTPROD}, {QISA_NEON, ISA_NEON}};
-    for (int i = 0; i < 4; i++) {
-        int at = active; /* is ORDER[i][1] on the active path's chain? */
-        while (at != ORDER[i][1] && at != ISA_SCALAR)
-            at = speculant_isa_below(at);
-        if (at == ORDER[i][1] && qisa_available(ORDER[i][0]))
-            return ORDER[i][0];
-    }
-#endif
-    return QISA_SCALAR;
-}
-
-/* force path `isa` (-1: back to the default); returns the path now in use, or -1 where this CPU lacks it */
-int speculant_qlinear_set_isa(int isa)
-{
-    if (isa < 0) {
-        g_isa = -1;
-        return speculant_qlinear_isa();
-    }
-    if (isa >= QISA_COUNT || !qisa_available(isa))
-        return -1;
-    return g_isa = isa;
-}
-
-int speculant_qlinear_isa_available(int isa)
-{
-    return isa >= 0 && isa < QISA_COUNT && qisa_available(isa);
-}
 
 /* 1 where ggml type `type` has a kernel */
 int speculant_qlinear_has_type(int type)
