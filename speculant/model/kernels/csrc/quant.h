@@ -47,4 +47,11 @@ float speculant_half_to_float(uint16_t h);
  * product with row r (AVX-512 VNNI CPUs only) */
 __attribute__((weak)) void speculant_qrow_k_vnni(int type, const uint8_t *row, int64_t K, int64_t R, const int8_t *xq, const float *xd,
                            const int16_t *xn, float *sums);
+/* quant_linear.c: the activation block of a call (0: a type or K without a kernel), the team's
+ * scratch bytes for R rows of K, and y (+)= x W^T (+ b) run by every thread of an OpenMP team */
+int speculant_qlinear_block(int n_mats, const int *types, int64_t K);
+int64_t speculant_qlinear_scratch_bytes(int64_t R, int64_t K);
+void speculant_qlinear_team(int n_mats, const int *types, const uint8_t *const *ws, const int64_t *Ns,
+                            const float *const *biases, int64_t K, int block, const void *x, int64_t R, int64_t ldx,
+                            int dtype, const void *res, void *y, int64_t ldy, void *scratch);
 #endif
