@@ -42,9 +42,13 @@ void speculant_qdecode(int type, const uint8_t *row, int64_t k0, int n, uint8_t 
 
 float speculant_half_to_float(uint16_t h);
 
+/* Q4_K's nibble order of 256 activation codes, per 128: [0, 32), [64, 96), [32, 64), [96, 128)
+ * (low nibbles of 64 bytes, then high ones); out[K] from xq[K], K a multiple of 256 */
+void speculant_q4k_order(const int8_t *xq, int64_t K, int8_t *out);
+
 /* quant_avx512_vnni.c (a path file, compiled on its own: NULL where the compiler could not build it):
  * one Q4_K or Q6_K weight row (K a multiple of 256) against R activation rows, sums[r] = its dot
- * product with row r (AVX-512 VNNI CPUs only) */
+ * product with row r (AVX-512 VNNI CPUs only); Q4_K reads xq in speculant_q4k_order */
 __attribute__((weak)) void speculant_qrow_k_vnni(int type, const uint8_t *row, int64_t K, int64_t R, const int8_t *xq, const float *xd,
                            const int16_t *xn, float *sums);
 /* quant_linear.c: the activation block of a call (0: a type or K without a kernel), the team's

@@ -6,6 +6,8 @@
  * activations' integer group sums the same way. So per tile and row:
  *   Q4_K: d * dx * sum_g sc_g <u, x>_g - dmin * dx * sum_g m_g sum(x)_g
  *   Q6_K: d * dx * sum_g sc_g (<u, x>_g - 32 sum(x)_g)
+ * Q4_K codes stay in the file's nibble order (no shuffles): the activations are given in
+ * that order as well (quant_linear.c keeps a copy per row, speculant_q4k_order).
  * The tile's 256 codes are decoded into four registers and reused for up to 8 rows; each
  * row's 16 integer lanes are folded to 8 before its float steps, which are 256 bits wide.
  */
@@ -47,7 +49,9 @@ __attribute__((constructor)) static void fill_spread(void)
 {
     for (int c = 0; c < 4; c++)
         for (int i = 0; i < 32; i++) {
-            SPREAD[0][c][i] = (int16_t)((64 * c + 2 * i) / 32);
+            /* Q4_K chunk c = 2h + part holds, in its 64 codes, weights 128h + 32 part + [0, 32) then
+             * + 64 + [0, 32): groups of 32 4h + part, then 4h + part + 2 */
+            SPREAD[0][c][i] = (int16_t)(4 * (c / 2) + c % 2 + 2 * (i >= 16));
             SPREAD[1][c][i] = (int16_t)((64 * c + 2 * i) / 16);
         }
 }
@@ -67,11 +71,12 @@ QUANT_VNNI_TARGET static inline void q4k_tile(const uint8_t *b, ktile *t)
     const __m128i dup_m = _mm_setr_epi8(8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15);
     t->off = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(bytes, dup_m));
     const __m512i low = _mm512_set1_epi8(0xf);
-    for (int h = 0; h < 2; h++) {  /* 64 bytes: weights 128h + [0, 32) low, [32, 64) high, then the next 64 */
+    /* 64 bytes: weights 128h + [0, 32) low, [32, 64) high, then the next 64; the codes stay in
+     * that order, and the activations come in it too (speculant_q4k_order) */
+    for (int h = 0; h < 2; h++) {
         __m512i v = _mm512_loadu_si512(b + 16 + 64 * h);
-        __m512i lo = _mm512_and_si512(v, low), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
-        t->u[2 * h] = _mm512_shuffle_i64x2(lo, hi, _MM_SHUFFLE(1, 0, 1, 0));
-        t->u[2 * h + 1] = _mm512_shuffle_i64x2(lo, hi, _MM_SHUFFLE(3, 2, 3, 2));
+        t->u[2 * h] = _mm512_and_si512(v, low);
+        t->u[2 * h + 1] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
     }
 }
 

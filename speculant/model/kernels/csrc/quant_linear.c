@@ -178,6 +178,14 @@ static void quantize_row(const void *x, int dtype, int64_t K, int block, int8_t 
     }
 }
 
+void speculant_q4k_order(const int8_t *xq, int64_t K, int8_t *out)
+{
+    static const int from[4] = {0, 64, 32, 96};
+    for (int64_t k0 = 0; k0 < K; k0 += 128)
+        for (int j = 0; j < 4; j++)
+            memcpy(out + k0 + 32 * j, xq + k0 + from[j], 32);
+}
+
 static void dot_tile(int isa, const qtile *t, const qact *a, float *accv)
 {
 #if HAVE_QUANT_X86
@@ -193,12 +201,12 @@ static void dot_tile(int isa, const qtile *t, const qact *a, float *accv)
 
 /* sums[r] = dot(weight row, activation row r) for r < R; acc: R * ACC_LANES floats of scratch */
 static void weight_row(int type, const qformat *f, int isa, const uint8_t *row, int64_t K, int64_t R,
-                       const int8_t *xq, const float *xd, const float *xs, const int16_t *xn, int block, float *acc,
-                       float *sums)
+                       const int8_t *xq, const int8_t *xq4, const float *xd, const float *xs, const int16_t *xn,
+                       int block, float *acc, float *sums)
 {
 #if HAVE_QUANT_X86
     if (isa == QISA_AVX512_VNNI && block == QTILE && (type == QT_Q4_K || type == QT_Q6_K) && speculant_qrow_k_vnni) {
-        speculant_qrow_k_vnni(type, row, K, R, xq, xd, xn, sums);
+        speculant_qrow_k_vnni(type, row, K, R, type == QT_Q4_K ? xq4 : xq, xd, xn, sums);
         return;
     }
 #endif
@@ -239,7 +247,7 @@ int speculant_qlinear_block(int n_mats, const int *types, int64_t K)
 /* Bytes of scratch speculant_qlinear_team needs for R rows of K. */
 int64_t speculant_qlinear_scratch_bytes(int64_t R, int64_t K)
 {
-    return R * K + R * (K / QGROUP) * (int64_t)(2 * sizeof(float) + sizeof(int16_t)) + 64;
+    return 2 * R * K + R * (K / QGROUP) * (int64_t)(2 * sizeof(float) + sizeof(int16_t)) + 64;
 }
 
 /* Inside an OpenMP parallel region, called by every thread of the team (orphaned worksharing):
@@ -259,12 +267,15 @@ void speculant_qlinear_team(int n_mats, const int *types, const uint8_t *const *
         total += Ns[m];
     float *xd = scratch, *xs = xd + R * ng;
     int16_t *xn = (int16_t *)(xs + R * ng);
-    int8_t *xq = (int8_t *)(xn + R * ng);
+    int8_t *xq = (int8_t *)(xn + R * ng), *xq4 = xq + R * K;  /* xq4: in Q4_K's order (VNNI rows) */
     const size_t esize = dtype ? 2 : 4;
 #pragma omp for schedule(static)
-    for (int64_t r = 0; r < R; r++)
+    for (int64_t r = 0; r < R; r++) {
         quantize_row((const char *)x + (size_t)(r * ldx) * esize, dtype, K, block, xq + r * K, xd + r * ng,
                      xs + r * ng, xn + r * ng);
+        if (block == QTILE)
+            speculant_q4k_order(xq + r * K, K, xq4 + r * K);
+    }
     float acc[ROW_CHUNK * ACC_LANES] __attribute__((aligned(64))), sums[ROW_CHUNK];
     /* rows in chunks whose activations stay in L2 while every weight row passes over them */
     for (int64_t r0 = 0; r0 < R; r0 += ROW_CHUNK) {
@@ -277,8 +288,8 @@ void speculant_qlinear_team(int n_mats, const int *types, const uint8_t *const *
                 n -= Ns[m++];
             const qformat *f = speculant_qformat(types[m]);
             int64_t row_bytes = K / f->block_elems * f->block_bytes;
-            weight_row(types[m], f, isa, ws[m] + n * row_bytes, K, nr, xq + r0 * K, xd + r0 * ng, xs + r0 * ng,
-                       xn + r0 * ng, block, acc, sums);
+            weight_row(types[m], f, isa, ws[m] + n * row_bytes, K, nr, xq + r0 * K, xq4 + r0 * K, xd + r0 * ng,
+                       xs + r0 * ng, xn + r0 * ng, block, acc, sums);
             for (int64_t r = 0; r < nr; r++) {
                 float sum = sums[r] + (biases[m] ? biases[m][n] : 0.0f);
                 int64_t at = (r0 + r) * ldy + col;
