@@ -73,6 +73,8 @@ def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.speculant_qlinear.restype = i32
     lib.speculant_qlinear_multi.argtypes = [i32, p, p, p, p, i64, p, i64, i64, i32, p, i64, i32]
     lib.speculant_qlinear_multi.restype = i32
+    lib.speculant_qlinear_block.argtypes = [i32, p, i64]
+    lib.speculant_qlinear_block.restype = i32
     lib.speculant_qdequant_rows.argtypes = [i32, p, i64, i64, p, i64, p]
     lib.speculant_qdequant_rows.restype = i32
     lib.speculant_decoder_scratch_elems.argtypes = [i64] * 6

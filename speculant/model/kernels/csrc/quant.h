@@ -75,9 +75,20 @@ static inline void speculant_qacc_dots(const qtile *t, const qact *a, const int3
 __attribute__((weak)) void speculant_qdot_neon(const qtile *t, const qact *a, float *acc);
 __attribute__((weak)) void speculant_qdot_neon_dotprod(const qtile *t, const qact *a, float *acc);
 
+/* Q4_K's nibble order of 256 activation codes, per 128: [0, 32), [64, 96), [32, 64), [96, 128)
+ * (low nibbles of 64 bytes, then high ones); out[K] from xq[K], K a multiple of 256 */
+void speculant_q4k_order(const int8_t *xq, int64_t K, int8_t *out);
+
 /* quant_avx512_vnni.c (a path file, compiled on its own: NULL where the compiler could not build it):
  * one Q4_K or Q6_K weight row (K a multiple of 256) against R activation rows, sums[r] = its dot
- * product with row r (AVX-512 VNNI CPUs only) */
+ * product with row r (AVX-512 VNNI CPUs only); Q4_K reads xq in speculant_q4k_order */
 __attribute__((weak)) void speculant_qrow_k_vnni(int type, const uint8_t *row, int64_t K, int64_t R, const int8_t *xq, const float *xd,
                            const int16_t *xn, float *sums);
+/* quant_linear.c: the activation block of a call (0: a type or K without a kernel), the team's
+ * scratch bytes for R rows of K, and y (+)= x W^T (+ b) run by every thread of an OpenMP team */
+int speculant_qlinear_block(int n_mats, const int *types, int64_t K);
+int64_t speculant_qlinear_scratch_bytes(int64_t R, int64_t K);
+void speculant_qlinear_team(int n_mats, const int *types, const uint8_t *const *ws, const int64_t *Ns,
+                            const float *const *biases, int64_t K, int block, const void *x, int64_t R, int64_t ldx,
+                            int dtype, const void *res, void *y, int64_t ldy, void *scratch);
 #endif
