@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .tables import _load, _num, _x, measured_on
+from .tables import _load, _num, _x, markdown_table, measured_on
 
 RESULT = "fast_forward_smollm2.json"
 PARTS = (("layers", "decoder layers (GEMMs, attention, norms, rotary)"), ("lm_head", "LM head"),
@@ -20,18 +20,17 @@ def fast_forward(results: Path) -> list[str]:
     if data is None:
         return []
     w = data["workload"]
-    out = [f"The chat prompts of examples/prompts/edit_tasks.txt, batch 1, greedy, EOS ignored, {w['max_tokens']} new "
-           f"tokens, prefill included, {data['options'].get('threads')} thread(s), k = {w['k']}, median of "
-           f"{data['options'].get('repeats')} interleaved rounds; measured on {measured_on(data)} (a machine shared "
-           "with other jobs).", "",
-           "| dtype | method | model.fast_forward | path | tok/s | vs off | tok/s, CPU clock | vs off | "
-           "output vs off | tokens per verify step |",
-           "|---|---|---|---|---|---|---|---|---|---|"]
-    for r in data["rows"]:
-        out.append(f"| {r['dtype']} | {r['method']} | {r['fast_forward']} | {r['path']} | {r['tokens_per_s']:.1f} | "
-                   f"{_x(r['vs_off'])} | {_num(r.get('cpu_tokens_per_s'))} | {_x(r.get('cpu_vs_off'))} | "
-                   f"{'identical' if r['same_tokens_as_off'] else '**differs**'} | "
-                   f"{_num(r.get('mean_accepted_length'), 2)} |")
+    out = markdown_table(
+        f"The chat prompts of examples/prompts/edit_tasks.txt, batch 1, greedy, EOS ignored, {w['max_tokens']} new "
+        f"tokens, prefill included, {data['options'].get('threads')} thread(s), k = {w['k']}, median of "
+        f"{data['options'].get('repeats')} interleaved rounds; measured on {measured_on(data)} (a machine shared "
+        "with other jobs).",
+        ["dtype", "method", "model.fast_forward", "path", "tok/s", "vs off", "tok/s, CPU clock", "vs off",
+         "output vs off", "tokens per verify step"],
+        ([r["dtype"], r["method"], r["fast_forward"], r["path"], f"{r['tokens_per_s']:.1f}", _x(r["vs_off"]),
+          _num(r.get("cpu_tokens_per_s")), _x(r.get("cpu_vs_off")),
+          "identical" if r["same_tokens_as_off"] else "**differs**", _num(r.get("mean_accepted_length"), 2)]
+         for r in data["rows"]))
     out += ["", "The CPU clock counts the process's CPU time (all threads): time descheduled by the "
                 "machine's other jobs is left out, so it is the steadier comparison here."]
     return out + profile_table(data.get("step_profile_ms") or {},
@@ -44,11 +43,9 @@ def profile_table(profile: dict[str, dict[str, float]], intro: str) -> list[str]
     if not profile:
         return []
     names = list(profile)
-    out = ["", intro, "", "| part | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
-    for key, label in PARTS:
-        out.append(f"| {label} | " + " | ".join(_num(profile[n].get(key), 2) for n in names) + " |")
-    out.append("| **step** | " + " | ".join(f"**{_num(profile[n].get('step'), 2)}**" for n in names) + " |")
-    return out
+    rows = [[label, *(_num(profile[n].get(key), 2) for n in names)] for key, label in PARTS]
+    rows.append(["**step**", *(f"**{_num(profile[n].get('step'), 2)}**" for n in names)])
+    return ["", *markdown_table(intro, ["part", *names], rows)]
 
 
 def fast_forward_headline(results: Path) -> list[str]:
@@ -78,17 +75,16 @@ def cpu_kernels(results: Path) -> list[str]:
     if data is None:
         return []
     w = data["workload"]
-    out = [f"SmolLM2-135M bf16, fast decoder on, the chat prompts of examples/prompts/edit_tasks.txt, batch 1, "
-           f"greedy, EOS ignored, {w['max_tokens']} new tokens, {data['options'].get('threads')} thread(s), suffix at "
-           f"k = {w['k']}, median of {data['options'].get('repeats')} interleaved rounds; measured on "
-           f"{measured_on(data)}. bf16 outputs may part from the oneDNN row at a near-tie (the float32 sums run "
-           "in another order), and suffix then drafts from other text: compare speculative rows by step time.", "",
-           "| method | kernels | tok/s | vs oneDNN | output vs oneDNN | tokens per verify step |",
-           "|---|---|---|---|---|---|"]
-    for r in data["rows"]:
-        out.append(f"| {r['method']} | {KERNEL_SETS.get(r['kernels'], r['kernels'])} | {r['tokens_per_s']:.1f} | "
-                   f"{_x(r['vs_onednn'])} | {'identical' if r['same_tokens_as_onednn'] else 'parts at a near-tie'} | "
-                   f"{_num(r.get('mean_accepted_length'), 2)} |")
+    out = markdown_table(
+        f"SmolLM2-135M bf16, fast decoder on, the chat prompts of examples/prompts/edit_tasks.txt, batch 1, "
+        f"greedy, EOS ignored, {w['max_tokens']} new tokens, {data['options'].get('threads')} thread(s), suffix at "
+        f"k = {w['k']}, median of {data['options'].get('repeats')} interleaved rounds; measured on "
+        f"{measured_on(data)}. bf16 outputs may part from the oneDNN row at a near-tie (the float32 sums run "
+        "in another order), and suffix then drafts from other text: compare speculative rows by step time.",
+        ["method", "kernels", "tok/s", "vs oneDNN", "output vs oneDNN", "tokens per verify step"],
+        ([r["method"], KERNEL_SETS.get(r["kernels"], r["kernels"]), f"{r['tokens_per_s']:.1f}", _x(r["vs_onednn"]),
+          "identical" if r["same_tokens_as_onednn"] else "parts at a near-tie", _num(r.get("mean_accepted_length"), 2)]
+         for r in data["rows"]))
     return out + profile_table(data.get("step_profile_ms") or {},
                                "Milliseconds per decode step (one prompt, no speculation, wall clock):")
 

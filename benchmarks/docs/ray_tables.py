@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .tables import measured_on
+from .tables import markdown_table, measured_on
 
 
 def _label(name: str, threads: int) -> str:
@@ -38,21 +38,22 @@ def ray_scaling(results: Path) -> list[str]:
     if found is None:
         return []
     data, s, load = found
-    out = [f"`ray_scaling.json`: {s['prompts']} prompts, greedy, the demo pair (`examples/demo.toml`), "
-           f"{s['total_threads']} torch thread(s) in all, each job run as {s.get('jobs_run_as', 'this process')}, "
-           f"engine loading included, median of "
-           f"{data['options'].get('repeats', 1)} alternating rounds; measured on {measured_on(data)}, a shared "
-           f"machine (load average {load} at the start).", "",
-           "| tokens per prompt | run | job wall time | Ray's cost (medians) | Ray's cost round by round "
-           "(against the local run beside it; median) | records identical to local |",
-           "|---|---|---|---|---|---|"]
+    rows = []
     for job in s["jobs"]:
         for name, wall in job["job_wall_s"].items():
             cost = "–" if name == "local" else \
                 f"{job['ray_overhead_s'][name]:+.1f} s ({job['ray_overhead_pct_of_local'][name]:+.1f} %)"
             same = "yes" if job["outputs_identical_to_local"][name] else "**no**"
-            out.append(f"| {job['max_tokens']} | {_label(name, s['total_threads'])} | {wall:.1f} s | {cost} "
-                       f"| {_paired(job, name)} | {same} |")
+            rows.append([job["max_tokens"], _label(name, s["total_threads"]), f"{wall:.1f} s", cost,
+                         _paired(job, name), same])
+    out = markdown_table(
+        f"`ray_scaling.json`: {s['prompts']} prompts, greedy, the demo pair (`examples/demo.toml`), "
+        f"{s['total_threads']} torch thread(s) in all, each job run as {s.get('jobs_run_as', 'this process')}, "
+        f"engine loading included, median of "
+        f"{data['options'].get('repeats', 1)} alternating rounds; measured on {measured_on(data)}, a shared "
+        f"machine (load average {load} at the start).",
+        ["tokens per prompt", "run", "job wall time", "Ray's cost (medians)",
+         "Ray's cost round by round (against the local run beside it; median)", "records identical to local"], rows)
     v = s["serve"]
     first = s.get("first_ray_job_s")
     lines = s.get("first_ray_job_lines", 4)  # results written before the count was recorded ran 4 lines
@@ -80,31 +81,28 @@ def ray_breakdown(results: Path) -> list[str]:
         return []
     data, s, load = found
     t = s["total_threads"]
-    out = [f"`ray_breakdown.json`: the `ray_scaling.py` job ({s['prompts']} prompts, {s['max_tokens']} tokens each) "
-           f"once per run, engine steps timed in the driver or in each actor; measured on {measured_on(data)} "
-           f"(load average {load} at the start).", "",
-           "| run | wall | start to engine ready (Ray: actor up + its imports and engine load) "
-           "| engine steps | ms per step: mean (p10 / p50 / p90) "
-           "| requests running per step | steps with < 16 running | engine idle "
-           "| CPU of the driver and Ray's processes |",
-           "|---|---|---|---|---|---|---|---|---|"]
-    for name, row in s["modes"].items():
-        label = _label(name.replace("T", str(t)), t)
-        cpu = row["cpu_s"]
-        ray_cpu = sum(v for k, v in cpu.items() if k in ("driver", "raylet", "gcs_server", "ray_other"))
-        if name == "local":
-            out.append(f"| {label} | {row['wall_s']:.1f} s | {row['load_s']:.1f} s | {row['steps']} "
-                       f"| {_step_ms(row)} | {row['mean_running']} | {row['tail_steps']} | – | – |")
-            continue
-        actors = row["actors"]
-        idle = " / ".join(f"{a['idle_s']:.1f} s" for a in actors)
-        ready = ", ".join(f"{a['to_actor_init_s']:.1f} + {a['engine_load_s']:.1f} s" for a in actors)
-        out.append(f"| {label} | {row['wall_s']:.1f} s | {ready} | {' + '.join(str(a['steps']) for a in actors)} "
-                   f"| {' / '.join(_step_ms(a) for a in actors)} "
-                   f"| {' / '.join(str(a['mean_running']) for a in actors)} "
-                   f"| {' + '.join(str(a['tail_steps']) for a in actors)} "
-                   f"| {idle} | {ray_cpu:.1f} s |")
-    return out
+    return markdown_table(
+        f"`ray_breakdown.json`: the `ray_scaling.py` job ({s['prompts']} prompts, {s['max_tokens']} tokens each) "
+        f"once per run, engine steps timed in the driver or in each actor; measured on {measured_on(data)} "
+        f"(load average {load} at the start).",
+        ["run", "wall", "start to engine ready (Ray: actor up + its imports and engine load)", "engine steps",
+         "ms per step: mean (p10 / p50 / p90)", "requests running per step", "steps with < 16 running",
+         "engine idle", "CPU of the driver and Ray's processes"],
+        (_breakdown_cells(name, row, t) for name, row in s["modes"].items()))
+
+
+def _breakdown_cells(name: str, row: dict, t: int) -> list[object]:
+    label = _label(name.replace("T", str(t)), t)
+    if name == "local":
+        return [label, f"{row['wall_s']:.1f} s", f"{row['load_s']:.1f} s", row["steps"], _step_ms(row),
+                row["mean_running"], row["tail_steps"], "–", "–"]
+    actors = row["actors"]
+    ray_cpu = sum(v for k, v in row["cpu_s"].items() if k in ("driver", "raylet", "gcs_server", "ray_other"))
+    return [label, f"{row['wall_s']:.1f} s",
+            ", ".join(f"{a['to_actor_init_s']:.1f} + {a['engine_load_s']:.1f} s" for a in actors),
+            " + ".join(str(a["steps"]) for a in actors), " / ".join(_step_ms(a) for a in actors),
+            " / ".join(str(a["mean_running"]) for a in actors), " + ".join(str(a["tail_steps"]) for a in actors),
+            " / ".join(f"{a['idle_s']:.1f} s" for a in actors), f"{ray_cpu:.1f} s"]
 
 
 def _signed(values: list[float], unit: str) -> str:
@@ -118,16 +116,16 @@ def ray_split(results: Path) -> list[str]:
         return []
     data, s, load = found
     t = s["total_threads"]
-    out = [f"`ray_split.json`: the `ray_scaling.py` job ({s['prompts']} prompts, {s['max_tokens']} tokens each), "
-           f"each run as its own process (as from a shell) with the engine's steps timed, "
-           f"{data['options'].get('repeats', 1)} alternating rounds (medians); measured on {measured_on(data)} "
-           f"(load average {load} at the start).", "",
-           "| run | wall | command start to engine ready | engine phase (first step to last) | last step to exit "
-           "| engine steps |",
-           "|---|---|---|---|---|---|"]
-    for name, row in s["median"].items():
-        out.append(f"| {_label(name, t)} | {row['wall_s']:.1f} s | {row['engine_ready_s']:.1f} s "
-                   f"| {row['engine_phase_s']:.1f} s | {row['after_s']:.1f} s | {row['steps']:.0f} |")
+    out = markdown_table(
+        f"`ray_split.json`: the `ray_scaling.py` job ({s['prompts']} prompts, {s['max_tokens']} tokens each), "
+        f"each run as its own process (as from a shell) with the engine's steps timed, "
+        f"{data['options'].get('repeats', 1)} alternating rounds (medians); measured on {measured_on(data)} "
+        f"(load average {load} at the start).",
+        ["run", "wall", "command start to engine ready", "engine phase (first step to last)", "last step to exit",
+         "engine steps"],
+        ([_label(name, t), f"{row['wall_s']:.1f} s", f"{row['engine_ready_s']:.1f} s",
+          f"{row['engine_phase_s']:.1f} s", f"{row['after_s']:.1f} s", f"{row['steps']:.0f}"]
+         for name, row in s["median"].items()))
     pairs, med = s["pairs"], s["paired_median"]
     out += ["", "Round by round, the Ray run against the local run beside it (median in brackets): fixed extra "
             f"(engine ready later, plus the end) {_signed([p['fixed_extra_s'] for p in pairs], 's')} "

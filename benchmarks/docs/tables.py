@@ -5,6 +5,7 @@ the file is absent). Every table names the machine, date and commit measured on.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,12 @@ def measured_on(data: dict[str, Any]) -> str:
     return f"{machine}, {date} UTC, {commit}"
 
 
+def markdown_table(intro: str, header: Sequence[str], rows: Iterable[Sequence[object]]) -> list[str]:
+    """``intro``, a blank line, then a Markdown table: ``header``'s columns and one line per row of cells."""
+    return [intro, "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header),
+            *("| " + " | ".join(str(c) for c in row) + " |" for row in rows)]
+
+
 def _x(value: float | None) -> str:
     return "–" if value is None else f"{value:.2f}×"
 
@@ -40,15 +47,14 @@ def smollm2_batch1(results: Path) -> list[str]:
     rows = [r for r in data["rows"] if r.get("concurrency") == 1 and r.get("status") == "ok"]
     base = next(r["tokens_per_s"] for r in rows if r["engine"] == "speculant" and r["method"] == "no_spec")
     s = data["settings"]
-    out = [f"SmolLM2-135M-Instruct, {s['dtype']}, {s['num_prompts']} chat prompts × {s['max_tokens']} tokens, "
-           f"k = {s['k']}, greedy, batch 1, median of {s['repeats']} rounds; measured on {measured_on(data)}.", "",
-           "| engine | method | tok/s | vs Speculant without speculation | tokens per verify step | "
-           "output = no speculation |", "|---|---|---|---|---|---|"]
-    for r in rows:
-        same = {True: "yes", False: "**no**", None: "–"}[r.get("matches_no_spec")]
-        out.append(f"| {r['engine']} | {r['method']} | {_num(r['tokens_per_s'])} | {_x(r['tokens_per_s'] / base)} | "
-                   f"{_num(r.get('mean_accepted_length'), 2)} | {same} |")
-    return out
+    return markdown_table(
+        f"SmolLM2-135M-Instruct, {s['dtype']}, {s['num_prompts']} chat prompts × {s['max_tokens']} tokens, "
+        f"k = {s['k']}, greedy, batch 1, median of {s['repeats']} rounds; measured on {measured_on(data)}.",
+        ["engine", "method", "tok/s", "vs Speculant without speculation", "tokens per verify step",
+         "output = no speculation"],
+        ([r["engine"], r["method"], _num(r["tokens_per_s"]), _x(r["tokens_per_s"] / base),
+          _num(r.get("mean_accepted_length"), 2), {True: "yes", False: "**no**", None: "–"}[r.get("matches_no_spec")]]
+         for r in rows))
 
 
 def eagle_rounds(results: Path) -> list[str]:
@@ -57,14 +63,12 @@ def eagle_rounds(results: Path) -> list[str]:
     if data is None:
         return []
     s = data["settings"]
-    out = [f"EAGLE head on SmolLM2-135M-Instruct, {s['dtype']}, {s['prompts']} prompts × {s['max_tokens']} tokens, "
-           f"k = {s['k']}, {s['repeats']} rounds; measured on {measured_on(data)}.", "",
-           "| configuration | tok/s | speedup | tokens per verify step | chunked ÷ unchunked (median of rounds) |",
-           "|---|---|---|---|---|"]
-    for name, r in data["results"].items():
-        out.append(f"| {name} | {_num(r['tokens_per_s'])} | {_x(r.get('speedup_vs_no_spec'))} | "
-                   f"{_num(r.get('tokens_per_verify_step'), 2)} | {_num(r.get('vs_unchunked_median_of_rounds'), 3)} |")
-    return out
+    return markdown_table(
+        f"EAGLE head on SmolLM2-135M-Instruct, {s['dtype']}, {s['prompts']} prompts × {s['max_tokens']} tokens, "
+        f"k = {s['k']}, {s['repeats']} rounds; measured on {measured_on(data)}.",
+        ["configuration", "tok/s", "speedup", "tokens per verify step", "chunked ÷ unchunked (median of rounds)"],
+        ([name, _num(r["tokens_per_s"]), _x(r.get("speedup_vs_no_spec")), _num(r.get("tokens_per_verify_step"), 2),
+          _num(r.get("vs_unchunked_median_of_rounds"), 3)] for name, r in data["results"].items()))
 
 
 def heldout_acceptance(results: Path) -> list[str]:
@@ -72,12 +76,12 @@ def heldout_acceptance(results: Path) -> list[str]:
     data = _load(results, "heldout_tokens_per_step_smollm2.json")
     if data is None:
         return []
-    out = [f"Tokens per verify step on the 20 held-out chat prompts (greedy); measured on {measured_on(data)}.", "",
-           "| proposer | tokens per verify step | acceptance rate | output = no speculation |", "|---|---|---|---|"]
-    for name, r in sorted(data["results"].items(), key=lambda kv: -kv[1]["tokens_per_verify_step"]):
-        out.append(f"| {name} | {r['tokens_per_verify_step']:.2f} | {r['acceptance_rate']:.2f} | "
-                   f"{'yes' if r['identical_to_no_spec'] else '**no**'} |")
-    return out
+    return markdown_table(
+        f"Tokens per verify step on the 20 held-out chat prompts (greedy); measured on {measured_on(data)}.",
+        ["proposer", "tokens per verify step", "acceptance rate", "output = no speculation"],
+        ([name, f"{r['tokens_per_verify_step']:.2f}", f"{r['acceptance_rate']:.2f}",
+          "yes" if r["identical_to_no_spec"] else "**no**"]
+         for name, r in sorted(data["results"].items(), key=lambda kv: -kv[1]["tokens_per_verify_step"])))
 
 
 def _gpu_files(results: Path) -> list[tuple[str, dict[str, Any]]]:
@@ -108,14 +112,13 @@ def gpu_rows(results: Path) -> list[str]:
     """``scripts/gpu_check.sh``'s bench rows on the GPU (``gpu_bench_*.json``), one table per file."""
     out: list[str] = []
     for name, data in _gpu_files(results):
-        out += [f"`{name}`: {_title(data)}; measured on {measured_on(data)}.", "",
-                "| engine | method | batch | tok/s | vs Speculant without speculation | tokens per verify step | "
-                "output = no speculation | peak GPU GB |", "|---|---|---|---|---|---|---|---|"]
-        for r in _with_baseline(data):
-            same = {True: "yes", False: "no", None: "–"}[r.get("matches_no_spec")]
-            out.append(f"| {r['engine']} | {r['method']} | {r.get('concurrency', 1)} | {_num(r.get('tokens_per_s'))} "
-                       f"| {_x(r.get('vs_baseline'))} | {_num(r.get('mean_accepted_length'), 2)} | {same} | "
-                       f"{_num(r.get('peak_gpu_memory_gb'), 2)} |")
+        out += markdown_table(
+            f"`{name}`: {_title(data)}; measured on {measured_on(data)}.",
+            ["engine", "method", "batch", "tok/s", "vs Speculant without speculation", "tokens per verify step",
+             "output = no speculation", "peak GPU GB"],
+            ([r["engine"], r["method"], r.get("concurrency", 1), _num(r.get("tokens_per_s")), _x(r.get("vs_baseline")),
+              _num(r.get("mean_accepted_length"), 2), {True: "yes", False: "no", None: "–"}[r.get("matches_no_spec")],
+              _num(r.get("peak_gpu_memory_gb"), 2)] for r in _with_baseline(data)))
         out.append("")
     return out[:-1] if out else out
 
@@ -185,15 +188,13 @@ def llamacpp(results: Path) -> list[str]:
     if data is None:
         return []
     w = data["workload"]
-    out = [f"The chat prompts of examples/prompts/edit_tasks.txt, batch 1, greedy, EOS ignored, {w['max_tokens']} "
-           f"new tokens, prefill included, {data['options'].get('threads')} threads, k = {w['k']}; measured on "
-           f"{measured_on(data)}.", "",
-           "| engine | method | dtype | tok/s | vs the faster llama.cpp row | tokens per verify step |",
-           "|---|---|---|---|---|---|"]
-    for r in data["rows"]:
-        out.append(f"| {r['engine']} | {r['method']} | {r['dtype']} | {r['tokens_per_s']:.1f} | "
-                   f"{_x(r.get('vs_best_llamacpp'))} | {_num(r.get('mean_accepted_length'), 2)} |")
-    return out
+    return markdown_table(
+        f"The chat prompts of examples/prompts/edit_tasks.txt, batch 1, greedy, EOS ignored, {w['max_tokens']} "
+        f"new tokens, prefill included, {data['options'].get('threads')} threads, k = {w['k']}; measured on "
+        f"{measured_on(data)}.",
+        ["engine", "method", "dtype", "tok/s", "vs the faster llama.cpp row", "tokens per verify step"],
+        ([r["engine"], r["method"], r["dtype"], f"{r['tokens_per_s']:.1f}", _x(r.get("vs_best_llamacpp")),
+          _num(r.get("mean_accepted_length"), 2)] for r in data["rows"]))
 
 
 def llamacpp_headline(results: Path) -> list[str]:
@@ -220,20 +221,20 @@ def graphs(results: Path) -> list[str]:
     data = _load(results, "gpu_graph_check.json")
     if data is None:
         return []
-    out = [f"A {data['size']}-parameter-shaped llama with dummy weights, batch 1, greedy; measured on "
-           f"{measured_on(data)}.", "",
-           "| dtype | speculation | eager ms / step | graphed ms / step | speedup | graphs | output |",
-           "|---|---|---|---|---|---|---|"]
-    for r in data["rows"]:
-        if "graphed_ms_per_decode_step" not in r:
-            out.append(f"| {r['dtype']} | {r['speculation']} | – | – | – | – | {r.get('error', 'failed')} |")
-            continue
-        same = "identical" if r["identical"] else ("near tie only" if r["ok"] else "**differs**")
-        out.append(f"| {r['dtype']} | {r['speculation']} | {r['eager_ms_per_decode_step']:.2f} | "
-                   f"{r['graphed_ms_per_decode_step']:.2f} | "
-                   f"{r['eager_ms_per_decode_step'] / r['graphed_ms_per_decode_step']:.1f}× | "
-                   f"{len(r['graph_keys'])} | {same} |")
-    return out
+    return markdown_table(
+        f"A {data['size']}-parameter-shaped llama with dummy weights, batch 1, greedy; measured on "
+        f"{measured_on(data)}.",
+        ["dtype", "speculation", "eager ms / step", "graphed ms / step", "speedup", "graphs", "output"],
+        (_graph_cells(r) for r in data["rows"]))
+
+
+def _graph_cells(r: dict[str, Any]) -> list[object]:
+    if "graphed_ms_per_decode_step" not in r:
+        return [r["dtype"], r["speculation"], "–", "–", "–", "–", r.get("error", "failed")]
+    eager, graphed = r["eager_ms_per_decode_step"], r["graphed_ms_per_decode_step"]
+    same = "identical" if r["identical"] else ("near tie only" if r["ok"] else "**differs**")
+    return [r["dtype"], r["speculation"], f"{eager:.2f}", f"{graphed:.2f}", f"{eager / graphed:.1f}×",
+            len(r["graph_keys"]), same]
 
 
 def graphs_headline(results: Path) -> list[str]:
@@ -255,23 +256,24 @@ def prefix_cache(results: Path) -> list[str]:
     if data is None:
         return []
     o = data["options"]
-    out = [f"{o['turns']}-turn chat (each turn resends the history) and {o['agents']} agent requests sharing a "
-           f"~{o['system_tokens']}-token system prompt, {o['dtype']}, greedy, k = {o['k']}; caching off vs on in "
-           f"one run; measured on {measured_on(data)}.", "",
-           "| workload | speculation | without caching | with caching | gain | cache hit rate | output identical |",
-           "|---|---|---|---|---|---|---|"]
-    for r in data["rows"]:
-        off, on = r["uncached"], r["cached"]
-        if r["workload"] == "chat":
-            cells = (f"TTFT turns 2+ {off['ttft_turns_2_on_median_s']:.2f} s",
-                     f"{on['ttft_turns_2_on_median_s']:.2f} s", f"{r['ttft_speedup_turns_2_on']:.1f}× lower")
-        else:
-            cells = (f"{off['output_tokens_per_s']:.1f} tok/s", f"{on['output_tokens_per_s']:.1f} tok/s",
-                     f"{r['throughput_speedup']:.1f}× throughput")
-        rate = on.get("prefix_cache_hit_rate")
-        out.append(f"| {r['workload']} | {r['method']} | {cells[0]} | {cells[1]} | {cells[2]} | "
-                   f"{_num(rate, 2)} | {'yes' if r['outputs_identical'] else '**no**'} |")
-    return out
+    return markdown_table(
+        f"{o['turns']}-turn chat (each turn resends the history) and {o['agents']} agent requests sharing a "
+        f"~{o['system_tokens']}-token system prompt, {o['dtype']}, greedy, k = {o['k']}; caching off vs on in "
+        f"one run; measured on {measured_on(data)}.",
+        ["workload", "speculation", "without caching", "with caching", "gain", "cache hit rate", "output identical"],
+        (_prefix_cells(r) for r in data["rows"]))
+
+
+def _prefix_cells(r: dict[str, Any]) -> list[object]:
+    off, on = r["uncached"], r["cached"]
+    if r["workload"] == "chat":
+        cells = [f"TTFT turns 2+ {off['ttft_turns_2_on_median_s']:.2f} s", f"{on['ttft_turns_2_on_median_s']:.2f} s",
+                 f"{r['ttft_speedup_turns_2_on']:.1f}× lower"]
+    else:
+        cells = [f"{off['output_tokens_per_s']:.1f} tok/s", f"{on['output_tokens_per_s']:.1f} tok/s",
+                 f"{r['throughput_speedup']:.1f}× throughput"]
+    return [r["workload"], r["method"], *cells, _num(on.get("prefix_cache_hit_rate"), 2),
+            "yes" if r["outputs_identical"] else "**no**"]
 
 
 def prefix_headline(results: Path) -> list[str]:

@@ -27,14 +27,22 @@ naming the cause; the loop keeps serving what comes next. A request aborted
 through ``abort`` gets ``RequestAborted``, as does one aborted behind the
 loop's back (``LLMEngine.abort_request`` directly), at the latest when the
 engine runs out of work: no caller waits for ever.
+
+Exit: a stepping thread is a daemon, so a program may end while it runs. At
+interpreter exit (``atexit``, before daemon threads are frozen) every loop
+still stepping is stopped and its thread joined, so no step is left inside
+torch's or the kernels' OpenMP regions while the runtime's own destructors
+run (that ended test processes with a segfault after all tests passed).
 """
 
 from __future__ import annotations
 
+import atexit
 import itertools
 import logging
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Protocol
@@ -47,6 +55,15 @@ if TYPE_CHECKING:  # the Ray batch driver imports the batch runner, which import
     from speculant.engine.request import RequestOutput
 
 logger = logging.getLogger(__name__)
+
+_STEPPING: weakref.WeakSet[EngineLoop] = weakref.WeakSet()  # loops with a thread of their own, until stopped
+
+
+@atexit.register
+def _stop_stepping_loops() -> None:
+    """Stop every loop whose thread may still be stepping (module doc, Exit)."""
+    for loop in list(_STEPPING):
+        loop.stop(timeout=30.0, why="was aborted: the program exited before it finished")
 
 class RequestAborted(RuntimeError):
     """The request was aborted before it finished (by its caller, a shutdown, or from outside the loop)."""
@@ -201,6 +218,7 @@ class EngineLoop:
             raise RuntimeError("EngineLoop.start() called twice: one loop has one stepping thread")
         release_openmp_pool()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        _STEPPING.add(self)
         self._thread.start()
 
     def stop(self, timeout: float = 10.0, why: str = "was aborted: the engine loop stopped before it finished"
@@ -215,6 +233,8 @@ class EngineLoop:
         self.wake()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout)
+            if not self._thread.is_alive():
+                _STEPPING.discard(self)
 
     def wait(self, ready: Callable[[], bool], timeout: float | None = None) -> None:
         """Return once ``ready()`` (checked under the loop's lock). Without a thread of the loop's own, the
@@ -295,6 +315,8 @@ class EngineLoop:
             self.lock.notify_all()
         if self.on_step is not None:
             self.on_step(seconds, outputs)
+        if not self.engine.has_unfinished_requests():
+            self.engine.at_idle()  # after the outputs went out (a caller stepping itself waits for it, once)
         return True
 
     def _fail_orphans(self) -> bool:

@@ -57,12 +57,21 @@ def propose(proposer: Proposer | None, batch: StepBatch, guard: ProposerGuard | 
     """Checked proposals on the target's ``device`` (``proposal_checks``); a
     faulty proposer yields none for the affected decodes (``proposer_guard``),
     it never raises."""
-    if proposer is None:
+    if proposer is None or not proposer_runs(proposer, batch):
         return Proposals.empty(len(batch.decodes), device)
-    # called even when no decode speculates: a proposer with its own KV cache
-    # must see this step's prefill chunks to stay in sync
     guard = guard or ProposerGuard(proposer.context.target.vocab_size)
     return guard.propose(proposer, batch.view())
+
+
+def proposer_runs(proposer: Proposer, batch: StepBatch) -> bool:
+    """Whether ``proposer`` is called in this step (``propose``, then ``commit``):
+    when a decode is planned proposals, when there are prefill chunks (a
+    proposer with its own KV cache follows them in the same step), or always
+    for a proposer that reads the target's hidden states at commit. Otherwise
+    off is off: a step of decodes all at k = 0 costs the proposer nothing, and
+    a stateful one catches up on the tokens it missed when it next speculates."""
+    return bool(batch.prefills) or any(d.num_spec_tokens for d in batch.decodes) \
+        or proposer.capabilities.needs_target_hidden_states
 
 
 def score(scorer: Scorer | None, runner: PluginRunner, batch: StepBatch | views.StepBatch, proposals: Proposals,

@@ -96,7 +96,12 @@ class Proposer(ABC):
     ``propose``, it calls ``free`` for the affected requests instead of
     ``commit`` (see ``engine/proposer_guard.py``), so after ``free`` a proposer
     must be able to serve a request that is still running. ``batch`` is the
-    same object in a step's ``propose`` and ``commit``.
+    same object in a step's ``propose`` and ``commit``. A step with no
+    prefill chunk and no decode given ``num_spec_tokens`` > 0 calls neither
+    (speculation off costs nothing), unless the proposer declares
+    ``needs_target_hidden_states``: it then sees every step. A proposer that
+    follows the sequence (its own KV cache) catches up on the tokens it missed
+    when a decode next asks it for proposals.
     """
 
     name: ClassVar[str]

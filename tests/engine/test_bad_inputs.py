@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 
 import pytest
+from serving_check import GOOD_PARAMS, GOOD_PROMPT, assert_still_serving, assert_words, good_tokens, small_llm
 
 from greedy_compare import check_greedy
 from speculant import LLM, LLMEngine, SamplingParams
@@ -18,29 +19,14 @@ from tiny_models import build_gemma2, copy_model, patch_config, random_prompts
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-GOOD_PROMPT = random_prompts([10], seed=41)[0]
-GOOD_PARAMS = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
-
-
 @pytest.fixture(scope="module")
 def llm(llama_dir):
-    return LLM(str(llama_dir), block_size=4, max_num_batched_tokens=16, max_num_seqs=4)
+    return small_llm(llama_dir)
 
 
 @pytest.fixture(scope="module")
 def baseline(llm):
-    return llm.generate([GOOD_PROMPT], GOOD_PARAMS, use_tqdm=False)[0].outputs[0].token_ids
-
-
-def assert_still_serving(llm: LLM, baseline: list[int]) -> None:
-    assert not llm.engine.has_unfinished_requests(), "a refused request was left queued"
-    out = llm.generate([GOOD_PROMPT], GOOD_PARAMS, use_tqdm=False)[0].outputs[0]
-    assert out.token_ids == baseline
-
-
-def assert_words(message: str, *words: str) -> None:
-    for w in words:
-        assert w in message, f"{w!r} missing from the error message:\n{message}"
+    return good_tokens(llm)
 
 
 # --- bad requests ---------------------------------------------------------------
@@ -262,13 +248,20 @@ def test_sliding_window_below_max_model_len_is_refused(windowed_mistral, llm, ba
 def test_sliding_window_not_below_max_model_len_runs_exactly(windowed_mistral, hf_reference):
     """A window at least max_model_len changes nothing, so the model loads and
     matches HF (whose mask does apply the window)."""
-    llm = LLM(str(windowed_mistral), max_model_len=32, block_size=4, max_num_batched_tokens=8, max_num_seqs=2)
-    prompts = random_prompts([10, 15], seed=43)
-    outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True), use_tqdm=False)
-    ref = hf_reference(windowed_mistral)
+    assert_greedy_matches_hf(windowed_mistral, hf_reference, [10, 15], seed=43, max_tokens=16, max_model_len=32)
+
+
+def assert_greedy_matches_hf(model_dir, hf_reference, lengths: list[int], seed: int, max_tokens: int,
+                             **engine_args) -> None:
+    """Greedy output of a small engine on ``model_dir`` equals transformers' on random prompts."""
+    llm = LLM(str(model_dir), block_size=4, max_num_batched_tokens=8, max_num_seqs=2, **engine_args)
+    prompts = random_prompts(lengths, seed=seed)
+    outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True),
+                        use_tqdm=False)
+    ref = hf_reference(model_dir)
     assert len(outs) == len(prompts)
     for p, o in zip(prompts, outs):
-        check_greedy(o.outputs[0].token_ids, ref.greedy(p, 16))
+        check_greedy(o.outputs[0].token_ids, ref.greedy(p, max_tokens))
 
 
 @pytest.fixture(scope="module")
@@ -293,13 +286,7 @@ def test_attention_logit_softcapping_error_says_what_to_do(softcapped_gemma2):
 def test_same_architecture_without_softcapping_runs_exactly(tokenizer_dir, tmp_path, hf_reference):
     """The refusal is about the feature, not the architecture."""
     model_dir = build_gemma2(tmp_path / "gemma2", tokenizer_dir, softcap=None)
-    llm = LLM(str(model_dir), block_size=4, max_num_batched_tokens=8, max_num_seqs=2)
-    prompts = random_prompts([7, 12], seed=44)
-    outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True), use_tqdm=False)
-    ref = hf_reference(model_dir)
-    assert len(outs) == len(prompts)
-    for p, o in zip(prompts, outs):
-        check_greedy(o.outputs[0].token_ids, ref.greedy(p, 12))
+    assert_greedy_matches_hf(model_dir, hf_reference, [7, 12], seed=44, max_tokens=12)
 
 
 def test_engine_api_rejects_duplicate_request_id(llm, baseline):

@@ -10,38 +10,27 @@ import math
 import numpy as np
 import pytest
 import torch
+from serving_check import GOOD_PARAMS, GOOD_PROMPT, assert_still_serving, assert_words, good_tokens, small_llm
 
 from speculant import LLM, SamplingParams
 from speculant.config.sampling_params import MAX_LOGPROBS, MAX_SEED, MAX_TOP_K, MIN_TEMPERATURE
 from speculant.sampling.logits_processing import filtered_logprobs, sampling_tensors
 from speculant.sampling.sampler import sample_from_probs
-from tiny_models import random_prompts
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-PROMPT = random_prompts([10], seed=51)[0]
-GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+PROMPT, GREEDY = GOOD_PROMPT, GOOD_PARAMS
 VOCAB = 384
 
 
 @pytest.fixture(scope="module")
 def llm(llama_dir):
-    return LLM(str(llama_dir), block_size=4, max_num_batched_tokens=16, max_num_seqs=4)
+    return small_llm(llama_dir)
 
 
 @pytest.fixture(scope="module")
 def baseline(llm):
-    return llm.generate([PROMPT], GREEDY, use_tqdm=False)[0].outputs[0].token_ids
-
-
-def assert_words(message: str, *words: str) -> None:
-    for w in words:
-        assert w in message, f"{w!r} missing from the error message:\n{message}"
-
-
-def assert_still_serving(llm, baseline) -> None:
-    assert not llm.engine.has_unfinished_requests(), "a refused request was left queued"
-    assert llm.generate([PROMPT], GREEDY, use_tqdm=False)[0].outputs[0].token_ids == baseline
+    return good_tokens(llm)
 
 
 # --- SamplingParams --------------------------------------------------------------
@@ -67,15 +56,6 @@ BAD_TYPES = {
 }
 
 
-@pytest.mark.parametrize("name", list(BAD_TYPES))
-def test_wrong_type_is_a_type_error(name, llm, baseline):
-    kwargs, words = BAD_TYPES[name]
-    with pytest.raises(TypeError) as err:
-        SamplingParams(**kwargs)
-    assert_words(str(err.value), "SamplingParams.", *words)
-    assert_still_serving(llm, baseline)
-
-
 BAD_VALUES = {
     "seed=-1": (dict(seed=-1), ["seed=-1", "[0, 2**63 - 1]", "non-negative seed"]),
     "seed=2**63": (dict(seed=2**63), [f"seed={2**63}", "[0, 2**63 - 1]"]),
@@ -94,10 +74,15 @@ BAD_VALUES = {
 }
 
 
-@pytest.mark.parametrize("name", list(BAD_VALUES))
-def test_out_of_range_is_a_value_error(name, llm, baseline):
-    kwargs, words = BAD_VALUES[name]
-    with pytest.raises(ValueError) as err:
+BAD_PARAMS = {**{name: (TypeError, *case) for name, case in BAD_TYPES.items()},
+              **{name: (ValueError, *case) for name, case in BAD_VALUES.items()}}
+
+
+@pytest.mark.parametrize("name", list(BAD_PARAMS))
+def test_bad_sampling_param_is_refused(name, llm, baseline):
+    """A wrong type is a TypeError, an out-of-range value a ValueError."""
+    error, kwargs, words = BAD_PARAMS[name]
+    with pytest.raises(error) as err:
         SamplingParams(**kwargs)
     assert_words(str(err.value), "SamplingParams.", *words)
     assert_still_serving(llm, baseline)

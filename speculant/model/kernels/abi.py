@@ -20,7 +20,7 @@ KERNEL_DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 
 KERNEL_ISAS = ISA_NAMES
 """The kernel's instruction paths by code (``enum speculant_isa`` in csrc/kernels.h)."""
-SIMD_BF16_ISAS = frozenset({"avx2", "avx512", "avx512_vnni", "avx512_bf16"})
+SIMD_BF16_ISAS = frozenset({"avx2", "avx512", "avx512_vnni", "avx512_bf16", "neon", "neon_dotprod"})
 """Paths with a vectorised bfloat16 linear layer and fused decoder (fast bfloat16)."""
 
 CPU_FEATURE_NAMES = ("avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512_bf16")
@@ -136,7 +136,8 @@ def fast_bf16_unavailable_reason(lib: ctypes.CDLL) -> str | None:
         return None
     if (name := requested_isa()) is not None and detected_isa(lib) in SIMD_BF16_ISAS:
         return f"{ISA_ENV}={name} caps the C kernels at the {isa} path"
-    return f"this CPU runs no vector path for them (best: {detected_isa(lib)}; they need avx2 with fma, or AVX-512)"
+    return (f"this CPU runs no vector path for them (best: {detected_isa(lib)}; they need avx2 with fma, AVX-512, "
+            "or NEON)")
 
 
 def lost_paths_line(lib: ctypes.CDLL) -> str | None:

@@ -31,6 +31,7 @@
  * scores are the same float32 sums in another order; there softmax and the weighted
  * sum of values are the portable path's. A dispatch cap under AVX512_BF16
  * (speculant_isa_set, kernels.h) forces the portable path (tests walk every path).
+ * On aarch64 the NEON path takes float32 and bfloat16 tasks (attention_neon.c).
  *
  * Layouts (all contiguous, row-major; elements of `dtype`):
  *   q, out          [T, H, D]
@@ -56,6 +57,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "attention_softmax.h"
 #include "bf16.h"
 #include "kernels.h"
 
@@ -205,23 +207,7 @@ static inline __attribute__((always_inline)) int task_body TASK_ARGS
             scores[r * n + j] = s * scale;
         }
     }
-    for (int64_t r = 0; r < R; r++) {       /* softmax over the visible keys of each row */
-        float *row = scores + r * n;
-        const int64_t visible = start + r / gn + 1;
-        float m = row[0];   /* the token itself is visible: the max is finite */
-        for (int64_t j = 1; j < visible; j++)
-            m = row[j] > m ? row[j] : m;
-        float sum = 0.0f;
-        for (int64_t j = 0; j < visible; j++) {
-            row[j] = expf(row[j] - m);
-            sum += row[j];
-        }
-        const float inv = 1.0f / sum;
-        for (int64_t j = 0; j < visible; j++)
-            row[j] *= inv;
-        for (int64_t j = visible; j < n; j++)
-            row[j] = 0.0f;
-    }
+    attention_softmax(scores, R, n, start, gn); /* over the visible keys of each row */
     memset(acc, 0, sizeof(float) * (size_t)(R * D));
     for (int64_t j = 0; j < n; j++) {
         const float *v = row_f32(v_cache, ((table[j / block_size] * block_size + j % block_size) * H_kv + kv_head) * D,
@@ -267,6 +253,15 @@ int speculant_attend_task TASK_ARGS
             return status;
     }
 #endif
+    const int isa = speculant_isa_active();
+    if ((isa == ISA_NEON || isa == ISA_NEON_DOTPROD) && speculant_attend_task_neon && !mask) {
+        /* attention_neon.c: the task with NEON intrinsics (float32 and bfloat16; causal spans only:
+         * a tree span's mask takes the portable task below) */
+        const int status = speculant_attend_task_neon(q, k_cache, v_cache, out, dtype, row0, n_query, start, table,
+                                                      kv_head, g0, gn, H, H_kv, D, block_size, scale);
+        if (status != -2)
+            return status;
+    }
     task_fn f;
     SPECULANT_PICK(TABLE, f);
     return f TASK_CALL;

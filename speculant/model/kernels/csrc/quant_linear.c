@@ -9,13 +9,16 @@
  * is the same bits whichever batch it comes in (speculative verify = decode).
  *
  * Paths: scalar (the reference, every format), AVX2 (16-bit pair products,
- * 32-bit ones where a code may exceed 127) and AVX-512 VNNI (VPDPBUSD). The path
- * is chosen once from cpuid; speculant_qlinear_set_isa forces one (tests).
+ * 32-bit ones where a code may exceed 127), AVX-512 VNNI (VPDPBUSD), and on aarch64
+ * NEON (16-bit products) and NEON dotprod (SDOT): the NEON paths find the same integer
+ * group sums and share the scalar path's float arithmetic, so they give its bits. The
+ * path is the best one under the kernels' active path (quant_dispatch.c).
  */
 #include <stdlib.h>
 #include <string.h>
 
 #include "bf16.h"
+#include "kernels.h"
 #include "quant.h"
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
@@ -23,63 +26,6 @@
 #else
 #define HAVE_QUANT_X86 0
 #endif
-
-typedef struct {
-    const uint8_t *u;   /* [n] decoded codes */
-    const float *ws;    /* [n / 16] */
-    const float *wb;    /* [n / 16] */
-    int n;              /* weights in the tile, a multiple of 32 */
-    int wide;           /* codes may exceed 127 */
-} qtile;
-
-typedef struct {
-    const int8_t *q;    /* [n] activation codes */
-    const float *d;     /* [n / 16] the block scale of each group */
-    const float *s;     /* [n / 16] scale * sum of the group's codes */
-} qact;
-
-static int qisa_available(int isa)
-{
-    if (isa == QISA_SCALAR)
-        return 1;
-#if HAVE_QUANT_X86
-    __builtin_cpu_init();
-    int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
-    if (isa == QISA_AVX2)
-        return avx2;
-    if (isa == QISA_AVX512_VNNI)
-        return avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")
-               && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
-#endif
-    return 0;
-}
-
-static int g_isa = -1;
-
-int speculant_qlinear_isa(void)
-{
-    if (g_isa < 0)
-        g_isa = qisa_available(QISA_AVX512_VNNI) ? QISA_AVX512_VNNI : qisa_available(QISA_AVX2) ? QISA_AVX2
-                                                                                                : QISA_SCALAR;
-    return g_isa;
-}
-
-/* force path `isa` (-1: back to cpuid); returns the path now in use, or -1 where this CPU lacks it */
-int speculant_qlinear_set_isa(int isa)
-{
-    if (isa < 0) {
-        g_isa = -1;
-        return speculant_qlinear_isa();
-    }
-    if (isa > QISA_AVX512_VNNI || !qisa_available(isa))
-        return -1;
-    return g_isa = isa;
-}
-
-int speculant_qlinear_isa_available(int isa)
-{
-    return isa >= 0 && isa <= QISA_AVX512_VNNI && qisa_available(isa);
-}
 
 /* 1 where ggml type `type` has a kernel */
 int speculant_qlinear_has_type(int type)
@@ -89,12 +35,14 @@ int speculant_qlinear_has_type(int type)
 
 static void dot_scalar(const qtile *t, const qact *a, float *acc)
 {
+    int32_t dots[QTILE / QGROUP];
     for (int g = 0; g < t->n / QGROUP; g++) {
         int32_t dot = 0;
         for (int i = g * QGROUP; i < (g + 1) * QGROUP; i++)
             dot += (int32_t)t->u[i] * a->q[i];
-        acc[0] += t->ws[g] * a->d[g] * (float)dot + t->wb[g] * a->s[g];
+        dots[g] = dot;
     }
+    speculant_qacc_dots(t, a, dots, acc);
 }
 
 #if HAVE_QUANT_X86
@@ -184,7 +132,8 @@ static void dot_tile(int isa, const qtile *t, const qact *a, float *accv)
     if (isa == QISA_AVX512_VNNI) { dot_vnni(t, a, accv); return; }
     if (isa == QISA_AVX2) { dot_avx2(t, a, accv); return; }
 #endif
-    (void)isa;
+    if (isa == QISA_NEON_DOTPROD && speculant_qdot_neon_dotprod) { speculant_qdot_neon_dotprod(t, a, accv); return; }
+    if (isa == QISA_NEON && speculant_qdot_neon) { speculant_qdot_neon(t, a, accv); return; }
     dot_scalar(t, a, accv);
 }
 
@@ -210,7 +159,8 @@ static void weight_row(int type, const qformat *f, int isa, const uint8_t *row, 
         speculant_qdecode(type, row, k0, n, u, ws, wb, isa != QISA_SCALAR);
         qtile t = {u, ws, wb, n, f->max_code > 127};
         for (int64_t r = 0; r < R; r++) {
-            qact a = {xq + r * K + k0, xd + (r * K + k0) / QGROUP, xs + (r * K + k0) / QGROUP};
+            qact a = {xq + r * K + k0, xd + (r * K + k0) / QGROUP, xs + (r * K + k0) / QGROUP,
+                      xn + (r * K + k0) / QGROUP};
             dot_tile(isa, &t, &a, acc + r * ACC_LANES);
         }
     }
