@@ -308,7 +308,9 @@ class LLMEngine:
             self.scheduler.cache_committed(plan.entry.request)
         if proposer is not None and proposer_runs(proposer, batch):
             if run.scores is not None:
-                self.guard.commit(proposer, batch.view(), AcceptedNodes.chain(run.num_accepted), run.scores)
+                accepted = AcceptedNodes.chain(run.num_accepted) if run.accepted_nodes is None else \
+                    AcceptedNodes([path if a else [] for path, a in zip(run.accepted_nodes, run.num_accepted)])
+                self.guard.commit(proposer, batch.view(), accepted, run.scores)
             else:  # the step was not computed as one batch: the proposer rebuilds its state
                 self.guard.reset(proposer, [e.request.request_id for e in batch.entries])
         for idx, message in run.errors.items():

@@ -203,6 +203,18 @@ class AcceptanceMethod(ABC):
         to emit after them. Greedy decodes keep proposals equal to the target
         argmax and emit the argmax after them."""
 
+    def accept_tree(
+        self,
+        target_logprobs: torch.Tensor,  # [n + T, V] filtered target log-probs, rows as for ``accept``
+        proposals: Proposals,  # with ``parents``: each decode's token tree
+        greedy: torch.Tensor,  # [n] bool, temperature == 0 rows
+        generators: list[torch.Generator],  # one per decode, seeded per request and step
+    ) -> AcceptedTokens:
+        """Like ``accept`` for token trees: keep one path of each decode's tree (in
+        ``AcceptedTokens.paths``) and the token after it. Only called on a method
+        that declares ``accepts_trees``; the base has none."""
+        raise NotImplementedError(f"acceptance '{self.name}' does not accept token trees (accepts_trees = false)")
+
 
 class AttentionBackend(ABC):
     """Paged attention over a flattened, variable-length batch.

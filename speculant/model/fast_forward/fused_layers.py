@@ -188,8 +188,8 @@ class FusedLayers:
             sin.data_ptr(), metadata.slot_mapping.data_ptr(), cache.shape[0] * block_size,
             pieces.cu_query_lens.data_ptr(), pieces.starts.data_ptr(), pieces.block_tables.data_ptr(),
             pieces.block_tables.shape[0], pieces.block_tables.shape[1], pieces.ids.data_ptr(), pieces.ids.numel(),
-            block_size, plan.scaling, self._silu.data_ptr(), scratch.data_ptr(), torch.get_num_threads(),
-            bad.data_ptr())
+            block_size, plan.scaling, *pieces.mask_pointers(), self._silu.data_ptr(), scratch.data_ptr(),
+            torch.get_num_threads(), bad.data_ptr())
         if status == -6:
             raise IndexError("the fused bfloat16 decoder layers: " + span_fault_message(
                 bad.tolist(), cache.shape[0], block_size, num_tokens, pieces.block_tables.shape[0]))

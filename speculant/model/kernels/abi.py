@@ -38,7 +38,7 @@ def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     """Set the argument and result types of every entry point; returns ``lib``."""
     p, i64, i32, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
     lib.speculant_paged_attention.argtypes = [i32, p, p, p, p, p, p, p, i64, i64, p, i64, i64, i64, i64, i64, i64,
-                                              i64, f32, i32, p]
+                                              i64, f32, p, p, i32, p]
     lib.speculant_paged_attention.restype = i32
     lib.speculant_check_spans.argtypes = [p, p, p, i64, i64, p, i64, i64, i64, i64, p]
     lib.speculant_check_spans.restype = i32
@@ -63,7 +63,7 @@ def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.speculant_silu_mul_bf16.argtypes = [p, i64, i64, i64, p, p]
     lib.speculant_silu_mul_bf16.restype = None
     lib.speculant_decoder_bf16.argtypes = [p, i64, p, i64, i64, i64, i64, i64, i64, f32, i32, p, p, p, i64, p, p, p,
-                                           i64, i64, p, i64, i64, f32, p, p, i32, p]
+                                           i64, i64, p, i64, i64, f32, p, p, p, p, i32, p]
     lib.speculant_decoder_bf16.restype = i32
     for name in ("speculant_qlinear_isa", "speculant_qlinear_set_isa", "speculant_qlinear_isa_available",
                  "speculant_qlinear_has_type"):

@@ -28,7 +28,8 @@
  * per-operator QuantLinear computes it (the residual add rounded as torch's `res + y`).
  *
  * Layouts: hidden [T, H] contiguous, updated in place; cos, sin [T, D]; the
- * metadata as for speculant_paged_attention (span_ids: the spans, all of the batch's); the
+ * metadata as for speculant_paged_attention (span_ids: the spans, all of the batch's; tree masks
+ * through mask_offsets and masks, NULL for none); the
  * per-layer pointers `layers` [L, LAYER_FIELDS] (int64 addresses, in the order
  * of enum field); scratch of speculant_decoder_scratch_elems() bfloat16.
  * Returns 0; -1 when an attention scratch allocation failed (hidden is then
@@ -100,8 +101,8 @@ int speculant_decoder_bf16(const int64_t *layers, int64_t L, uint16_t *hidden, i
                            const uint16_t *sin, const int64_t *slot_mapping, int64_t num_slots,
                            const int64_t *cu_query_lens, const int64_t *starts, const int64_t *block_tables,
                            int64_t n_seqs, int64_t max_blocks, const int64_t *span_ids, int64_t n_spans,
-                           int64_t block_size, float scale, const uint16_t *silu_table, uint16_t *scratch, int threads,
-                           int64_t *bad)
+                           int64_t block_size, float scale, const int64_t *mask_offsets, const uint8_t *masks,
+                           const uint16_t *silu_table, uint16_t *scratch, int threads, int64_t *bad)
 {
     if (!speculant_linear_bf16_available())
         return -4;
@@ -164,7 +165,8 @@ int speculant_decoder_bf16(const int64_t *layers, int64_t L, uint16_t *hidden, i
             if (g0 < G && speculant_attend_task(attn, k_cache, v_cache, attn, DT_BF16, row0,
                                                 cu_query_lens[b + 1] - row0, starts[b],
                                                 block_tables + b * max_blocks, task / slices % Hkv, g0,
-                                                G - g0 < per ? G - g0 : per, Hq, Hkv, D, block_size, scale) != 0) {
+                                                G - g0 < per ? G - g0 : per, Hq, Hkv, D, block_size, scale,
+                                                speculant_span_mask(mask_offsets, masks, b)) != 0) {
 #pragma omp atomic write
                 status = -1;
             }

@@ -164,13 +164,19 @@ int speculant_attend_slices(int64_t tasks, int64_t G, int threads);
 int speculant_attend_task(const void *q, const void *k_cache, const void *v_cache, void *out, int dtype,
                           int64_t row0, int64_t n_query, int64_t start, const int64_t *table, int64_t kv_head,
                           int64_t g0, int64_t gn, int64_t H, int64_t H_kv, int64_t D, int64_t block_size,
-                          float scale);
+                          float scale, const uint8_t *mask);
+
+/* span b's tree mask ([n_query, n_query] bytes, paged_attention.c), or NULL where it is causal */
+static inline const uint8_t *speculant_span_mask(const int64_t *mask_offsets, const uint8_t *masks, int64_t b)
+{
+    return mask_offsets && mask_offsets[b] >= 0 ? masks + mask_offsets[b] : (const uint8_t *)0;
+}
 
 /* attention_avx512_bf16.c: the same task for bfloat16 on AVX512-BF16; -2 where it does not apply. */
 SPECULANT_VARIANT int speculant_attend_task_bf16(const uint16_t *q, const uint16_t *k_cache, const uint16_t *v_cache, uint16_t *out,
                                int64_t row0, int64_t n_query, int64_t start, const int64_t *table, int64_t kv_head,
                                int64_t g0, int64_t gn, int64_t H, int64_t H_kv, int64_t D, int64_t block_size,
-                               float scale);
+                               float scale, const uint8_t *mask);
 /* attention_neon.c: the same task for float32 and bfloat16 storage on NEON (any head size);
  * -2 for another dtype (the caller runs the portable task). */
 SPECULANT_VARIANT int speculant_attend_task_neon(const void *q, const void *k_cache, const void *v_cache, void *out,
