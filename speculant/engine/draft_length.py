@@ -130,8 +130,6 @@ class _Acceptance:
     failures: float
     drafted: int = 0  # request.spec_stats.num_draft_tokens when last read
     accepted: int = 0
-    off: int = 0  # request.spec_stats.num_off_steps when last read
-    planned: int = 0  # the ceiling this policy gave it last step
 
 
 class AdaptiveDraftLength(DraftLengthPolicy):
@@ -161,20 +159,13 @@ class AdaptiveDraftLength(DraftLengthPolicy):
         stats = request.spec_stats
         drafted, accepted = stats.num_draft_tokens - state.drafted, stats.num_accepted_tokens - state.accepted
         decay = cfg.acceptance_decay
-        declined = state.planned > 0 and drafted == 0 and stats.num_off_steps > state.off
         if drafted > 0:  # one verify step per engine step, so this is the last step's record
             state.successes = decay * state.successes + accepted
             state.failures = decay * state.failures + (accepted < drafted)
-        elif declined:  # asked for proposals, it got none (no match, no confidence, or no budget left):
-            # asking cost the proposer's time and gained nothing, like a rejection
-            state.successes = decay * state.successes
-            state.failures = decay * state.failures + 1
-        else:  # nothing asked, nothing verified: drift back toward the prior
+        else:  # nothing verified: drift back toward the prior
             state.successes = decay * state.successes + (1 - decay) * 2 * cfg.prior_acceptance
             state.failures = decay * state.failures + (1 - decay) * 2 * (1 - cfg.prior_acceptance)
         state.drafted, state.accepted = stats.num_draft_tokens, stats.num_accepted_tokens
-        state.off = stats.num_off_steps
-        state.planned = 0  # until lengths() plans it again
         return state.successes / (state.successes + state.failures)
 
     def lengths(self, decoding: list[Request], ceilings: dict[str, int], fixed: dict[str, int],
@@ -195,8 +186,6 @@ class AdaptiveDraftLength(DraftLengthPolicy):
                 break
             lengths[decoding[i].request_id] += 1
             gain, cost, tokens = gain + p, cost + step_cost, tokens + 1
-        for r in decoding:
-            self._state[r.request_id].planned = lengths[r.request_id]
         return lengths
 
     def free(self, request_id: str) -> None:
