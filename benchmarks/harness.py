@@ -296,12 +296,17 @@ def smollm2_path() -> str:
 
 
 def smollm2_llm(speculative: dict[str, Any] | None = None, *, k: int | None = None, dtype: str = "float32",
-                target: str | None = None, max_num_seqs: int = 64, max_num_batched_tokens: int = 1024):
-    """An ``LLM`` on SmolLM2 (or ``target``) with ``speculative`` (k proposals per step)."""
+                target: str | None = None, max_num_seqs: int = 64, max_num_batched_tokens: int = 1024,
+                quantization: str | None = None):
+    """An ``LLM`` on SmolLM2 (or ``target``) with ``speculative`` (k proposals per step). ``quantization``:
+    ``model.quantization`` (None: the config's default, which keeps a quantized GGUF's blocks, so SmolLM2's
+    Q4_1 file runs the quantized kernels whatever ``dtype``; ``"dequantize"`` runs ``dtype`` weights)."""
     from speculant import LLM
 
     spec = {**speculative, **({"num_speculative_tokens": k} if k is not None else {})} if speculative else {}
-    return LLM.from_dict({"model": {"path": target or smollm2_path(), "dtype": dtype},
+    model = {"path": target or smollm2_path(), "dtype": dtype,
+             **({"quantization": quantization} if quantization else {})}
+    return LLM.from_dict({"model": model,
                           "scheduler": {"max_num_batched_tokens": max_num_batched_tokens,
                                         "max_num_seqs": max_num_seqs},
                           "speculative": spec})

@@ -1,18 +1,25 @@
 """SmolLM2 bfloat16 per forced instruction set, against llama.cpp bf16 built for AVX2 only (issue 49).
 
+SmolLM2 is the wheel's Q4_1 GGUF dequantized to bfloat16 (``model.quantization = "dequantize"``: kept
+quantized, the default since issue 51, it would run the quantized kernels instead of the bf16 ones).
+
 Workload: the 4 chat-rendered prompts of ``examples/prompts/edit_tasks.txt``, one request at a
 time (bs = 1), greedy, EOS ignored, 128 new tokens, prefill included, ``--threads`` threads.
 Each configuration runs in its own process with ``SPECULANT_CPU_ISA`` set before torch loads
 (the cap reaches torch's ATen, oneDNN and MKL too); model load and one warm-up request are not
 timed; each run records a digest of its output tokens (greedy: speculation must not change them,
-nor may the instruction set). Rows: ``<isa>/no_spec`` for each ``--isas``, and ``<isa>/<proposer>`` for ``--spec``
-(suffix decoding, k = 8). ``llama.cpp/avx2``: ``llama-bench -p 0 -n 128`` on ``--llama-gguf`` with
-``--llama-bench`` (a build with ``-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON``,
+nor may the instruction set: ``same_output_as_avx2_no_spec`` in the JSON). Rows: ``<isa>/no_spec`` for
+each ``--isas``, and ``avx2/<proposer>`` for each ``--spec`` proposer (suffix, ngram; k = 8).
+``llama.cpp/avx2``: ``llama-bench -p 0 -n 128`` on ``--llama-gguf`` with ``--llama-bench`` (a build
+with ``-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON``,
 no AVX-512): pure generation, no prefill, so it flatters llama.cpp slightly. Every configuration
 runs once per round, the order alternating (harness.rounds). Writes ``results/isa_compare.json``.
 
     python benchmarks/isa_compare.py --llama-bench /work/llama-avx2-build/bin/llama-bench \\
         --llama-gguf /tmp/smollm2-bf16.gguf --repeats 5
+    # the AVX2 targets alone (a shorter run: no scalar row), into results/isa_compare_avx2.json
+    python benchmarks/isa_compare.py --isas avx2 --spec suffix ngram --out benchmarks/results/isa_compare_avx2.json \\
+        --llama-bench /work/llama-avx2-build/bin/llama-bench --llama-gguf /tmp/smollm2-bf16.gguf --repeats 5
 """
 
 from __future__ import annotations
@@ -37,7 +44,8 @@ def child(isa: str, method: str, max_tokens: int) -> None:
     from speculant.model.kernels.build import load_kernel
 
     spec = None if method == "no_spec" else {"proposer": method}
-    llm = harness.smollm2_llm(spec, k=8 if spec else None, dtype="bfloat16", max_num_seqs=1)
+    llm = harness.smollm2_llm(spec, k=8 if spec else None, dtype="bfloat16", max_num_seqs=1,
+                              quantization="dequantize")
     harness.warm_up(llm, chat=True)
     params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
     tokens, t0, digest = 0, time.perf_counter(), hashlib.sha256()

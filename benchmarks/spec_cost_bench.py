@@ -5,7 +5,9 @@ Workloads (``--workload``):
 
 * ``chat``: open chat at temperature 1.0, top-p 0.95, ``--max-tokens`` (128)
   tokens, one request at a time (4 prompts, seeded): no speculation, then each
-  proposer with the fixed policy and with the adaptive default.
+  proposer (``--proposer``: ngram, suffix, draft_model, eagle) with the fixed
+  policy and with the adaptive default. The draft model is SmolLM2 cut to its
+  first layers (``smollm2_draft.py``, built at bench time into the cache).
 * ``edits``: code edits at temperature 0 (4 edit tasks of ``repeated_tasks.py``),
   one at a time: the proposer at fixed k = 2, 4, 8 and adaptive (the default,
   k = 4, and k = 8). Tokens must equal no speculation's (checked).
@@ -21,7 +23,7 @@ speedup the median of its per-round ratio to no speculation in the same round,
 with the min-max spread. Every run also records the per-request acceptance
 histogram summed over its requests.
 
-    flock /tmp/bench.lock python benchmarks/spec_cost_bench.py --workload chat --dtype bfloat16 --threads 2
+    /tmp/q/bench python benchmarks/spec_cost_bench.py --workload chat --proposer suffix --out ...
 """
 
 from __future__ import annotations
@@ -41,32 +43,44 @@ CHAT = [
 EAGLE = Path(__file__).resolve().parents[1] / "models" / "smollm2-eagle"
 
 
-def proposers() -> dict[str, dict[str, Any]]:
-    found = {"ngram": {"proposer": "ngram", "proposer_options": {"min_n": 2, "max_n": 4}},
-             "suffix": {"proposer": "suffix"}}
-    if (EAGLE / "config.json").is_file():
-        found["eagle"] = {"proposer": "eagle", "proposer_options": {"path": str(EAGLE)}}
-    return found
+DRAFT_LAYERS = 8
+"""Layers of the target the draft model keeps (``smollm2_draft.py``)."""
+
+
+def proposer(name: str) -> dict[str, Any]:
+    """The speculative settings of one proposer row (the draft model is built on first use)."""
+    if name == "ngram":
+        return {"proposer": "ngram", "proposer_options": {"min_n": 2, "max_n": 4}}
+    if name == "suffix":
+        return {"proposer": "suffix"}
+    if name == "eagle":
+        return {"proposer": "eagle", "proposer_options": {"path": str(EAGLE)}}
+    if name == "draft_model":
+        from smollm2_draft import truncated_draft
+
+        return {"proposer": "draft_model", "proposer_options": {"model": truncated_draft(DRAFT_LAYERS)}}
+    raise SystemExit(f"--proposer {name!r}: pick ngram, suffix, draft_model or eagle")
 
 
 FIXED = {"policy": "fixed"}
 
 
-def configs(workload: str, proposer: str) -> dict[str, dict[str, Any] | None]:
-    spec = proposers()
+def configs(workload: str, names: list[str]) -> dict[str, dict[str, Any] | None]:
     if workload == "chat":
         out: dict[str, dict[str, Any] | None] = {"none": None}
-        for name, p in spec.items():
+        for name in names:
+            p = proposer(name)
             out[f"{name}_fixed_k4"] = {**p, "num_speculative_tokens": 4, "draft_length": FIXED}
             out[f"{name}_adaptive"] = {**p}  # the default: adaptive, k = 4
         return out
-    p = spec[proposer]
+    (name,) = names
+    p = proposer(name)
     if workload == "edits":
-        return {"none": None, **{f"{proposer}_fixed_k{k}": {**p, "num_speculative_tokens": k, "draft_length": FIXED}
+        return {"none": None, **{f"{name}_fixed_k{k}": {**p, "num_speculative_tokens": k, "draft_length": FIXED}
                                  for k in (2, 4, 8)},
-                f"{proposer}_adaptive": {**p}, f"{proposer}_adaptive_k8": {**p, "num_speculative_tokens": 8}}
-    return {"all_off": None, f"{proposer}_fixed_k4": {**p, "draft_length": FIXED}, f"{proposer}_adaptive": {**p},
-            f"{proposer}_adaptive_chat_off": {**p}}
+                f"{name}_adaptive": {**p}, f"{name}_adaptive_k8": {**p, "num_speculative_tokens": 8}}
+    return {"all_off": None, f"{name}_fixed_k4": {**p, "draft_length": FIXED}, f"{name}_adaptive": {**p},
+            f"{name}_adaptive_chat_off": {**p}}
 
 
 def requests(workload: str, max_tokens: int, config: str, num: int = 4) -> tuple[list[Any], list[Any]]:
@@ -115,23 +129,27 @@ def main() -> None:
     ap = harness.arg_parser(__doc__, out=harness.RESULTS_DIR / "spec_cost.json", repeats=5, dtype="bfloat16",
                             threads=2)
     ap.add_argument("--workload", choices=["chat", "edits", "mixed"], required=True)
-    ap.add_argument("--proposer", default="suffix", help="edits and mixed: the proposer (ngram, suffix, eagle)")
+    ap.add_argument("--proposer", default=None,
+                    help="comma-separated proposers (ngram, suffix, draft_model, eagle); chat: default all four, "
+                         "edits and mixed: one (default suffix)")
     ap.add_argument("--max-tokens", type=int, default=None, help="default: 128 (chat, edits), 64 (mixed)")
     ap.add_argument("--prompts", type=int, default=4, help="chat and edits: requests per run (at most 4)")
     ap.add_argument("--only", default=None, help="comma-separated configurations to run (the first is the base)")
     args = ap.parse_args()
+    names = (args.proposer or ("ngram,suffix,draft_model,eagle" if args.workload == "chat" else "suffix")).split(",")
     if args.out == getattr(args, "_default_out", None):
-        args.out = harness.RESULTS_DIR / f"spec_cost_{args.workload}.json"
+        args.out = harness.RESULTS_DIR / f"spec_cost_{args.workload}_{'_'.join(names)}.json"
     max_tokens = args.max_tokens or (64 if args.workload == "mixed" else 128)
     bench = harness.start("spec_cost", args)
-    cfgs = configs(args.workload, args.proposer)
+    cfgs = configs(args.workload, names)
     if args.only:
         cfgs = {name: cfgs[name] for name in args.only.split(",")}
     llms = {}
     from speculant import LLM
 
     for name, spec in cfgs.items():  # a 0.25 GiB KV pool each (11k tokens): several engines stay in memory
-        llms[name] = LLM.from_dict({"model": {"path": harness.smollm2_path(), "dtype": args.dtype},
+        llms[name] = LLM.from_dict({"model": {"path": harness.smollm2_path(), "dtype": args.dtype,
+                                              "quantization": "dequantize"},  # the GGUF's weights as bf16
                                     "cache": {"memory_gb": 0.25}, "speculative": spec or {}})
         harness.warm_up(llms[name], chat=True)
         bench.log(f"loaded {name}")
@@ -164,8 +182,8 @@ def main() -> None:
                   + " ".join(f"{a}:{n}" for a, n in enumerate(hist)))
     bench.write({"model": f"SmolLM2-135M-Instruct ({args.dtype})", "workload": args.workload,
                  "max_tokens": max_tokens, "prompts": args.prompts,
-                 "skipped": {"draft_model": "no draft model for SmolLM2 here: the smallest model with its "
-                                            "tokenizer is SmolLM2-135M itself"},
+                 "draft_model": f"SmolLM2-135M's first {DRAFT_LAYERS} of 30 layers + final norm + LM head "
+                                "(smollm2_draft.py, built at bench time)",
                  "rows": rows})
 
 

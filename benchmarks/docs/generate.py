@@ -20,7 +20,7 @@ from pathlib import Path
 
 from .fast_forward_tables import cpu_kernels, cpu_kernels_headline, fast_forward, fast_forward_headline
 from .gate_tables import engine_loop_gate
-from .isa_tables import isa_compare
+from .isa_tables import isa_compare, isa_compare_avx2, isa_step_profile
 from .quant_tables import quant_1p5b
 from .random_tables import random_llama
 from .ray_tables import ray_breakdown, ray_scaling, ray_split
@@ -80,6 +80,8 @@ BLOCKS: dict[str, Table] = {
     "fast-forward": fast_forward,
     "cpu-kernels": cpu_kernels,
     "isa-compare": isa_compare,
+    "isa-compare-avx2": isa_compare_avx2,
+    "isa-step-profile": isa_step_profile,
     "quant-1.5b": quant_1p5b,
     "ray-scaling": ray_scaling,
     "ray-breakdown": ray_breakdown,

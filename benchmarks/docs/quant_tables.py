@@ -11,6 +11,7 @@ from .tables import _load, _num, _x, measured_on
 BF16 = "verify_rows_qwen15b_bf16.json"
 Q4K = "verify_rows_qwen15b_q4k.json"
 LLAMACPP = "quant_decode_qwen15b_q4km.json"
+KERNEL = "quant_kernel_rows.json"
 
 
 def quant_1p5b(results: Path) -> list[str]:
@@ -56,4 +57,24 @@ def quant_1p5b(results: Path) -> list[str]:
                 f"Ours / llama.cpp, per round: {_x(cmp['ratio_median'])} ({_x(cmp['ratio_min'])}-"
                 f"{_x(cmp['ratio_max'])}). Layers: {cmp.get('quantized_layers')}; forward path: "
                 f"{cmp.get('forward_path')}."]
+    return out + kernel_rows(results)
+
+
+def kernel_rows(results: Path) -> list[str]:
+    """The quantized kernel alone: t(n)/t(1) of one call of n rows, per format and shape."""
+    data = _load(results, KERNEL)
+    if data is None:
+        return []
+    cells = {(r["format"], r["shape"], r["rows"]): r for r in data["rows"]}
+    columns = sorted({(f, s) for f, s, _ in cells}, key=lambda c: (c[0], c[1]))
+    sizes = sorted({n for _, _, n in cells})
+    out = ["", f"The quantized kernel alone (`quant_kernel_rows.py`, path {data.get('isa')}, "
+               f"{data['options'].get('threads')} threads, fastest of {data['options'].get('calls')} calls, median "
+               f"of {data['options'].get('repeats')} alternating rounds; measured on {measured_on(data)}): ms "
+               "(t(n)/t(1))", "",
+           "| n | " + " | ".join(f"{f} {s}" for f, s in columns) + " |", "|---|" + "---|" * len(columns)]
+    for n in sizes:
+        row = [cells.get((f, s, n)) for f, s in columns]
+        out.append(f"| {n} | " + " | ".join("–" if r is None else f"{1e3 * r['median_s']:.3f} ({_x(r['ratio_to_1'])})"
+                                            for r in row) + " |")
     return out

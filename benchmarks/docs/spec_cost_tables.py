@@ -18,29 +18,30 @@ def spec_cost(results: Path) -> list[str]:
     """Speculation that never costs: the adaptive default vs fixed k vs none (``benchmarks/spec_cost_bench.py``)."""
     out: list[str] = []
     for workload, what in WORKLOADS.items():
-        data = _load(results, f"spec_cost_{workload}.json")
-        if data is None:
-            continue
-        rows = data["rows"]
-        base = next(iter(rows))
-        speed_key = f"speedup_vs_{base}"
-        if out:
-            out.append("")
-        load = (data.get("environment") or {}).get("load_avg")
-        out += [f"{what}; {data['model']}, {data.get('prompts', '')} prompt(s) x {data['max_tokens']} tokens "
-                f"per run, {data['options']['repeats']} alternating rounds, {data['options']['threads']} threads; "
-                f"measured on {measured_on(data)}; load average at the start {load[0] if load else '?'} on 2 cores "
-                "(other jobs: read the spread).", "",
-                f"| configuration | tok/s (median) | vs {base}: median (min-max) | greedy output identical | "
-                "accepted per verify step (0, 1, 2, ...) |",
-                "|---|---|---|---|---|"]
-        for name, r in rows.items():
-            s = r[speed_key]
-            hist = " ".join(str(n) for n in r["accepted_length_histogram"]) or "-"
-            same = "n/a (sampled)" if workload == "chat" else \
-                "yes" if r[f"greedy_tokens_equal_{base}"] else "**no**"
-            out.append(f"| {name} | {r['tok_per_s']['median']:.1f} | {s['median']:.3f} ({s['min']:.3f}-"
-                       f"{s['max']:.3f}) | {same} | {hist} |")
-        skipped = data.get("skipped") or {}
-        out += [f"- not run: {name} ({why})" for name, why in skipped.items()] if workload == "chat" else []
+        for path in sorted(results.glob(f"spec_cost_{workload}*.json")):  # one file per proposer run
+            out += _table(what, workload, _load(results, path.name))
+    return out
+
+
+def _table(what: str, workload: str, data: dict | None) -> list[str]:
+    if data is None:
+        return []
+    rows = data["rows"]
+    base = next(iter(rows))
+    load = (data.get("environment") or {}).get("load_avg")
+    requests = "32 requests" if workload == "mixed" else f"{data.get('prompts', '')} prompt(s)"
+    out = ["", f"{what}; {data['model']}, {requests} x {data['max_tokens']} tokens per run, "
+               f"{data['options']['repeats']} alternating rounds, {data['options']['threads']} threads; measured on "
+               f"{measured_on(data)}; load average at the start {load[0] if load else '?'} on 2 cores.", "",
+           f"| configuration | tok/s (median) | vs {base}: median (min-max) | greedy output identical | "
+           "accepted per verify step (0, 1, 2, ...) |",
+           "|---|---|---|---|---|"]
+    for name, r in rows.items():
+        s = r[f"speedup_vs_{base}"]
+        hist = " ".join(str(n) for n in r["accepted_length_histogram"]) or "-"
+        same = "n/a (sampled)" if workload == "chat" else "yes" if r[f"greedy_tokens_equal_{base}"] else "**no**"
+        out.append(f"| {name} | {r['tok_per_s']['median']:.1f} | {s['median']:.3f} ({s['min']:.3f}-"
+                   f"{s['max']:.3f}) | {same} | {hist} |")
+    if data.get("draft_model") and any(n.startswith("draft_model") for n in rows):
+        out.append(f"- draft_model: {data['draft_model']}")
     return out

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import torch
 
-from speculant.interfaces import AcceptanceCapabilities, AcceptanceMethod, AcceptedTokens
+from speculant.interfaces import AcceptanceCapabilities, AcceptanceMethod, AcceptedTokens, Proposals
 from speculant.sampling.acceptance import DraftLayout, accepted_prefix_len, assemble_accepted
 from speculant.sampling.sampler import draw_uniforms, sample_from_probs
+from speculant.sampling.tree_acceptance import tree_accept
 
 
 class RejectionSampler(AcceptanceMethod):
@@ -43,7 +44,7 @@ class RejectionSampler(AcceptanceMethod):
     name = "rejection"
     api_version = "3.0"
     capabilities = AcceptanceCapabilities(needs_draft_probs=False, lossless=True, supports_sampling=True,
-                                          supports_structured_output=True)
+                                          supports_structured_output=True, accepts_trees=True)
 
     def accept(
         self,
@@ -80,6 +81,12 @@ class RejectionSampler(AcceptanceMethod):
                                             num_accepted[rows], final_rows[rows])
             final[rows] = sample_from_probs(dist, uniforms[layout.cu_num_logits[1:][rows] - 1])
         return assemble_accepted(draft_token_ids, layout, num_accepted, final)
+
+    def accept_tree(self, target_logprobs: torch.Tensor,  # [n + T, V]
+                    proposals: Proposals, greedy: torch.Tensor,  # [n] bool
+                    generators: list[torch.Generator]) -> AcceptedTokens:
+        """Token trees: multi-candidate rejection over one-hot drafts (``sampling.tree_acceptance``)."""
+        return tree_accept(target_logprobs, proposals, greedy, generators)
 
     @staticmethod
     def _final_distribution(

@@ -49,6 +49,7 @@ from speculant.config.rules import (
     sampling_reasons,
     structured_issues,
     structured_reasons,
+    tree_issues,
 )
 from speculant.interfaces import Kind, UnknownPluginError, catalog
 
@@ -58,7 +59,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Issue", "backend_issues", "combination_issues", "combination_reasons", "sampling_issues",
-    "sampling_reasons", "structured_issues", "structured_reasons",
+    "sampling_reasons", "structured_issues", "structured_reasons", "tree_issues",
     "auto_attention_backend", "resolve_attention_backend_name", "default_plugins",
     "config_problems", "data_problems", "validate_config", "parse_config", "build_config", "load_config",
 ]
@@ -183,7 +184,8 @@ def config_problems(config: EngineConfig, registry: Registry | None = None, *, s
     if not (proposer and scorer and acceptance and backend):
         return problems + _load_error_note(True, load_errors)
     return problems + combination_reasons(proposer, scorer, acceptance, backend, enable_chunked_prefill=chunked,
-                                          num_speculative_tokens=spec.num_speculative_tokens, sampling=sampling)
+                                          num_speculative_tokens=spec.num_speculative_tokens, sampling=sampling,
+                                          tree_width=spec.tree_width)
 
 
 def _load_error_note(name_unresolved: bool, load_errors: Sequence[object]) -> list[str]:

@@ -4,7 +4,9 @@ default attention backend.
 
 A cell is supported (✅), supported with per-request limits noted (the
 sampling-only rules of ``compat``: greedy requests only; the structured-only
-rule: no structured output), or unsupported with its short reasons.
+rule: no structured output), or unsupported with its short reasons. The
+"token trees" column says whether the row's plugins take token trees
+(``speculative.tree_width`` > 1), or what stops them.
 ``num_speculative_tokens`` is the config default clipped to the proposer's
 maximum, so the k limit never decides a cell. The README carries the Markdown
 rendering between ``README_START`` and ``README_END``; ``rewrite_readme``
@@ -18,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from speculant.config.compat import Issue, auto_attention_backend, combination_issues
+from speculant.config.compat import Issue, auto_attention_backend, combination_issues, tree_issues
 from speculant.config.models import SpeculativeConfig
 from speculant.interfaces import UnknownPluginError
 
@@ -42,6 +44,8 @@ class MatrixCell:
     attention_backend: str
     num_speculative_tokens: int
     issues: tuple[Issue, ...]
+    tree_issues: tuple[Issue, ...] = ()
+    """What stops ``speculative.tree_width`` > 1 here (empty: trees are verified)."""
 
     @property
     def supported(self) -> bool:
@@ -71,6 +75,12 @@ class MatrixCell:
             return f"{SUPPORTED_MARK} " + "; ".join(i.short for i in self.issues)
         return f"{UNSUPPORTED_MARK} " + "; ".join(i.short for i in self.issues if not i.sampling_only)
 
+    def trees_label(self) -> str:
+        """✅ where the plugins take token trees, else ❌ with what stops them."""
+        if not self.tree_issues:
+            return SUPPORTED_MARK
+        return f"{UNSUPPORTED_MARK} " + "; ".join(i.short for i in self.tree_issues)
+
     def as_dict(self) -> dict[str, Any]:
         return {
             "proposer": self.proposer,
@@ -85,6 +95,8 @@ class MatrixCell:
             "sampling_reasons": [i.message for i in self.issues if i.sampling_only],
             "structured_reasons": [i.message for i in self.issues if i.structured_only],
             "structured_output": self.structured_output,
+            "token_trees": not self.tree_issues,
+            "tree_reasons": [i.message for i in self.tree_issues],
             "label": self.label(),
         }
 
@@ -107,9 +119,11 @@ def compute_matrix(registry: Registry, *, attention_backend: str | None = None) 
         proposer = registry.get("proposer", p)
         limit = proposer.capabilities.max_num_speculative_tokens
         k = default_k if limit is None else min(default_k, limit)
-        issues = combination_issues(proposer, registry.get("scorer", s), registry.get("acceptance", a), backend,
+        scorer, acceptance = registry.get("scorer", s), registry.get("acceptance", a)
+        issues = combination_issues(proposer, scorer, acceptance, backend,
                                     enable_chunked_prefill=chunked, num_speculative_tokens=k)
-        cells.append(MatrixCell(p, s, a, chunked, attention_backend, k, tuple(issues)))
+        trees = tree_issues(proposer, scorer, acceptance, backend)
+        cells.append(MatrixCell(p, s, a, chunked, attention_backend, k, tuple(issues), tuple(trees)))
     return cells
 
 
@@ -130,12 +144,14 @@ def render_markdown(cells: list[MatrixCell]) -> str:
         f"{UNSUPPORTED_MARK} unsupported, with the reason "
         "(`speculant config check` gives the full reason and the fix).",
         "",
-        "| proposer | scorer | acceptance | chunked prefill off | chunked prefill on |",
-        "|---|---|---|---|---|",
+        "| proposer | scorer | acceptance | chunked prefill off | chunked prefill on | token trees |",
+        "|---|---|---|---|---|---|",
     ]
     for (p, s, a), by_chunked in rows.items():
         off, on = (by_chunked[k].label() if k in by_chunked else "" for k in (False, True))
-        lines.append(f"| {_escape(p)} | {_escape(s)} | {_escape(a)} | {_escape(off)} | {_escape(on)} |")
+        trees = next(iter(by_chunked.values())).trees_label()
+        lines.append(f"| {_escape(p)} | {_escape(s)} | {_escape(a)} | {_escape(off)} | {_escape(on)} "
+                     f"| {_escape(trees)} |")
     return "\n".join(lines) + "\n"
 
 

@@ -202,7 +202,14 @@ class SpeculativeConfig(StrictModel):
     acceptance_options: dict[str, Any] = Field(default_factory=dict)
     """Options validated against the chosen acceptance method's options model."""
     num_speculative_tokens: int = Field(default=4, ge=1, le=64)
-    """k: proposals per decode per step."""
+    """k: proposals per decode per step (with token trees: the deepest level)."""
+    tree_width: int = Field(default=1, ge=1, le=16)
+    """Most children per node of a decode's token tree (1: chains, the default).
+    Above 1, a proposer that declares ``proposes_trees`` may propose several
+    candidate continuations per decode, verified in one forward."""
+    max_tree_tokens: int = Field(default=16, ge=1, le=64)
+    """Most tokens of one decode's tree when ``tree_width`` > 1 (the step's
+    ceiling per decode then, in place of ``num_speculative_tokens``)."""
     disable_by_batch_size: int | None = Field(default=None, ge=1)
     """Above this many running requests, speculation is off for the step."""
     draft_length: DraftLengthConfig = Field(default_factory=AdaptiveDraftLengthConfig)
@@ -213,6 +220,11 @@ class SpeculativeConfig(StrictModel):
     @property
     def enabled(self) -> bool:
         return self.proposer is not None
+
+    @property
+    def trees(self) -> bool:
+        """Token trees are asked for (``tree_width`` > 1)."""
+        return self.tree_width > 1
 
 
 class EngineConfig(StrictModel):

@@ -84,6 +84,37 @@ def structured_issues(acceptance_cls: type[AcceptanceMethod]) -> list[Issue]:
         f"that supports structured output (rejection, typical)", structured_only=True)]
 
 
+def tree_issues(proposer_cls: type[Proposer], scorer_cls: type[Scorer], acceptance_cls: type[AcceptanceMethod],
+                backend_cls: type[AttentionBackend], *, tree_width: int = 2) -> list[Issue]:
+    """What stops token trees (``speculative.tree_width`` > 1) in the combination."""
+    p, s, a, b = proposer_cls.name, scorer_cls.name, acceptance_cls.name, backend_cls.name
+    opt = f"speculative.tree_width = {tree_width}"
+    fix = "set speculative.tree_width = 1 (chains)"
+    issues = []
+    if not proposer_cls.capabilities.proposes_trees:
+        issues.append(Issue(
+            "proposer proposes chains only",
+            f"{opt}, but proposer '{p}' proposes chains only (proposes_trees = false), so a tree width would "
+            f"change nothing: {fix} or choose a proposer that proposes trees"))
+    sc = scorer_cls.capabilities
+    if not sc.verifies_trees:
+        issues.append(Issue(
+            "scorer cannot verify trees",
+            f"{opt}, but scorer '{s}' cannot verify token trees: {sc.no_trees_reason}: {fix} or set "
+            "speculative.scorer to a scorer that verifies trees"))
+    if not acceptance_cls.capabilities.accepts_trees:
+        issues.append(Issue(
+            "acceptance takes chains only",
+            f"{opt}, but acceptance '{a}' decides over chains only (accepts_trees = false): {fix} or set "
+            "speculative.acceptance to a method that accepts trees"))
+    if not backend_cls.capabilities.tree_attention:
+        issues.append(Issue(
+            "backend lacks tree attention",
+            f"{opt}, but attention backend '{b}' has no tree mask (tree_attention = false), so a tree node "
+            f"would see its siblings: {fix} or set model.attention_backend to a backend with tree attention"))
+    return issues
+
+
 def combination_issues(
     proposer_cls: type[Proposer],
     scorer_cls: type[Scorer],
@@ -92,6 +123,7 @@ def combination_issues(
     *,
     enable_chunked_prefill: bool,
     num_speculative_tokens: int,
+    tree_width: int = 1,
 ) -> list[Issue]:
     """Every issue of the combination, sampling-only ones included (flagged)."""
     p, s, a, b = proposer_cls.name, scorer_cls.name, acceptance_cls.name, backend_cls.name
@@ -135,6 +167,8 @@ def combination_issues(
             f"(supports_mixed_prefill_decode = false), which chunked prefill does every step: set "
             f"scheduler.enable_chunked_prefill = false or choose another scorer"))
     issues += backend_issues(backend_cls, enable_chunked_prefill=enable_chunked_prefill)
+    if tree_width > 1:
+        issues += tree_issues(proposer_cls, scorer_cls, acceptance_cls, backend_cls, tree_width=tree_width)
     return issues + sampling_issues(proposer_cls, acceptance_cls) + structured_issues(acceptance_cls)
 
 
@@ -147,12 +181,13 @@ def combination_reasons(
     enable_chunked_prefill: bool,
     num_speculative_tokens: int,
     sampling: bool,
+    tree_width: int = 1,
 ) -> list[str]:
     """Every reason the combination is unsupported ([] when it is supported).
     ``sampling``: whether the request(s) in question sample (temperature > 0)."""
     issues = combination_issues(proposer_cls, scorer_cls, acceptance_cls, backend_cls,
                                 enable_chunked_prefill=enable_chunked_prefill,
-                                num_speculative_tokens=num_speculative_tokens)
+                                num_speculative_tokens=num_speculative_tokens, tree_width=tree_width)
     return [i.message for i in issues if not i.structured_only and (sampling or not i.sampling_only)]
 
 

@@ -11,9 +11,14 @@
    backend, the linear and fast-forward paths, the C kernels in use, the CPU's
    model name and flags, the torch threads and version;
 3. otherwise, or when that file cannot be read or holds no valid curve, the
-   target is timed (``cost_model.measure_curve``, about a second) and the file
-   (re)written; a cache directory that cannot be written only costs the
-   measurement next time.
+   target is timed (``cost_model.measure_curve``, one to two seconds) and the
+   file (re)written if two passes of the measurement agreed; a curve whose
+   passes disagree (other processes held the CPU) serves this process only; a
+   cache directory that cannot be written only costs the measurement next time.
+
+A measured curve stays checked against the live step timings
+(``cost_watch``): when they show it was taken under load, its file is
+removed and it is measured again at the engine's next idle point.
 """
 
 from __future__ import annotations
@@ -23,13 +28,15 @@ import json
 import logging
 import os
 import platform
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from speculant.config.models import AdaptiveDraftLengthConfig, EngineConfig
-from speculant.engine.cost_model import CostCurve, CostModel, measure_curve
+from speculant.engine.cost_model import CostCurve, CostModel, Measurement, measure_curve
 from speculant.engine.runner_view import SequenceRunner
 from speculant.model.kernels.build import cache_root
 from speculant.model.runner import ModelRunner
@@ -121,6 +128,37 @@ def write_curve(path: Path, key: dict[str, Any], curve: CostCurve) -> None:
         logger.warning("could not cache the cost model in %s (%s); it is measured again at the next load", path, exc)
 
 
+class CachedCurve:
+    """The target's curve as measured here and kept under ``path`` (``CurveSource``)."""
+
+    def __init__(self, view: SequenceRunner, path: Path, key: dict[str, Any], max_rows: int, ctx: int,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
+        self.view, self.path, self.key, self.max_rows, self.ctx, self.clock = view, path, key, max_rows, ctx, clock
+        self.rounds = 7  # timed rounds per pass
+
+    def measure(self) -> Measurement:
+        """Time the target; cache the curve only when its passes agreed (a curve
+        measured under load serves this process alone, with a warning)."""
+        m = measure_curve(self.view, self.max_rows, ctx=self.ctx, rounds=self.rounds, clock=self.clock)
+        shown = dict(zip(m.curve.sizes, (round(r, 3) for r in m.curve.ratios)))
+        if m.agreed:
+            write_curve(self.path, self.key, m.curve)
+            logger.info("measured the target's cost curve t(n)/t(1): %s (t(1) %.2f ms, %d passes); cached in %s",
+                        shown, 1e3 * (m.curve.t1_s or 0), m.num_passes, self.path)
+        else:
+            logger.warning("the target's cost curve t(n)/t(1) = %s (t(1) %.2f ms) changed from pass to pass over "
+                           "%d passes (other processes were using the CPU): it is used by this process only and "
+                           "not cached; the next load measures again (set %s to skip measuring)",
+                           shown, 1e3 * (m.curve.t1_s or 0), m.num_passes, TOKEN_COST_ENV)
+        return m
+
+    def invalidate(self) -> None:
+        try:
+            self.path.unlink(missing_ok=True)
+        except OSError as exc:
+            logger.warning("could not remove the stale cost model cache %s (%s)", self.path, exc)
+
+
 def load_cost_model(config: EngineConfig, runner: ModelRunner, view: SequenceRunner) -> CostModel:
     """The adaptive policy's figures for ``config`` on the target ``view`` (module
     docstring); a measurement borrows blocks of its idle pool and gives them back."""
@@ -132,11 +170,11 @@ def load_cost_model(config: EngineConfig, runner: ModelRunner, view: SequenceRun
         return CostModel(CostCurve.linear(token_cost), draft_cost)
     key = cost_key(config, runner)
     path = cache_file(key)
+    source = CachedCurve(view, path, key, max(1, min(config.scheduler.max_num_batched_tokens, 32)),
+                         min(64, max(1, runner.max_model_len - 33)))
     curve = read_curve(path, key)
-    if curve is None:
-        max_rows = min(config.scheduler.max_num_batched_tokens, 32)
-        curve = measure_curve(view, max(1, max_rows), ctx=min(64, max(1, runner.max_model_len - 33)))
-        write_curve(path, key, curve)
-        logger.info("measured the target's cost curve t(n)/t(1): %s (t(1) %.2f ms); cached in %s",
-                    dict(zip(curve.sizes, (round(r, 3) for r in curve.ratios))), 1e3 * (curve.t1_s or 0), path)
-    return CostModel(curve, draft_cost)
+    if curve is not None:
+        return CostModel(curve, draft_cost, source=source, origin=f"cache {path}")
+    m = source.measure()
+    return CostModel(m.curve, draft_cost, source=source,
+                     origin="measured at load" if m.agreed else "measured at load, passes disagreed: not cached")

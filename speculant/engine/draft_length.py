@@ -5,8 +5,10 @@ scheduler then trims each request's k to the token budget and to the
 request's room (``max_model_len``, ``max_tokens``). Greedy output does not
 depend on k (every proposal is verified), so a policy only changes speed.
 
-- ``fixed``: every decode may get ``num_speculative_tokens``.
-- ``adaptive``: the rule below.
+- ``fixed``: every decode may get ``num_speculative_tokens`` (with token trees,
+  ``speculative.tree_width`` > 1: ``max_tree_tokens`` nodes).
+- ``adaptive``: the rule below (with trees it prices nodes as chain positions;
+  choosing width and size from the cost curve is not done yet).
 
 The adaptive rule. Each request keeps a running estimate ``a_i`` of the
 chance that one more of its proposals is accepted (a geometric model: a
@@ -60,7 +62,9 @@ class DraftLengthPolicy(ABC):
     name: ClassVar[str]
 
     def __init__(self, spec: SpeculativeConfig) -> None:
-        self.max_k = spec.num_speculative_tokens
+        # with token trees a decode's ceiling counts tree nodes (the checker admits trees only
+        # with a proposer that proposes them)
+        self.max_k = spec.max_tree_tokens if spec.trees else spec.num_speculative_tokens
         self.disable_by_batch_size = spec.disable_by_batch_size
         self.reset_metrics()
 
@@ -170,8 +174,8 @@ class AdaptiveDraftLength(DraftLengthPolicy):
         lengths = {r.request_id: 0 for r in decoding}
         curve, d = self.cost.curve, self.cost.draft_token_cost
         tokens = len(decoding) + len(fixed) + sum(fixed.values())  # the forward's rows before any adaptive draft
-        gain = float(len(decoding) + len(fixed)) + sum(
-            self.estimate(r) ** j for r in fixed_requests for j in range(1, fixed[r.request_id] + 1))
+        held = [(self.estimate(r), fixed[r.request_id]) for r in fixed_requests]  # each folded in once a step
+        gain = float(len(decoding) + len(fixed)) + sum(a ** j for a, k in held for j in range(1, k + 1))
         cost = curve.cost(tokens) + d * sum(fixed.values())
         candidates = sorted(((a ** j, i) for i, a in enumerate(rates)
                              for j in range(1, ceilings[decoding[i].request_id] + 1)),

@@ -34,7 +34,7 @@ from speculant.engine.runner_view import SequenceRunner
 from speculant.engine.scheduler import Scheduler
 from speculant.engine.spec_accounting import account_step
 from speculant.engine.spec_components import SpecComponents, build_spec_components, resolve_backend
-from speculant.engine.step import StepTimes
+from speculant.engine.step import StepTimes, proposer_runs
 from speculant.engine.step_runner import StepParts, StepRun, failure, run_step
 from speculant.interfaces import AttentionBackend
 from speculant.interfaces.data import AcceptedNodes
@@ -250,6 +250,16 @@ class LLMEngine:
         with self._inbox.stepping():
             return self._step()
 
+    def at_idle(self) -> None:
+        """The loop ran out of work: measure the cost curve again if live step
+        timings showed it was taken under load (``CostModel.remeasure_if_due``)."""
+        if self.cost is not None and self.cost.remeasure_due:
+            with self._inbox.stepping():  # requests added meanwhile join when it ends
+                try:
+                    self.cost.remeasure_if_due()
+                except Exception:  # the old curve still serves: only speed is at stake
+                    logger.exception("measuring the cost curve again failed; keeping the current one")
+
     def _preempted(self, req: Request) -> None:
         """A request lost its blocks (the scheduler tells at once, so a proposer
         restoring it in the same step starts clean)."""
@@ -295,11 +305,15 @@ class LLMEngine:
         drafted = account_step(batch, run.plans, run.times.propose_s, proposer is not None)
         if self.cost is not None:
             self.cost.observe_step(run.times.propose_s, run.times.accept_s, len(batch.decodes), drafted)
+            if not batch.prefills and not run.fallback:  # one forward of decodes alone: checks the curve
+                self.cost.observe_forward(batch.num_tokens, run.times.score_s)
         for plan in run.plans:
             self.scheduler.cache_committed(plan.entry.request)
-        if proposer is not None:
+        if proposer is not None and proposer_runs(proposer, batch):
             if run.scores is not None:
-                self.guard.commit(proposer, batch.view(), AcceptedNodes.chain(run.num_accepted), run.scores)
+                accepted = AcceptedNodes.chain(run.num_accepted) if run.accepted_nodes is None else \
+                    AcceptedNodes([path if a else [] for path, a in zip(run.accepted_nodes, run.num_accepted)])
+                self.guard.commit(proposer, batch.view(), accepted, run.scores)
             else:  # the step was not computed as one batch: the proposer rebuilds its state
                 self.guard.reset(proposer, [e.request.request_id for e in batch.entries])
         for idx, message in run.errors.items():

@@ -315,6 +315,8 @@ class EngineLoop:
             self.lock.notify_all()
         if self.on_step is not None:
             self.on_step(seconds, outputs)
+        if not self.engine.has_unfinished_requests():
+            self.engine.at_idle()  # after the outputs went out (a caller stepping itself waits for it, once)
         return True
 
     def _fail_orphans(self) -> bool:

@@ -10,7 +10,11 @@ each row: ``lens`` (the offsets' differences) at most the decode's
 summing to 1 within ``PROB_SUM_TOLERANCE`` (on the rows of sampling requests
 only: greedy rows are verified by argmax and their probs are never read; a
 draft may leave them zero, as ``draft_model`` does once only greedy rows keep
-drafting). A structural fault drops every row; a row fault drops that row.
+drafting). Token trees (``parents``) are taken only where ``tree_width`` > 1
+(trees on and a proposer that declares ``proposes_trees``), without ``probs``
+(one-hot drafts), each row a tree in topological order with distinct sibling
+tokens and at most ``tree_width`` children per node (``interfaces.tree``).
+A structural fault drops every row; a row fault drops that row.
 Dropped rows get ``lens = 0``: the decode runs without speculation this step
 (its output is unchanged, only slower).
 """
@@ -23,6 +27,7 @@ import torch
 
 from speculant.interfaces import Proposals
 from speculant.interfaces.batch import StepBatch
+from speculant.interfaces.tree import children, tree_problem
 
 PROB_SUM_TOLERANCE = 1e-3
 
@@ -44,12 +49,19 @@ def _what(t: object) -> str:
     return f"{t.dtype} tensor of shape {tuple(t.shape)}" if isinstance(t, torch.Tensor) else repr(t)
 
 
-def _structure_problem(out: object, n: int, vocab: int) -> str | None:
+def _structure_problem(out: object, n: int, vocab: int, tree_width: int = 1) -> str | None:
     if not isinstance(out, Proposals):
         return f"returned {type(out).__name__}, not Proposals"
     if out.parents is not None:
-        return ("set Proposals.parents (a token tree), but this engine verifies chains only until tree "
-                "verification lands: return parents=None, each decode's proposals as one chain")
+        if tree_width <= 1:
+            return ("set Proposals.parents (a token tree), but this engine asks for trees only with "
+                    "speculative.tree_width > 1 and a proposer that declares proposes_trees: return "
+                    "parents=None, each decode's proposals as one chain")
+        if not _is_int_tensor(out.parents) or tuple(out.parents.shape) != tuple(out.token_ids.shape):
+            return f"parents must be an integer tensor shaped like token_ids, got {_what(out.parents)}"
+        if out.probs is not None:
+            return ("set probs with parents: token trees are verified with one-hot drafts (distinct sibling "
+                    "tokens): return probs=None with a tree")
     ids, cu, probs = out.token_ids, out.cu_num_draft_tokens, out.probs
     if not _is_int_tensor(ids) or ids.dim() != 1:
         return f"token_ids must be an integer tensor [num_draft_tokens] (flat), got {_what(ids)}"
@@ -76,11 +88,29 @@ def _on(out: object, device: torch.device | str) -> object:
     return Proposals(move(out.token_ids), move(out.cu_num_draft_tokens), move(out.probs), move(out.parents))
 
 
+def _tree_rows(out: Proposals, tree_width: int, problems: list[str]) -> list[int]:
+    """Decode rows whose ``parents`` are not a tree of at most ``tree_width`` children per node."""
+    parents = out.parents_lists()
+    assert parents is not None
+    bad = []
+    for i, (tokens, par) in enumerate(zip(out.to_lists(), parents)):
+        problem = tree_problem(tokens, par)
+        if problem is None:
+            widest = max((len(k) for k in children(par)), default=0)
+            if widest > tree_width:
+                problem = f"a node has {widest} children, above speculative.tree_width = {tree_width}"
+        if problem is not None:
+            problems.append(f"the tree of row {i} {problem}")
+            bad.append(i)
+    return bad
+
+
 def check_proposals(out: object, batch: StepBatch, vocab: int,
-                    device: torch.device | str = "cpu") -> CheckedProposals:
+                    device: torch.device | str = "cpu", tree_width: int = 1) -> CheckedProposals:
+    """``tree_width``: the most children per node of a token tree; 1 refuses trees."""
     n = len(batch.decodes)
     out = _on(out, device)
-    problem = _structure_problem(out, n, vocab)
+    problem = _structure_problem(out, n, vocab, tree_width)
     if problem is not None:
         return CheckedProposals(Proposals.empty(n, device), [problem], list(range(n)), structural=True)
     assert isinstance(out, Proposals)  # _structure_problem returned None: it is one
@@ -100,18 +130,23 @@ def check_proposals(out: object, batch: StepBatch, vocab: int,
         problems.append(f"token ids {ids[bad_tok][:5].tolist()} in rows {bad_id.nonzero().squeeze(1).tolist()} "
                         f"are outside the vocabulary [0, {vocab})")
     bad = bad_len | bad_id
+    parents = out.parents.long() if out.parents is not None else None
+    if parents is not None:
+        for i in _tree_rows(out, tree_width, problems):
+            bad[i] = True
     if probs is not None:
         sampling = torch.tensor([not d.request.params.greedy for d in batch.decodes], dtype=torch.bool,
                                 device=ids.device)
         bad = bad | _prob_problems(probs.detach().float(), sampling[rows], rows, n, problems)
     if not problems:
-        return CheckedProposals(Proposals(ids, cu, probs.float() if probs is not None else None), [], [])
+        return CheckedProposals(Proposals(ids, cu, probs.float() if probs is not None else None, parents), [], [])
     keep = ~bad[rows]  # [T] tokens of rows that stay
     clean_lens = torch.where(bad, torch.zeros_like(lens), lens)
     clean_probs = None
     if probs is not None:
         clean_probs = torch.nan_to_num(probs[keep].float(), nan=0.0, posinf=0.0, neginf=0.0).clamp_min(0)
-    clean = Proposals(ids[keep], torch.cat([cu.new_zeros(1), clean_lens.cumsum(0)]), clean_probs)
+    clean = Proposals(ids[keep], torch.cat([cu.new_zeros(1), clean_lens.cumsum(0)]), clean_probs,
+                      parents[keep] if parents is not None else None)
     return CheckedProposals(clean, problems, bad.nonzero().squeeze(1).tolist())
 
 

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 from speculant.engine.proposal_checks import check_proposals
 from speculant.interfaces import Proposals, Proposer
+from speculant.interfaces.tree import tree_settings
 
 if TYPE_CHECKING:
     from speculant.interfaces import AcceptedNodes, Scores
@@ -34,6 +35,12 @@ SLOW_PROPOSER_SECONDS = 1.0
 
 def plugin_name(proposer: Proposer) -> str:
     return getattr(proposer, "name", None) or type(proposer).__name__
+
+
+def tree_width(proposer: Proposer) -> int:
+    """The most children per tree node the engine takes from ``proposer`` (1: chains only):
+    ``speculative.tree_width`` where the proposer declares ``proposes_trees``."""
+    return tree_settings(proposer.context)[0] if proposer.capabilities.proposes_trees else 1
 
 
 class ProposerGuard:
@@ -62,7 +69,7 @@ class ProposerGuard:
             return Proposals.empty(n, device)
         finally:
             self._check_time(proposer, time.perf_counter() - start, batch)
-        checked = check_proposals(out, batch, self.vocab_size, device)
+        checked = check_proposals(out, batch, self.vocab_size, device, tree_width(proposer))
         if checked.problems:
             rows = range(n) if checked.structural else checked.bad_rows
             ids = [batch.decodes[i].request.request_id for i in rows]

@@ -165,6 +165,22 @@ class SequenceRunner:
             self._live.pop(serial, None)
         self._step.clear()
 
+    def move_positions(self, moves: Sequence[tuple[SequenceHandle, Sequence[int], Sequence[int]]]) -> int:
+        """Engine only (a token tree's accepted path into place, ``engine.trees``):
+        for each (sequence, source positions, destination positions), copy the
+        K/V at the sources to the destinations in every layer, all reads before
+        any write; returns the number of positions moved."""
+        size = self.block_size
+        src: list[int] = []
+        dst: list[int] = []
+        for handle, from_pos, to_pos in moves:
+            table = self._blocks.block_table(self._seq_id(handle, "move_positions"))
+            src += [table[p // size] * size + p % size for p in from_pos]
+            dst += [table[p // size] * size + p % size for p in to_pos]
+        if src:
+            self._runner.move_kv(src, dst)
+        return len(src)
+
     # --- forward ---------------------------------------------------------------
     def forward(self, spans: list[QuerySpan], want_hidden: bool = False) -> ForwardOutput:
         """Check every span's handle and slots, copy shared blocks it writes, then run the model."""

@@ -24,6 +24,7 @@ from speculant.interfaces.layout import score_flat
 from speculant.sampling.acceptance import greedy_accept, verifies_by_argmax
 from speculant.sampling.logits_processing import filtered_logprobs, sampling_tensors
 from speculant.sampling.sampler import ACCEPT_STREAM, request_generator, sample
+from speculant.sampling.tree_acceptance import greedy_tree_accept
 
 
 @dataclass
@@ -48,6 +49,7 @@ class Decisions:
     decode_logprobs: list[list[torch.Tensor | None]] = field(default_factory=list)  # None: not asked for
     num_accepted: list[int] = field(default_factory=list)
     num_drafted: list[int] = field(default_factory=list)  # per decode: proposals verified
+    accepted_nodes: list[list[int]] | None = None  # per decode, for token trees: the accepted path's nodes
 
 
 def propose(proposer: Proposer | None, batch: StepBatch, guard: ProposerGuard | None = None,
@@ -55,12 +57,21 @@ def propose(proposer: Proposer | None, batch: StepBatch, guard: ProposerGuard | 
     """Checked proposals on the target's ``device`` (``proposal_checks``); a
     faulty proposer yields none for the affected decodes (``proposer_guard``),
     it never raises."""
-    if proposer is None:
+    if proposer is None or not proposer_runs(proposer, batch):
         return Proposals.empty(len(batch.decodes), device)
-    # called even when no decode speculates: a proposer with its own KV cache
-    # must see this step's prefill chunks to stay in sync
     guard = guard or ProposerGuard(proposer.context.target.vocab_size)
     return guard.propose(proposer, batch.view())
+
+
+def proposer_runs(proposer: Proposer, batch: StepBatch) -> bool:
+    """Whether ``proposer`` is called in this step (``propose``, then ``commit``):
+    when a decode is planned proposals, when there are prefill chunks (a
+    proposer with its own KV cache follows them in the same step), or always
+    for a proposer that reads the target's hidden states at commit. Otherwise
+    off is off: a step of decodes all at k = 0 costs the proposer nothing, and
+    a stateful one catches up on the tokens it missed when it next speculates."""
+    return bool(batch.prefills) or any(d.num_spec_tokens for d in batch.decodes) \
+        or proposer.capabilities.needs_target_hidden_states
 
 
 def score(scorer: Scorer | None, runner: SequenceRunner, batch: StepBatch | views.StepBatch, proposals: Proposals,
@@ -95,6 +106,8 @@ def decide(acceptance: AcceptanceMethod | None, batch: StepBatch, proposals: Pro
             out.decode_logprobs.append([sampled.logprobs[i] if sampled.logprobs is not None else None])
             out.num_accepted.append(0)
         return out
+    if proposals.parents is not None:
+        return _decide_trees(acceptance, requests, proposals, scores, out)
     if verifies_by_argmax(requests):
         # no distribution is needed: verify on the raw logits' argmax (what plain
         # greedy decoding picks), skipping the log-softmax over every row
@@ -104,17 +117,45 @@ def decide(acceptance: AcceptanceMethod | None, batch: StepBatch, proposals: Pro
             out.decode_logprobs.append([None] * (a + 1))
             out.num_accepted.append(a)
         return out
+    target_lp, greedy = _target_logprobs(requests, scores)
+    accepted = acceptance.accept(
+        target_lp, proposals.token_ids, proposals.cu_num_draft_tokens, proposals.probs,
+        greedy, [request_generator(r, ACCEPT_STREAM) for r in requests])
+    ids = accepted.token_ids.tolist()
+    for i, (row, a) in enumerate(zip(scores.cu_num_logits[:-1].tolist(), accepted.num_accepted.tolist())):
+        out.decode_tokens.append(ids[i][: a + 1])
+        out.decode_logprobs.append([target_lp[row + j] for j in range(a + 1)])
+        out.num_accepted.append(a)
+    return out
+
+
+def _target_logprobs(requests: list, scores: Scores) -> tuple[torch.Tensor, torch.Tensor]:
+    """The decodes' filtered target log-probs [n + T, V] and which decodes are greedy [n]."""
+    cu = scores.cu_num_logits
     num_rows = scores.decode_logits.shape[0]  # n + T real rows, no padding to filter
     t = sampling_tensors([r.params for r in requests], scores.decode_logits.device)
     rep = {name: v.repeat_interleave(cu.diff(), output_size=num_rows) for name, v in t.items()}
-    target_lp = filtered_logprobs(scores.decode_logits, **rep)  # [n + T, V]
-    accepted = acceptance.accept(
-        target_lp, proposals.token_ids, proposals.cu_num_draft_tokens, proposals.probs,
-        t["temperature"] == 0, [request_generator(r, ACCEPT_STREAM) for r in requests])
+    return filtered_logprobs(scores.decode_logits, **rep), t["temperature"] == 0
+
+
+def _decide_trees(acceptance: AcceptanceMethod, requests: list, proposals: Proposals, scores: Scores,
+                  out: Decisions) -> Decisions:
+    """Token trees: each decode keeps one path of its tree (``sampling.tree_acceptance``)."""
+    target_lp = None
+    if verifies_by_argmax(requests):
+        accepted = greedy_tree_accept(scores.decode_logits, proposals)
+    else:
+        target_lp, greedy = _target_logprobs(requests, scores)
+        accepted = acceptance.accept_tree(target_lp, proposals, greedy,
+                                          [request_generator(r, ACCEPT_STREAM) for r in requests])
+    assert accepted.paths is not None, f"acceptance '{acceptance.name}' returned no paths for token trees"
     ids = accepted.token_ids.tolist()
-    for i, (row, a) in enumerate(zip(cu[:-1].tolist(), accepted.num_accepted.tolist())):
+    out.accepted_nodes = accepted.paths
+    for i, (row, path) in enumerate(zip(scores.cu_num_logits[:-1].tolist(), accepted.paths)):
+        a = len(path)
         out.decode_tokens.append(ids[i][: a + 1])
-        out.decode_logprobs.append([target_lp[row + j] for j in range(a + 1)])
+        rows = [row] + [row + 1 + j for j in path]  # the target row each emitted token came from
+        out.decode_logprobs.append([target_lp[r] for r in rows] if target_lp is not None else [None] * (a + 1))
         out.num_accepted.append(a)
     return out
 

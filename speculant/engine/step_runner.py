@@ -31,6 +31,7 @@ from speculant.engine.grammar.step_masks import StepGrammar, StructuredOutputs
 from speculant.engine.proposer_guard import ProposerGuard
 from speculant.engine.runner_view import SequenceRunner
 from speculant.engine.step import StepTimes, Timer, decide, propose, score
+from speculant.engine.trees import compact_paths
 from speculant.interfaces import AcceptanceMethod, Proposals, Proposer, Scorer, Scores
 
 logger = logging.getLogger(__name__)
@@ -59,6 +60,7 @@ class StepRun:
     num_accepted: list[int]  # per decode
     times: StepTimes = field(default_factory=StepTimes)
     fallback: str = ""  # "", "no_speculation" or "isolated": how the step was computed
+    accepted_nodes: list[list[int]] | None = None  # per decode, for token trees: the accepted path
 
 
 def failure(entry: ScheduledRequest, stage: str, exc: BaseException) -> str:
@@ -106,9 +108,13 @@ def _compute(batch: StepBatch, proposals: Proposals, parts: StepParts, timer: Ti
         scores = score(parts.scorer, parts.runner, batch, proposals, parts.want_hidden)
         times.score_s = timer.lap()
         decisions = decide(parts.acceptance, batch, proposals, _masked(grammar, batch, proposals, scores))
+        if decisions.accepted_nodes is not None:  # a token tree: its accepted path's K/V into place
+            compact_paths(parts.runner, batch.decodes, decisions.accepted_nodes)
         times.accept_s = timer.lap()
         outcomes, errors = _grammar_faults(batch, grammar, outcomes_of(batch, decisions))
-        return _planned(batch, outcomes, errors, scores, parts, times, "")
+        run = _planned(batch, outcomes, errors, scores, parts, times, "")
+        run.accepted_nodes = decisions.accepted_nodes
+        return run
     except Exception as exc:  # noqa: BLE001 - any fault: retry, then isolate
         first = exc
     if proposals.num_draft_tokens > 0:

@@ -45,6 +45,11 @@ class ProposerCapabilities:
     chunks would have built, or it restores that state in ``restore_prefix``.
     False (the default, safe for a proposer written before prefix caching): the
     engine skips no cached prefix while this proposer runs."""
+    proposes_trees: bool = False
+    """The proposer may return token trees (``Proposals.parents``) when
+    ``speculative.tree_width`` > 1: at most ``tree_width`` children per node,
+    ``num_speculative_tokens`` levels and the decode's ``num_spec_tokens`` nodes.
+    The engine refuses a tree from a proposer without the flag."""
 
 
 @dataclass(frozen=True)
@@ -54,6 +59,12 @@ class ScorerCapabilities:
     needs_multi_token_queries: bool = False
     """The attention backend must accept several query tokens per sequence over a
     cached prefix (an MQA scorer does; batch expansion needs single-token rows)."""
+    verifies_trees: bool = False
+    """Scores a token tree (``Proposals.parents``) in one forward, each node at
+    its depth's position and seeing only its ancestors (an attention backend
+    with ``tree_attention``)."""
+    no_trees_reason: str = "it does not declare verifies_trees"
+    """Why the scorer cannot verify trees (shown where ``verifies_trees`` is false)."""
 
 
 @dataclass(frozen=True)
@@ -70,6 +81,9 @@ class AcceptanceCapabilities:
     a grammar holds under it. False (the default, safe for a method written
     before structured output): the engine refuses structured requests with it.
     Proposers and scorers need no flag: the engine cuts and masks around them."""
+    accepts_trees: bool = False
+    """Accepts token trees (``accept_tree``): the longest path matching the target's
+    argmax when greedy, and a lossless multi-candidate scheme when sampling."""
 
 
 @dataclass(frozen=True)
@@ -93,3 +107,6 @@ class AttentionBackendCapabilities:
     tensors and host ints fixed per captured shape (``max_query_len``), and the
     backend handles empty spans and a padding span that sees no key
     (``seq_len`` 0). ``model.cuda_graphs = 'auto'`` graphs only such backends."""
+    tree_attention: bool = False
+    """Honours ``SpanTensors.tree_masks``: a tree span's tokens see the cached
+    prefix and their own ancestors only (token-tree verification)."""

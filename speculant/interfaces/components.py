@@ -96,7 +96,12 @@ class Proposer(ABC):
     ``propose``, it calls ``free`` for the affected requests instead of
     ``commit`` (see ``engine/proposer_guard.py``), so after ``free`` a proposer
     must be able to serve a request that is still running. ``batch`` is the
-    same object in a step's ``propose`` and ``commit``.
+    same object in a step's ``propose`` and ``commit``. A step with no
+    prefill chunk and no decode given ``num_spec_tokens`` > 0 calls neither
+    (speculation off costs nothing), unless the proposer declares
+    ``needs_target_hidden_states``: it then sees every step. A proposer that
+    follows the sequence (its own KV cache) catches up on the tokens it missed
+    when a decode next asks it for proposals.
     """
 
     name: ClassVar[str]
@@ -197,6 +202,18 @@ class AcceptanceMethod(ABC):
         """Decide, decode by decode, how many proposals to keep and which token
         to emit after them. Greedy decodes keep proposals equal to the target
         argmax and emit the argmax after them."""
+
+    def accept_tree(
+        self,
+        target_logprobs: torch.Tensor,  # [n + T, V] filtered target log-probs, rows as for ``accept``
+        proposals: Proposals,  # with ``parents``: each decode's token tree
+        greedy: torch.Tensor,  # [n] bool, temperature == 0 rows
+        generators: list[torch.Generator],  # one per decode, seeded per request and step
+    ) -> AcceptedTokens:
+        """Like ``accept`` for token trees: keep one path of each decode's tree (in
+        ``AcceptedTokens.paths``) and the token after it. Only called on a method
+        that declares ``accepts_trees``; the base has none."""
+        raise NotImplementedError(f"acceptance '{self.name}' does not accept token trees (accepts_trees = false)")
 
 
 class AttentionBackend(ABC):

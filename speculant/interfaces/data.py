@@ -29,10 +29,14 @@ class Proposals:
 
     ``parents`` makes the proposals of a decode a token tree: node j of decode
     i (``token_ids[cu_num_draft_tokens[i] + j]``) follows node ``parents[...]``
-    of the same decode, or the decode's last token when that is -1. None means
-    a chain (node j follows node j - 1), the only shape this engine verifies
-    today: proposals with ``parents`` are refused (the decodes run without
-    speculation and the engine logs why) until tree verification lands.
+    of the same decode, or the decode's last token when that is -1; parents
+    come before their children and siblings propose distinct tokens
+    (``interfaces.tree``). None means a chain (node j follows node j - 1). The
+    engine takes trees where ``speculative.tree_width`` > 1 and the proposer
+    declares ``proposes_trees``; elsewhere it refuses them (the decodes run
+    without speculation and the engine logs why). ``Scores`` keep their
+    layout: decode i's row ``cu_num_logits[i] + 1 + j`` is the target's logits
+    after node j (and its ancestors).
     """
 
     token_ids: torch.Tensor  # [num_draft_tokens] long
@@ -90,6 +94,13 @@ class Proposals:
         return cls(token_ids=token_ids[keep], cu_num_draft_tokens=cu,
                    probs=probs[keep] if probs is not None else None)
 
+    def parents_lists(self) -> list[list[int]] | None:
+        """Each decode's parents as a list (None for chains)."""
+        if self.parents is None:
+            return None
+        flat, cu = self.parents.tolist(), self.cu_num_draft_tokens.tolist()
+        return [flat[a:b] for a, b in zip(cu[:-1], cu[1:])]
+
     def to_lists(self) -> list[list[int]]:
         """Each decode's proposals as a list (one device-to-host copy)."""
         flat, cu = self.token_ids.tolist(), self.cu_num_draft_tokens.tolist()
@@ -143,6 +154,8 @@ class AcceptedNodes(list[int]):
 class AcceptedTokens:
     token_ids: torch.Tensor  # [n, max(lens) + 1] long; PLACEHOLDER_TOKEN_ID after the num_accepted + 1 emitted
     num_accepted: torch.Tensor  # [n] long, 0..lens[i]
+    paths: list[list[int]] | None = None
+    """For a tree: each decode's accepted nodes, root's child first (``num_accepted[i]`` of them)."""
 
 
 class SpanRun:
@@ -164,14 +177,40 @@ class SpanRun:
         return list(range(self.start, self.start + len(self.token_ids))) if self.positions is None \
             else list(self.positions)
 
-    def tree_problem(self) -> str | None:
-        """Why this engine cannot run the span (it is a tree), or None for a chain."""
-        if self.ancestor_mask is not None:
-            return ("QuerySpan.ancestor_mask is set (tree attention), which this engine does not implement "
-                    "yet: pass ancestor_mask=None (causal) and lay the proposals out as a chain")
-        if self.positions is not None and list(self.positions) != list(range(self.start, self.end)):
-            return (f"QuerySpan.positions {list(self.positions)[:8]} are not the consecutive run from start="
-                    f"{self.start}; this engine runs chains only: pass positions=None or that run")
+    @property
+    def is_tree(self) -> bool:
+        """Whether the span carries an ancestor mask (a tree), not the causal order."""
+        return self.ancestor_mask is not None
+
+    def shape_problem(self) -> str | None:
+        """Why the span's positions or ancestor mask cannot be run, or None.
+
+        Node i sits in slot ``start + i``: its position must lie in ``start .. start + i``
+        (a node is never deeper than its index), and the mask must be n x n, see the node
+        itself, and see only earlier nodes (parents come before their children)."""
+        name = type(self).__name__
+        n = len(self.token_ids)
+        if self.positions is not None:
+            positions = list(self.positions)
+            if len(positions) != n:
+                return (f"{name}.positions has {len(positions)} entries for {n} tokens: give one position "
+                        "per token, or None for the consecutive run from start")
+            for i, p in enumerate(positions):
+                if not self.start <= p <= self.start + i:
+                    return (f"{name}.positions[{i}] = {p} lies outside {self.start}..{self.start + i} (start="
+                            f"{self.start}, token {i}): a token's position is start plus its depth in the tree")
+        if self.ancestor_mask is None:
+            return None
+        mask = self.ancestor_mask
+        if len(mask) != n or any(len(row) != n for row in mask):
+            return (f"{name}.ancestor_mask must be {n} x {n} for {n} tokens: row i lists which of the "
+                    "span's tokens token i sees")
+        for i, row in enumerate(mask):
+            if not row[i]:
+                return f"{name}.ancestor_mask[{i}][{i}] is false: every token sees itself; set the diagonal"
+            if any(row[i + 1:]):
+                return (f"{name}.ancestor_mask[{i}] sees a later token: lay the tree out parents first "
+                        "(topological order), so each token sees only earlier ones")
         return None
 
     @property
@@ -194,9 +233,11 @@ class QuerySpan(SpanRun):
     forward are written before any span attends, so a span sees the K/V its
     siblings write at lower positions.
 
-    A tree span (explicit positions that are not that run, or a mask) is
-    refused by this engine's runner with the reason, until tree attention
-    lands; chains are unchanged.
+    A tree span (a token tree under verification) lays its nodes out in
+    topological order, each at the sequence's slot ``start + i`` but at
+    position ``start + depth``: ``ancestor_mask[i][j]`` is true where node j
+    is node i itself or one of its ancestors, so a node attends to the prefix
+    and its own path only. ``shape_problem`` says why a span cannot run.
     """
 
     sequence: SequenceHandle

@@ -3,7 +3,9 @@
 The flat layout is the engine's plain forward: each prefill chunk is one
 multi-token span (logits only at its last token, and only when it reports:
 samples, or ends a recompute one token short),
-each decode one span ``[last, p1..pk]`` with logits at every position. Scorers
+each decode one span ``[last, p1..pk]`` with logits at every position (a
+token tree: ``[last, nodes...]``, each node at its depth's position and seeing
+only its ancestors, ``interfaces.tree``). Scorers
 may lay decodes out differently; they all reuse ``prefill_spans`` and
 ``gather_scores`` so results map back the same way. Part of the contract:
 the built-in scorers use it, and so may a plugin's.
@@ -14,6 +16,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from speculant.interfaces.data import Proposals, QuerySpan, Scores
+from speculant.interfaces.tree import depths, span_ancestor_mask
 
 if TYPE_CHECKING:
     from speculant.interfaces.batch import ScheduledRequest, StepBatch
@@ -43,8 +46,13 @@ def decode_tokens(batch: StepBatch, proposals: Proposals) -> list[list[int]]:
 
 def flat_decode_spans(runner: RunnerView, batch: StepBatch, proposals: Proposals) -> list[QuerySpan]:
     spans = []
-    for d, tokens in zip(batch.decodes, decode_tokens(batch, proposals)):
-        spans.append(QuerySpan(sequence(d), d.start, tokens, list(range(len(tokens)))))
+    parents = proposals.parents_lists()
+    for i, (d, tokens) in enumerate(zip(batch.decodes, decode_tokens(batch, proposals))):
+        span = QuerySpan(sequence(d), d.start, tokens, list(range(len(tokens))))
+        if parents is not None and len(tokens) > 2:  # a tree (one node is a chain)
+            span.positions = [d.start] + [d.start + depth for depth in depths(parents[i])]
+            span.ancestor_mask = span_ancestor_mask(parents[i])
+        spans.append(span)
     return spans
 
 

@@ -3,7 +3,14 @@ them: ``PagedSpan`` (a span with its sequence's block table, which the
 engine's ``RunnerView`` resolves from a plugin's ``QuerySpan`` handle after
 checking it), and their tensor form, computed once per forward and shared by
 the model runner (positions, slot mapping) and attention backends
-(per-sequence lengths, block tables).
+(per-sequence lengths, block tables, tree masks).
+
+A tree span (``PagedSpan.ancestor_mask``) writes node i's K/V to slot
+``start + i`` like any span, at its own position (start + depth) for rotary;
+its mask travels as ``tree_masks`` (every tree span's n x n mask, row-major,
+back to back) with ``mask_offsets[b]`` the offset of span b's mask there, -1
+for a causal span. Backends read a mask only for keys at or after the span's
+start: the cached prefix is visible to every node.
 
 Only attention backends and the engine see block tables; proposers and
 scorers name sequences by handle (``views.SequenceHandle``)."""
@@ -45,6 +52,12 @@ class SpanTensors:
     block_size: int
     max_query_len: int
     max_seq_len: int
+    mask_offsets: torch.Tensor | None = None  # [B] long: span b's mask in tree_masks, -1 causal; None: no tree
+    tree_masks: torch.Tensor | None = None  # [sum of n_b * n_b over tree spans] uint8, 1 = visible
+
+    @property
+    def has_trees(self) -> bool:
+        return self.mask_offsets is not None
 
     @property
     def num_seqs(self) -> int:
@@ -61,18 +74,23 @@ class SpanTensors:
         seq_index: list[int] = []
         slots: list[int] = []
         tables: list[list[int]] = []
+        mask_offsets: list[int] = []
+        masks: list[bool] = []
         cu = [0]
         for b, s in enumerate(spans):
             if s.positions is not None or s.ancestor_mask is not None:
-                problem = s.tree_problem()
+                problem = s.shape_problem()
                 if problem is not None:
                     raise ValueError(f"query span {b} cannot run: {problem}")
             table = s.block_table
             ids.extend(s.token_ids)
-            span_positions = range(s.start, s.start + len(s.token_ids))
-            positions.extend(span_positions)
+            span_slots = range(s.start, s.start + len(s.token_ids))
+            positions.extend(span_slots if s.positions is None else s.positions)
             seq_index.extend([b] * len(s.token_ids))
-            slots.extend(table[p // block_size] * block_size + p % block_size for p in span_positions)
+            slots.extend(table[p // block_size] * block_size + p % block_size for p in span_slots)
+            mask_offsets.append(len(masks) if s.ancestor_mask is not None else -1)
+            if s.ancestor_mask is not None:
+                masks.extend(v for row in s.ancestor_mask for v in row)
             tables.append(table + [0] * (max_blocks - len(table)))
             cu.append(cu[-1] + len(s.token_ids))
         starts = [s.start for s in spans]
@@ -86,4 +104,6 @@ class SpanTensors:
             slot_mapping=tensor(slots), query_lens=tensor(qlens), cu_query_lens=tensor(cu),
             starts=tensor(starts), seq_lens=tensor(seq_lens), block_tables=tensor(tables),
             block_size=block_size, max_query_len=max(qlens), max_seq_len=max(seq_lens),
+            mask_offsets=tensor(mask_offsets) if masks else None,
+            tree_masks=torch.tensor(masks, dtype=torch.uint8, device=device) if masks else None,
         )

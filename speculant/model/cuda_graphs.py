@@ -160,9 +160,11 @@ class GraphedForward:
         self.eager_runs = 0
 
     def key(self, spans: list[PagedSpan]) -> tuple[int, int] | None:
-        """The graph key of a forward over ``spans``, None where it runs eagerly."""
+        """The graph key of a forward over ``spans``, None where it runs eagerly (also a
+        token tree: the static buffers hold neither explicit positions nor tree masks)."""
         total = sum(s.num_tokens for s in spans)
-        if total > self.buckets[-1] or len(spans) >= self.num_span_slots:
+        if total > self.buckets[-1] or len(spans) >= self.num_span_slots \
+                or any(s.positions is not None or s.ancestor_mask is not None for s in spans):
             return None
         bucket = next(b for b in self.buckets if b >= total)
         key = (bucket, query_cap(max(s.num_tokens for s in spans), bucket))

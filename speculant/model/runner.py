@@ -243,6 +243,15 @@ class ModelRunner:
             values.append(torch.zeros(shape, dtype=self.model.dtype, device=self.device))
         return keys, values
 
+    @torch.inference_mode()
+    def move_kv(self, src: list[int], dst: list[int]) -> None:
+        """Copy the K/V of cache slots ``src`` to slots ``dst`` in every layer (a token
+        tree's accepted path into place, ``engine.trees``); all reads before any write."""
+        for cache in (*self.key_caches, *self.value_caches):
+            flat = cache.view(-1, *cache.shape[2:])  # [slots, H_kv, D]
+            index = torch.tensor(src, dtype=torch.long, device=cache.device)
+            flat.index_copy_(0, torch.tensor(dst, dtype=torch.long, device=cache.device), flat.index_select(0, index))
+
     def _setup_graphs(self, setting: str, option: str) -> str | None:
         """Graph this runner's forwards where ``model.cuda_graphs`` and the
         backend allow; else the reason, logged once."""

@@ -9,9 +9,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
+import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from speculant.interfaces import Proposals, Proposer, ProposerCapabilities, ProposerContext
+from speculant.interfaces.tree import tree_settings
 from speculant.proposers.suffix_index import (
     POS_BITS,
     POS_MASK,
@@ -21,6 +23,7 @@ from speculant.proposers.suffix_index import (
     extend_hashes,
     match_levels,
     vote,
+    vote_tree,
 )
 
 if TYPE_CHECKING:
@@ -65,6 +68,8 @@ class SuffixDraft:
     tokens: list[int]
     match_len: int
     """Tokens of the context the match covers (0: none)."""
+    parents: list[int] | None = None
+    """A token tree's parents (``interfaces.tree``), None for a chain."""
 
 
 @dataclass
@@ -89,6 +94,11 @@ class SuffixProposer(Proposer):
     produce similar text (agent loops, the same edit on many files) draft from
     it. Chunked prefill changes nothing: the proposer reads token ids, not the
     target.
+
+    Token trees (``speculative.tree_width`` > 1): the same match proposes a
+    tree of its most frequent continuations (``suffix_index.vote_tree``), at
+    most ``tree_width`` children per node, ``num_speculative_tokens`` levels
+    and the decode's ``num_spec_tokens`` nodes.
     """
 
     name = "suffix"
@@ -99,6 +109,7 @@ class SuffixProposer(Proposer):
         draft_probs="one_hot",
         max_num_speculative_tokens=None,
         supports_prefix_caching=True,  # indexes request.token_ids, the whole prompt, at the first decode
+        proposes_trees=True,
     )
     Options: ClassVar[type[BaseModel]] = SuffixOptions
     options: SuffixOptions
@@ -111,8 +122,16 @@ class SuffixProposer(Proposer):
         self._state: dict[str, _RequestIndex] = {}
 
     def propose(self, batch: StepBatch) -> Proposals:
-        rows = [self.scored_draft(d.request, d.num_spec_tokens).tokens for d in batch.decodes]
-        return Proposals.from_lists(rows, self.context.target.device)
+        drafts = [self.scored_draft(d.request, d.num_spec_tokens) for d in batch.decodes]
+        proposals = Proposals.from_lists([d.tokens for d in drafts], self.context.target.device)
+        if self._tree_width() == 1:
+            return proposals
+        parents = [p for d in drafts for p in (d.parents if d.parents is not None else range(-1, len(d.tokens) - 1))]
+        return Proposals(proposals.token_ids, proposals.cu_num_draft_tokens,
+                         parents=torch.tensor(parents, dtype=torch.long, device=proposals.device))
+
+    def _tree_width(self) -> int:
+        return tree_settings(self.context)[0]
 
     def scored_draft(self, request: RequestView, budget: int) -> SuffixDraft:
         """The request's draft of at most ``budget`` tokens, with its score and match length."""
@@ -156,6 +175,11 @@ class SuffixProposer(Proposer):
         o = self.options
         match, streams = deepest(streams, context, level, o.max_match_len)
         limit = min(budget, int(o.max_spec_factor * match + o.max_spec_offset))
+        width = self._tree_width()
+        if width > 1:
+            depth = min(limit, tree_settings(self.context)[1])
+            tree, parents, score = vote_tree(streams, budget, width, depth, o.min_token_prob)
+            return SuffixDraft(score, tree, match, parents)
         tokens, score = vote(streams, limit, o.min_token_prob)
         return SuffixDraft(score, tokens, match)
 

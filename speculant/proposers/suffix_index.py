@@ -22,6 +22,7 @@ sequence by popping its entries from the front of each list.
 
 from __future__ import annotations
 
+import heapq
 from bisect import bisect_right
 from collections import deque
 from collections.abc import Sequence
@@ -172,6 +173,51 @@ def vote(streams: list[tuple[Sequence[int], int]], max_len: int, min_prob: float
         streams = [(seq, pos) for seq, pos in streams if pos + step < len(seq) and seq[pos + step] == best]
         step += 1
     return tokens, score
+
+
+def vote_tree(streams: list[tuple[Sequence[int], int]], max_nodes: int, max_width: int, max_depth: int,
+              min_prob: float) -> tuple[list[int], list[int], float]:
+    """The most frequent continuations of ``streams`` as a token tree (``interfaces.tree``):
+    nodes are taken best first by their estimated probability (the running
+    product of the shares of agreeing occurrences, as ``vote``'s), at most
+    ``max_width`` children per node, ``max_depth`` levels and ``max_nodes`` nodes,
+    none below ``min_prob``. Each node's first child is its most frequent
+    continuation, so the first-child chain is ``vote``'s. Returns (tokens,
+    parents, score), the score being the sum of the nodes' probabilities."""
+    tokens: list[int] = []
+    parents: list[int] = []
+    widths: list[int] = [0]  # children so far, of the root then of each node
+    score = 0.0
+    order = 0  # ties: earlier candidates first (the most recent occurrence's token, as vote)
+    heap: list[tuple[float, int, int, int, list[tuple[Sequence[int], int]], int]] = []
+
+    def expand(node: int, group: list[tuple[Sequence[int], int]], prob: float, step: int) -> None:
+        nonlocal order
+        if step >= max_depth:
+            return
+        split: dict[int, list[tuple[Sequence[int], int]]] = {}
+        for seq, pos in group:
+            if pos + step < len(seq):
+                split.setdefault(seq[pos + step], []).append((seq, pos))
+        total = sum(len(g) for g in split.values())
+        for tok, agreeing in split.items():
+            p = prob * len(agreeing) / total
+            if p >= min_prob:
+                heapq.heappush(heap, (-p, order, node, tok, agreeing, step + 1))
+                order += 1
+
+    expand(-1, streams, 1.0, 0)
+    while heap and len(tokens) < max_nodes:
+        neg, _, parent, tok, agreeing, step = heapq.heappop(heap)
+        if widths[parent + 1] >= max_width:
+            continue
+        widths[parent + 1] += 1
+        tokens.append(tok)
+        parents.append(parent)
+        widths.append(0)
+        score -= neg
+        expand(len(tokens) - 1, agreeing, -neg, step)
+    return tokens, parents, score
 
 
 class SuffixCache:

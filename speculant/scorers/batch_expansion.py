@@ -15,7 +15,10 @@ from speculant.interfaces.layout import decode_tokens, gather_scores, prefill_sp
 class BatchExpansionScorer(Scorer):
     name = "batch_expansion"
     api_version = "3.0"
-    capabilities = ScorerCapabilities(supports_mixed_prefill_decode=True, needs_multi_token_queries=False)
+    capabilities = ScorerCapabilities(
+        supports_mixed_prefill_decode=True, needs_multi_token_queries=False, verifies_trees=False,
+        no_trees_reason=("its expanded rows share the request's sequence and write K/V at start + j, so "
+                         "siblings at one depth would collide on one slot"))
 
     def score(self, runner, batch, proposals, want_hidden: bool = False) -> Scores:
         spans = prefill_spans(runner, batch)

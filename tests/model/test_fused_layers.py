@@ -1,6 +1,7 @@
 """fused_layers.py / csrc/decoder_bf16.c: every bfloat16 decoder layer in one C call gives the
-per-operator loop's bits (logits and K/V cache) over hypothesis-drawn batches, and declines
-what it does not cover with its reason."""
+per-operator loop's bits (logits and K/V cache) over hypothesis-drawn batches, with bfloat16
+weights and with weights kept in GGUF blocks (a tiny llama file in five block formats), and
+declines what it does not cover with its reason."""
 
 from __future__ import annotations
 
@@ -22,15 +23,22 @@ ARCHS = {  # arch: config overrides (the zoo's tiny sizes otherwise: 4 heads, 2 
     "llama": {},
     "qwen2": {},  # q/k/v biases
     "mistral": {},
+    "llama-gguf": {},  # a tiny GGUF file kept in its blocks (model.quantization = "gguf")
 }
+GGUF_TYPES = {"attn_q": "Q4_K", "attn_k": "Q4_K", "attn_v": "Q6_K", "attn_output": "Q8_0", "ffn_gate": "Q4_1",
+              "ffn_up": "Q5_0", "ffn_down": "Q6_K", "token_embd": "Q6_K", "output": "Q4_K"}
 
 
 @pytest.fixture(scope="module")
-def engines(zoo):
+def engines(zoo, tmp_path_factory, tokenizer_dir):
     """One bfloat16 LLM per architecture, block size 4, fast decoder on."""
+    from tiny_gguf import write_tiny_gguf
+
     built = {}
     for arch in ARCHS:
-        llm = LLM(str(zoo(arch)), dtype="bfloat16", fast_forward="on", block_size=4,
+        path = (write_tiny_gguf(tmp_path_factory.mktemp("g") / "tiny.gguf", tokenizer_dir, hidden=256,
+                                types=GGUF_TYPES) if arch == "llama-gguf" else zoo(arch))
+        llm = LLM(str(path), dtype="bfloat16", fast_forward="on", block_size=4,
                   max_num_batched_tokens=64, max_num_seqs=8, max_model_len=96)
         built[arch] = llm
     return built
@@ -136,8 +144,9 @@ def test_spans_sharing_a_block_table_see_their_siblings_keys(engines):
     assert all(torch.equal(a, b) for a, b in zip(per_op_caches, fast_caches))
 
 
-def test_generation_runs_fused_and_equals_the_per_operator_loop(engines):
-    llm = engines["qwen2"]
+@pytest.mark.parametrize("arch", ["qwen2", "llama-gguf"])
+def test_generation_runs_fused_and_equals_the_per_operator_loop(engines, arch):
+    llm = engines[arch]
     decoder = llm.engine.runner.fast_forward.decoder
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
     prompts = ["def f(x):", "hello there", "1 2 3 4"]
@@ -154,7 +163,7 @@ def test_generation_runs_fused_and_equals_the_per_operator_loop(engines):
 
 @pytest.mark.parametrize("settings_, reason", [
     (dict(dtype="float32"), "only bfloat16 models on the CPU"),
-    (dict(dtype="bfloat16", linear_backend="onednn"), "projection(s) are not on the C bfloat16 linear kernel"),
+    (dict(dtype="bfloat16", linear_backend="onednn"), "projection(s) are neither on the C bfloat16 linear kernel"),
 ])
 def test_what_it_cannot_run_is_declined_with_its_reason(zoo, settings_, reason):
     if settings_.get("linear_backend") == "onednn" and not torch.ops.mkldnn._is_mkldnn_bf16_supported():

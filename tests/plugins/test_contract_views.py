@@ -1,5 +1,5 @@
 """The contract's own pieces: the version check, the read-only views, and the
-refusal of tree-shaped data this engine does not verify yet."""
+checks of tree-shaped data."""
 
 from __future__ import annotations
 
@@ -101,7 +101,7 @@ def test_the_batch_view_is_built_once_and_is_frozen():
         d.num_spec_tokens = 4  # type: ignore[misc]
 
 
-def test_tree_proposals_are_refused_not_misread():
+def test_tree_proposals_are_refused_where_trees_are_off():
     req = _request([1, 2, 3, 4])
     req.num_computed_tokens = 3
     batch = EngineBatch(decodes=[EngineEntry(req, 1, 2, [0])]).view()
@@ -110,19 +110,40 @@ def test_tree_proposals_are_refused_not_misread():
     assert check_proposals(chain, batch, 16).problems == []
     checked = check_proposals(tree, batch, 16)
     assert checked.structural and checked.proposals.num_draft_tokens == 0
-    assert checked.problems == ["set Proposals.parents (a token tree), but this engine verifies chains only until "
-                                "tree verification lands: return parents=None, each decode's proposals as one chain"]
+    assert checked.problems == ["set Proposals.parents (a token tree), but this engine asks for trees only with "
+                                "speculative.tree_width > 1 and a proposer that declares proposes_trees: return "
+                                "parents=None, each decode's proposals as one chain"]
+    taken = check_proposals(tree, batch, 16, tree_width=2)
+    assert taken.problems == [] and taken.proposals.parents.tolist() == [-1, -1]
 
 
-def test_tree_spans_are_refused_and_chain_spans_run():
+@pytest.mark.parametrize("parents, tokens, probs, problem", [
+    ([-1, 1], [5, 6], False, "the tree of row 0 node 1 has parent 1, outside -1..0"),
+    ([-1, -1], [5, 5], False, "the tree of row 0 siblings [0, 1] repeat a token ([5, 5])"),
+    ([-1, -1, -1], [5, 6, 7], False, "the tree of row 0 a node has 3 children, above speculative.tree_width = 2"),
+    ([-1, 0], [5, 6], True, "set probs with parents: token trees are verified with one-hot drafts"),
+])
+def test_malformed_trees_are_refused_with_the_reason(parents, tokens, probs, problem):
+    req = _request([1, 2, 3, 4])
+    req.num_computed_tokens = 3
+    batch = EngineBatch(decodes=[EngineEntry(req, 1, 3, [0])]).view()
+    tree = Proposals(torch.tensor(tokens), torch.tensor([0, len(tokens)]),
+                     probs=torch.full((len(tokens), 16), 1 / 16) if probs else None, parents=torch.tensor(parents))
+    checked = check_proposals(tree, batch, 16, tree_width=2)
+    assert checked.proposals.num_draft_tokens == 0 and checked.problems[0].startswith(problem)
+
+
+def test_tree_spans_run_with_their_positions_and_mask():
     chain = PagedSpan([0, 1], 2, [5, 6], [1], positions=[2, 3])
     assert SpanTensors.build([chain], 4, torch.device("cpu")).positions.tolist() == [2, 3]
-    tree = PagedSpan([0, 1], 2, [5, 6], [1], positions=[2, 2])
-    with pytest.raises(ValueError, match=r"query span 0 cannot run: QuerySpan.positions \[2, 2\] are not the "):
-        SpanTensors.build([tree], 4, torch.device("cpu"))
-    masked = PagedSpan([0, 1], 2, [5, 6], [1], ancestor_mask=[[True, False], [True, True]])
-    with pytest.raises(ValueError, match="ancestor_mask is set"):
-        SpanTensors.build([masked], 4, torch.device("cpu"))
+    tree = PagedSpan([0, 1], 2, [5, 6, 7], [1], positions=[2, 3, 3],
+                     ancestor_mask=[[True, False, False], [True, True, False], [True, False, True]])
+    built = SpanTensors.build([chain, tree], 4, torch.device("cpu"))
+    assert built.positions.tolist() == [2, 3, 2, 3, 3]
+    assert built.slot_mapping.tolist() == [2, 3, 2, 3, 4]  # node i in slot start + i, whatever its depth
+    assert built.mask_offsets.tolist() == [-1, 0]
+    assert built.tree_masks.tolist() == [1, 0, 0, 1, 1, 0, 1, 0, 1]
+    assert SpanTensors.build([chain], 4, torch.device("cpu")).tree_masks is None
 
 
 def test_accepted_nodes_read_as_counts_for_chain_proposers():

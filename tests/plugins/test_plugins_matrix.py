@@ -191,12 +191,19 @@ def test_incompatible_plugin_reasons(fresh_plugins, make_class, fake_plugin):
 def test_markdown_and_json(small_registry):
     cells = compute_matrix(small_registry)
     md = render_markdown(cells)
-    assert "| heads | mqa | exact | ✅ | ❌ needs hidden states at every prompt position |" in md.splitlines()
+    assert ("| heads | mqa | exact | ✅ | ❌ needs hidden states at every prompt position | ❌ proposer proposes "
+            "chains only; scorer cannot verify trees; acceptance takes chains only; backend lacks tree attention |"
+            ) in md.splitlines()
     data = render_json(cells)
     assert json.loads(json.dumps(data)) == data
     heads_on = next(d for d in data if d["proposer"] == "heads" and d["enable_chunked_prefill"])
     assert heads_on["supported"] is False
     assert heads_on["reasons"][0].startswith("proposer 'heads' needs the target's hidden state")
+    assert heads_on["token_trees"] is False
+    assert heads_on["tree_reasons"][0] == (
+        "speculative.tree_width = 2, but proposer 'heads' proposes chains only (proposes_trees = false), so a tree "
+        "width would change nothing: set speculative.tree_width = 1 (chains) or choose a proposer that proposes "
+        "trees")
 
 
 def test_rewrite_readme(tmp_path):

@@ -116,13 +116,20 @@ class Setup:
     draft_length: str = "fixed"  # the policy: "fixed" | "adaptive"
     suffix_cache: bool = True  # suffix: keep the global cache of finished outputs
     prefix_caching: bool = True  # cache.enable_prefix_caching (the solo references run without)
+    tree_width: int = 1  # speculative.tree_width: > 1 for token trees
+    max_tree_tokens: int = 16  # speculative.max_tree_tokens (a decode's ceiling with trees)
 
     @property
     def spec_key(self) -> tuple | None:
         if self.proposer is None:
             return None
         return (self.proposer, self.k, self.scorer, self.acceptance, self.draft_confidence, self.draft_length,
-                self.suffix_cache)
+                self.suffix_cache, self.tree_width, self.max_tree_tokens)
+
+    @property
+    def max_spec_tokens(self) -> int:
+        """The most proposals a decode may get in a step (tree nodes with trees)."""
+        return 0 if self.proposer is None else self.max_tree_tokens if self.tree_width > 1 else self.k
 
 
 @dataclass
@@ -158,9 +165,11 @@ def spec_dict(spec_key: tuple | None, draft_dir: Path, disable_by_batch_size: in
               eagle_dir: Path | None = None) -> dict:
     if spec_key is None:
         return {}
-    proposer, k, scorer, acceptance, draft_confidence, draft_length, suffix_cache = spec_key
+    proposer, k, scorer, acceptance, draft_confidence, draft_length, suffix_cache, width, tree_tokens = spec_key
     cfg = {"proposer": proposer, "num_speculative_tokens": k, "scorer": scorer, "acceptance": acceptance,
            "draft_length": {"policy": draft_length, **({"token_cost": 0.3} if draft_length == "adaptive" else {})}}
+    if width > 1:
+        cfg |= {"tree_width": width, "max_tree_tokens": tree_tokens}
     suffix = {} if suffix_cache else {"max_cached_requests": 0}
     draft = {"model": str(draft_dir), "confidence_threshold": draft_confidence}
     eagle = {"path": str(eagle_dir), "confidence_threshold": draft_confidence}
@@ -287,7 +296,7 @@ class ScheduleChecker:
         eng = llm.engine
         trace = Trace()
         ids = [f"r{i}" for i in range(len(reqs))]
-        k = setup.k if setup.proposer is not None else 0
+        k = setup.max_spec_tokens
         schedule = eng.scheduler.schedule
 
         def watched_schedule(*args, **kwargs):

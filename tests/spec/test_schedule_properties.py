@@ -176,10 +176,19 @@ def requests(draw, pools: Pools, shared_prefix: bool = False, structured: bool =
 
 
 @st.composite
-def setups(draw, reqs: list[Req], proposers: tuple = (None, "ngram", "suffix", "draft_model", "eagle")) -> Setup:
+def setups(draw, reqs: list[Req], proposers: tuple = (None, "ngram", "suffix", "draft_model", "eagle"),
+           trees: bool = False) -> Setup:
+    """``trees``: token trees (tree_width 2-3, up to 2-8 nodes, the MQA scorer and rejection sampling)."""
     proposer = draw(st.sampled_from(proposers))
-    spec = {}
-    if proposer is not None:
+    spec: dict = {}
+    if trees:
+        spec = dict(proposer=proposer, k=draw(st.integers(1, 4)), tree_width=draw(st.integers(2, 3)),
+                    max_tree_tokens=draw(st.sampled_from([2, 4, 8])),
+                    disable_by_batch_size=draw(st.one_of(st.none(), st.none(), st.integers(1, 3))),
+                    draft_length=draw(st.sampled_from(["fixed", "fixed", "adaptive"])))
+        if proposer == "suffix":
+            spec["suffix_cache"] = draw(st.booleans())
+    elif proposer is not None:
         spec = dict(proposer=proposer, k=draw(st.integers(1, 4)),
                     scorer=draw(st.sampled_from(["mqa", "batch_expansion"])),
                     acceptance=draw(st.sampled_from(["rejection", "rejection", "rejection", "typical"])),

@@ -143,7 +143,12 @@ CASES = {
     "ngram_one_hot": ("ngram", dict(temperature=1.0)),
     "suffix_one_hot": ("suffix", dict(temperature=1.0)),
     "draft_filtered": ("draft_model", dict(temperature=0.8, top_k=6, top_p=0.9, min_p=0.02)),
+    # token trees (multi-candidate rejection over one-hot siblings)
+    "ngram_tree": ("ngram", dict(temperature=1.0)),
+    "suffix_tree": ("suffix", dict(temperature=0.8, top_k=6, min_p=0.02)),
 }
+TREES = {"tree_width": 3, "max_tree_tokens": 6}
+"""The tree cases' settings: up to 3 candidates per node, 6 nodes, K levels."""
 
 
 PROPOSER_OPTIONS = {"ngram": {"min_n": 1, "max_n": 2}, "suffix": {"max_spec_factor": 2.0, "min_token_prob": 0.0}}
@@ -155,9 +160,10 @@ def test_rejection_sampling_matches_target_distribution(case, small_vocab):
     proposer, sampling = CASES[case]
     prompt = prompts[proposer]
     options = PROPOSER_OPTIONS[proposer] if proposer != "draft_model" else {"model": str(draft)}
+    trees = TREES if case.endswith("_tree") else {}
     llm = LLM(model=str(target), max_num_seqs=1024, max_num_batched_tokens=1024 * (len(prompt) + 1),
               speculative={"proposer": proposer, "proposer_options": options, "acceptance": "rejection",
-                           "num_speculative_tokens": K})
+                           "num_speculative_tokens": K, **trees})
     # the target (and the draft model) run the fast decoder: losslessness is checked on that path
     assert expect_fast_forward(llm) == (["target", "draft"] if proposer == "draft_model" else ["target"])
     params = [SamplingParams(seed=i, max_tokens=MAX_TOKENS, ignore_eos=True, **sampling) for i in range(N)]
@@ -173,6 +179,8 @@ def test_rejection_sampling_matches_target_distribution(case, small_vocab):
     expected = marginals(target, prompt, params[0])
     assert_follows_marginals(tokens, expected, case)
 
+    if trees:  # several candidates per position: "the first proposal, unchecked" is not one marginal
+        return
     # power: output token 1 is the first verified proposal; the same test rejects the
     # marginal it would have if proposals were emitted unchecked
     unchecked = unchecked_second_token(target, draft, proposer, prompt, params[0], expected[0])

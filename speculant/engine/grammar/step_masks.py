@@ -38,6 +38,7 @@ import torch
 
 from speculant.engine.grammar.compiler import GrammarCompiler
 from speculant.engine.grammar.request_grammar import GrammarFault, RequestGrammar
+from speculant.engine.trees import chains_for
 from speculant.interfaces import Proposals, Scores
 
 if TYPE_CHECKING:
@@ -77,6 +78,8 @@ class StructuredOutputs:
                 e.request.grammar.sync(e.request.output_token_ids)
             except GrammarFault as exc:
                 faults[e.request.request_id] = str(exc)
+        # a grammar walks one sequence: a structured decode's token tree is cut to its first-child chain
+        proposals = chains_for(proposals, [i for i, d in enumerate(batch.decodes) if d.request.grammar is not None])
         proposals = self.cut_proposals(batch, proposals, faults)
         jobs = self._jobs(batch, proposals, faults)
         if self._worker is None:
@@ -110,7 +113,8 @@ class StructuredOutputs:
         index = torch.tensor(keep, dtype=torch.long, device=device)
         new_cu = torch.tensor([0] + lens, dtype=torch.long, device=device).cumsum(0)
         probs = proposals.probs[index] if proposals.probs is not None else None
-        return Proposals(proposals.token_ids[index], new_cu, probs)
+        parents = proposals.parents[index] if proposals.parents is not None else None
+        return Proposals(proposals.token_ids[index], new_cu, probs, parents)
 
     def _jobs(self, batch: StepBatch, proposals: Proposals, faults: dict[str, str]) -> list[tuple[str, Any, list[int]]]:
         """(request id, grammar, proposal) per entry whose rows get masks."""

@@ -13,7 +13,9 @@ b covering its rows [i, j) is itself a span: its first query sits at position
 ``start_b + i`` and it sees the keys up to its own rows, causally, through b's
 block table. Each row's output depends only on the row and the keys it sees
 (the kernel walks them in the same tiles from key 0), so the cut changes no
-bit; it gives the threads many small tasks instead of a few long ones. (Long
+bit; it gives the threads many small tasks instead of a few long ones. A tree
+span (a token tree under verification, ``SpanTensors.tree_masks``) is never
+cut: its mask is laid out over the whole span, and trees are short. (Long
 spans used to take the reference path's batched matmuls: on SmolLM2 bfloat16 a
 fused kernel prefill is 1.3x faster at 100 tokens and 4.5x at 1600.)
 
@@ -53,29 +55,45 @@ class KernelPieces:
     starts: torch.Tensor  # [P] long: position of each piece's first query row
     block_tables: torch.Tensor  # [P, max_blocks] long: its span's table
     ids: torch.Tensor  # [P] long: 0..P-1, the pieces the kernel computes
+    mask_offsets: torch.Tensor | None = None  # [P] long: a tree piece's mask in tree_masks, -1 causal; None: no tree
+    tree_masks: torch.Tensor | None = None  # SpanTensors.tree_masks
+
+    def mask_pointers(self) -> tuple[int | None, int | None]:
+        """The two tree-mask arguments of the C entry points (NULL, NULL without a tree)."""
+        if self.mask_offsets is None or self.tree_masks is None:
+            return None, None
+        return self.mask_offsets.data_ptr(), self.tree_masks.data_ptr()
 
     @classmethod
     def of(cls, spans: SpanTensors, qlens: list[int], limit: int) -> KernelPieces:
         """``spans`` themselves when none is longer than ``limit`` rows (decode and verify
-        steps), else every span cut into pieces of at most ``limit`` rows."""
+        steps), else every causal span cut into pieces of at most ``limit`` rows."""
         n = len(qlens)
         if not qlens or max(qlens) <= limit:
-            return cls(spans.cu_query_lens, spans.starts, spans.block_tables, torch.arange(n))
+            return cls(spans.cu_query_lens, spans.starts, spans.block_tables, torch.arange(n),
+                       spans.mask_offsets, spans.tree_masks)
         cu, starts = spans.cu_query_lens.tolist(), spans.starts.tolist()
+        offsets = spans.mask_offsets.tolist() if spans.mask_offsets is not None else [-1] * n
         owner: list[int] = []
         piece_cu: list[int] = []
         piece_starts: list[int] = []
+        piece_masks: list[int] = []
         for b, q in enumerate(qlens):
-            for i in range(0, q, limit):  # a span of no rows has no piece
+            step = limit if offsets[b] < 0 else max(q, 1)  # a tree span stays whole
+            for i in range(0, q, step):  # a span of no rows has no piece
                 owner.append(b)
                 piece_cu.append(cu[b] + i)
                 piece_starts.append(starts[b] + i)
+                piece_masks.append(offsets[b])
         piece_cu.append(cu[-1])
         device = spans.block_tables.device
-        return cls(torch.tensor(piece_cu, dtype=torch.long, device=device),
-                   torch.tensor(piece_starts, dtype=torch.long, device=device),
-                   spans.block_tables.index_select(0, torch.tensor(owner, dtype=torch.long, device=device)),
-                   torch.arange(len(owner), device=device))
+
+        def tensor(values: list[int]) -> torch.Tensor:
+            return torch.tensor(values, dtype=torch.long, device=device)
+
+        return cls(tensor(piece_cu), tensor(piece_starts), spans.block_tables.index_select(0, tensor(owner)),
+                   torch.arange(len(owner), device=device),
+                   tensor(piece_masks) if spans.mask_offsets is not None else None, spans.tree_masks)
 
 
 @dataclass(slots=True)
@@ -90,7 +108,8 @@ class CpuKernelMetadata:
 class CpuKernelAttentionBackend(TorchAttentionBackend):
     name = "cpu_kernel"
     api_version = "3.0"
-    capabilities = AttentionBackendCapabilities(multi_token_queries=True, devices=("cpu",), priority=10)
+    capabilities = AttentionBackendCapabilities(multi_token_queries=True, devices=("cpu",), priority=10,
+                                                tree_attention=True)
 
     def __init__(self) -> None:
         self._lib = load_kernel()
@@ -168,7 +187,8 @@ class CpuKernelAttentionBackend(TorchAttentionBackend):
             KERNEL_DTYPE_CODES[query.dtype], query.data_ptr(), key_cache.data_ptr(), value_cache.data_ptr(),
             out.data_ptr(), pieces.cu_query_lens.data_ptr(), pieces.starts.data_ptr(), tables.data_ptr(),
             tables.shape[0], tables.shape[1], pieces.ids.data_ptr(), pieces.ids.numel(), query.shape[0], num_blocks,
-            query.shape[1], num_kv_heads, head_dim, block_size, scaling, torch.get_num_threads(), bad.data_ptr())
+            query.shape[1], num_kv_heads, head_dim, block_size, scaling, *pieces.mask_pointers(),
+            torch.get_num_threads(), bad.data_ptr())
         if status == -3:
             raise IndexError("attention backend 'cpu_kernel': " + span_fault_message(
                 bad.tolist(), num_blocks, block_size, query.shape[0], tables.shape[0]))

@@ -4,7 +4,8 @@ One call per layer covers the whole batch: every token's K/V is written into
 the paged cache first (so batch-expansion siblings see each other), then each
 span attends over exactly its own visible blocks. Decodes (one query token)
 need no mask; a multi-token span over a cached prefix gets a bottom-right
-aligned causal mask. Attending span by span avoids padding every sequence to
+aligned causal mask, a tree span (``SpanTensors.tree_masks``) the prefix plus
+its ancestor mask. Attending span by span avoids padding every sequence to
 the longest one, which dominated batched decode time; grouped-query heads are
 handled by folding the group into the query rows of a batched matmul over
 H_kv, without repeating K/V (faster on CPU than SDPA's GQA path for short
@@ -39,7 +40,8 @@ class TorchAttentionMetadata:
 class TorchAttentionBackend(AttentionBackend):
     name = "torch"
     api_version = "3.0"
-    capabilities = AttentionBackendCapabilities(multi_token_queries=True, devices=("cpu", "cuda"))
+    capabilities = AttentionBackendCapabilities(multi_token_queries=True, devices=("cpu", "cuda"),
+                                                tree_attention=True)
 
     def build_metadata(self, spans: SpanTensors) -> TorchAttentionMetadata:
         return TorchAttentionMetadata(slot_mapping=spans.slot_mapping,
@@ -51,6 +53,7 @@ class TorchAttentionBackend(AttentionBackend):
         bs = spans.block_size
         cu = spans.cu_query_lens.tolist()
         starts, seq_lens = spans.starts.tolist(), spans.seq_lens.tolist()
+        mask_offsets = spans.mask_offsets.tolist() if spans.mask_offsets is not None else None
         views = []
         for b in which:
             start, seq_len = starts[b], seq_lens[b]
@@ -61,7 +64,12 @@ class TorchAttentionBackend(AttentionBackend):
                 views.append(SpanView(slice(cu[b], cu[b + 1]), spans.block_tables[b, :0], None, 0, None))
                 continue
             mask = None
-            if q > 1:
+            if q > 1 and mask_offsets is not None and mask_offsets[b] >= 0:
+                assert spans.tree_masks is not None
+                tree = spans.tree_masks[mask_offsets[b]: mask_offsets[b] + q * q].view(q, q).bool()  # [q, q]
+                prefix = torch.ones(q, start, dtype=torch.bool, device=tree.device)
+                mask = torch.cat([prefix, tree], dim=1)  # [q, seq_len]
+            elif q > 1:
                 key_pos = torch.arange(seq_len, device=spans.positions.device)
                 q_pos = torch.arange(start, seq_len, device=spans.positions.device)
                 mask = key_pos.unsqueeze(0) <= q_pos.unsqueeze(1)  # [q, seq_len]

@@ -40,9 +40,8 @@ class TritonAttentionMetadata:
     seq_lens: torch.Tensor  # [B] long: cached prefix + query tokens of each span
     block_tables: torch.Tensor  # [B, max_blocks] long
     max_query_len: int  # host copy: picks the kernel's tile
-    span_mask: torch.Tensor | None = None
-    """Reserved for tree verification: a mask over each span's verify tokens
-    replacing their causal order. Not supported yet (the kernel refuses one)."""
+    mask_offsets: torch.Tensor | None = None  # [B] long: a tree span's mask in tree_masks, -1 causal
+    tree_masks: torch.Tensor | None = None  # uint8: SpanTensors.tree_masks
 
 
 class TritonAttentionBackend(AttentionBackend):
@@ -50,7 +49,7 @@ class TritonAttentionBackend(AttentionBackend):
     api_version = "3.0"
     capabilities = AttentionBackendCapabilities(
         multi_token_queries=True, devices=("cuda",), priority=20, dtypes=("float32", "bfloat16", "float16"),
-        unavailable=_MISSING, graph_capturable=True)
+        unavailable=_MISSING, graph_capturable=True, tree_attention=True)
 
     def __init__(self) -> None:
         from speculant.model.attention import triton_launch  # imports triton: only once the backend is chosen
@@ -59,7 +58,7 @@ class TritonAttentionBackend(AttentionBackend):
 
     def build_metadata(self, spans: SpanTensors) -> TritonAttentionMetadata:
         return TritonAttentionMetadata(spans.slot_mapping, spans.cu_query_lens, spans.seq_lens,
-                                       spans.block_tables, spans.max_query_len)
+                                       spans.block_tables, spans.max_query_len, spans.mask_offsets, spans.tree_masks)
 
     def forward(self, query: torch.Tensor,  # [T, H, D]
                 key: torch.Tensor, value: torch.Tensor,  # [T, H_kv, D]
@@ -68,4 +67,5 @@ class TritonAttentionBackend(AttentionBackend):
         self._launch.write_kv(key, value, key_cache, value_cache, metadata.slot_mapping)
         return self._launch.paged_attention(
             query, key_cache, value_cache, metadata.cu_query_lens, metadata.seq_lens, metadata.block_tables,
-            max_query_len=metadata.max_query_len, scaling=scaling, span_mask=metadata.span_mask)
+            max_query_len=metadata.max_query_len, scaling=scaling, mask_offsets=metadata.mask_offsets,
+            tree_masks=metadata.tree_masks)

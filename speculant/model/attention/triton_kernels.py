@@ -81,6 +81,8 @@ def paged_attention_kernel(
     cu_query_lens_ptr,  # [B + 1] int64
     seq_lens_ptr,  # [B] int64: visible keys of each span (cached prefix + its query tokens)
     block_tables_ptr,  # [B, max_blocks] int64
+    mask_offsets_ptr,  # [B] int64: span b's tree mask at masks_ptr + offset, -1 causal (read when HAS_TREE)
+    masks_ptr,  # uint8: every tree span's [q_len, q_len] mask back to back, 1 = the row sees that token
     num_seqs, head_dim,
     scale_log2e,  # softmax scale * log2(e): the kernel exponentiates with exp2
     stride_qt, stride_qh, stride_qd,
@@ -93,6 +95,7 @@ def paged_attention_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,  # rows, keys, dims per tile
     DOT_PRECISION: tl.constexpr,  # "ieee" with a float32 query or cache, else "tf32"
     INTERPRETER_LOOP: tl.constexpr,  # walk the keys with a while loop (INTERPRETED)
+    HAS_TREE: tl.constexpr,  # some span is a token tree: read the masks
 ):
     pid = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -123,6 +126,14 @@ def paged_attention_kernel(
     limit = context + tok  # [BLOCK_M]: row sees keys 0 .. limit
     # keys the block's last token sees; 0 for a program past its span's end (it stores nothing)
     kv_end = tl.where(first_tok < q_len, context + tl.minimum(first_tok + BLOCK_Q, q_len), 0)
+    if HAS_TREE:  # each row's mask row, indexed by key position (keys from `context` on are the span's tokens)
+        mask_off = tl.load(mask_offsets_ptr + lo)
+        tree_rows = row_ok & ((mask_off + tok * 0) >= 0)  # [BLOCK_M] (compared as a row: the interpreter
+        # widens a scalar comparison combined with a vector to int32, which a load mask cannot be)
+        mask_rows = mask_off + tok.to(tl.int64) * q_len - context  # [BLOCK_M]
+    else:
+        tree_rows = row_ok & False
+        mask_rows = tok.to(tl.int64)
 
     m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)  # running max (finite: a fully masked tile adds 0)
     l_i = tl.full([BLOCK_M], 0.0, tl.float32)  # running sum of exp2
@@ -134,13 +145,15 @@ def paged_attention_kernel(
         while start < kv_end:
             m_i, l_i, acc = _attend_tile(start, q, m_i, l_i, acc, limit, kv_end, table, key_cache_ptr,
                                          value_cache_ptr, cache_head, stride_cb, stride_cs, stride_cd, offs_d,
-                                         d_ok, scale_log2e, BLOCK_SIZE, BLOCK_N, DOT_PRECISION)
+                                         d_ok, scale_log2e, masks_ptr, mask_rows, tree_rows, context, BLOCK_SIZE,
+                                         BLOCK_N, DOT_PRECISION, HAS_TREE)
             start += BLOCK_N
     else:  # a for loop, which the compiler software-pipelines
         for start in range(0, kv_end, BLOCK_N):
             m_i, l_i, acc = _attend_tile(start, q, m_i, l_i, acc, limit, kv_end, table, key_cache_ptr,
                                          value_cache_ptr, cache_head, stride_cb, stride_cs, stride_cd, offs_d,
-                                         d_ok, scale_log2e, BLOCK_SIZE, BLOCK_N, DOT_PRECISION)
+                                         d_ok, scale_log2e, masks_ptr, mask_rows, tree_rows, context, BLOCK_SIZE,
+                                         BLOCK_N, DOT_PRECISION, HAS_TREE)
     acc = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
     tl.store(out_ptr + q_row[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :],
              acc.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
@@ -148,11 +161,14 @@ def paged_attention_kernel(
 
 @triton.jit
 def _attend_tile(start, q, m_i, l_i, acc, limit, kv_end, table, key_cache_ptr, value_cache_ptr, cache_head,
-                 stride_cb, stride_cs, stride_cd, offs_d, d_ok, scale_log2e,
-                 BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                 stride_cb, stride_cs, stride_cd, offs_d, d_ok, scale_log2e, masks_ptr, mask_rows, tree_rows,
+                 context, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                 HAS_TREE: tl.constexpr):
     """One online-softmax step over keys ``start .. start + BLOCK_N`` of a span.
     ``q`` [BLOCK_M, BLOCK_D] float32, ``m_i``/``l_i`` [BLOCK_M], ``acc`` [BLOCK_M, BLOCK_D],
-    ``limit`` [BLOCK_M] (last key each row sees), ``table``: the span's block-table row."""
+    ``limit`` [BLOCK_M] (last key each row sees), ``table``: the span's block-table row;
+    with ``HAS_TREE``, rows in ``tree_rows`` [BLOCK_M] also need their mask byte at
+    ``masks_ptr + mask_rows + key`` for the span's own keys (``key >= context``)."""
     offs_n = start + tl.arange(0, BLOCK_N)  # key positions
     n_ok = offs_n < kv_end
     block = tl.load(table + offs_n // BLOCK_SIZE, mask=n_ok, other=0).to(tl.int64)
@@ -161,6 +177,10 @@ def _attend_tile(start, q, m_i, l_i, acc, limit, kv_end, table, key_cache_ptr, v
                 mask=n_ok[None, :] & d_ok[:, None], other=0.0).to(tl.float32)  # [BLOCK_D, BLOCK_N]
     scores = tl.dot(q, k, input_precision=DOT_PRECISION) * scale_log2e  # [BLOCK_M, BLOCK_N]
     visible = (offs_n[None, :] <= limit[:, None]) & n_ok[None, :]
+    if HAS_TREE:
+        in_tree = visible & tree_rows[:, None] & (offs_n[None, :] >= context)  # [BLOCK_M, BLOCK_N]
+        bits = tl.load(masks_ptr + mask_rows[:, None] + offs_n[None, :], mask=in_tree, other=1)
+        visible = visible & (bits != 0)
     scores = tl.where(visible, scores, float("-inf"))
     m_new = tl.maximum(m_i, tl.reduce(scores, 1, tl.standard._elementwise_max))
     p = tl.exp2(scores - m_new[:, None])

@@ -114,16 +114,14 @@ def paged_attention(query: torch.Tensor,  # [T, H, D], any strides
                     seq_lens: torch.Tensor,  # [B] int64: cached prefix + query tokens of each span
                     block_tables: torch.Tensor,  # [B, max_blocks] int64
                     *, max_query_len: int, scaling: float,
-                    span_mask: torch.Tensor | None = None) -> torch.Tensor:  # -> [T, H, D] like query
-    """Causal attention of every span's queries over its cached keys, one launch.
-
-    ``span_mask`` is reserved for tree verification (a per-span mask over the
-    verify tokens replacing the causal order among them) and not supported yet.
-    """
-    if span_mask is not None:
-        raise NotImplementedError(
-            "attention backend 'triton': span_mask (a tree mask over the verify tokens) is not supported yet; "
-            "verify token runs are attended causally: pass span_mask=None")
+                    mask_offsets: torch.Tensor | None = None,  # [B] int64: a tree span's mask offset, -1 causal
+                    tree_masks: torch.Tensor | None = None,  # uint8, every tree span's [q, q] mask back to back
+                    ) -> torch.Tensor:  # -> [T, H, D] like query
+    """Attention of every span's queries over its cached keys, one launch: causal,
+    or for a tree span (``SpanTensors.tree_masks``) the prefix plus its ancestor mask."""
+    if (mask_offsets is None) != (tree_masks is None):
+        raise ValueError("attention backend 'triton': mask_offsets and tree_masks go together (SpanTensors sets "
+                         "both for a batch with a token tree, neither otherwise): pass both or neither")
     _check({"query": query, "key_cache": key_cache, "value_cache": value_cache})
     _check_caches(key_cache, value_cache)
     num_tokens, num_heads, head_dim = query.shape
@@ -139,9 +137,11 @@ def paged_attention(query: torch.Tensor,  # [T, H, D], any strides
     consts = attention_constants(query.dtype, key_cache.dtype, key_cache.shape[1], num_heads // num_kv_heads,
                                  max_query_len, head_dim, kernels.INTERPRETED)
     grid = (num_tokens // consts["BLOCK_Q"] + num_seqs, num_kv_heads)  # >= the sum of ceil(q_len / BLOCK_Q)
+    has_tree = mask_offsets is not None
     kernels.paged_attention_kernel[grid](
-        out, query, key_cache, value_cache, cu_query_lens, seq_lens, block_tables, num_seqs, head_dim,
+        out, query, key_cache, value_cache, cu_query_lens, seq_lens, block_tables,
+        mask_offsets if has_tree else cu_query_lens, tree_masks if has_tree else cu_query_lens, num_seqs, head_dim,
         scaling * math.log2(math.e), *query.stride(), out.stride(0), out.stride(1), *key_cache.stride(),
-        block_tables.stride(0), **consts)
+        block_tables.stride(0), HAS_TREE=has_tree, **consts)
     return out
 

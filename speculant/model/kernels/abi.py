@@ -20,7 +20,7 @@ KERNEL_DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 
 KERNEL_ISAS = ISA_NAMES
 """The kernel's instruction paths by code (``enum speculant_isa`` in csrc/kernels.h)."""
-SIMD_BF16_ISAS = frozenset({"avx2", "avx512", "avx512_vnni", "avx512_bf16"})
+SIMD_BF16_ISAS = frozenset({"avx2", "avx512", "avx512_vnni", "avx512_bf16", "neon", "neon_dotprod"})
 """Paths with a vectorised bfloat16 linear layer and fused decoder (fast bfloat16)."""
 
 CPU_FEATURE_NAMES = ("avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512_bf16")
@@ -38,7 +38,7 @@ def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     """Set the argument and result types of every entry point; returns ``lib``."""
     p, i64, i32, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
     lib.speculant_paged_attention.argtypes = [i32, p, p, p, p, p, p, p, i64, i64, p, i64, i64, i64, i64, i64, i64,
-                                              i64, f32, i32, p]
+                                              i64, f32, p, p, i32, p]
     lib.speculant_paged_attention.restype = i32
     lib.speculant_check_spans.argtypes = [p, p, p, i64, i64, p, i64, i64, i64, i64, p]
     lib.speculant_check_spans.restype = i32
@@ -63,7 +63,7 @@ def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.speculant_silu_mul_bf16.argtypes = [p, i64, i64, i64, p, p]
     lib.speculant_silu_mul_bf16.restype = None
     lib.speculant_decoder_bf16.argtypes = [p, i64, p, i64, i64, i64, i64, i64, i64, f32, i32, p, p, p, i64, p, p, p,
-                                           i64, i64, p, i64, i64, f32, p, p, i32, p]
+                                           i64, i64, p, i64, i64, f32, p, p, p, p, i32, p]
     lib.speculant_decoder_bf16.restype = i32
     for name in ("speculant_qlinear_isa", "speculant_qlinear_set_isa", "speculant_qlinear_isa_available",
                  "speculant_qlinear_has_type"):
@@ -73,6 +73,8 @@ def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.speculant_qlinear.restype = i32
     lib.speculant_qlinear_multi.argtypes = [i32, p, p, p, p, i64, p, i64, i64, i32, p, i64, i32]
     lib.speculant_qlinear_multi.restype = i32
+    lib.speculant_qlinear_block.argtypes = [i32, p, i64]
+    lib.speculant_qlinear_block.restype = i32
     lib.speculant_qdequant_rows.argtypes = [i32, p, i64, i64, p, i64, p]
     lib.speculant_qdequant_rows.restype = i32
     lib.speculant_decoder_scratch_elems.argtypes = [i64] * 6
@@ -136,7 +138,8 @@ def fast_bf16_unavailable_reason(lib: ctypes.CDLL) -> str | None:
         return None
     if (name := requested_isa()) is not None and detected_isa(lib) in SIMD_BF16_ISAS:
         return f"{ISA_ENV}={name} caps the C kernels at the {isa} path"
-    return f"this CPU runs no vector path for them (best: {detected_isa(lib)}; they need avx2 with fma, or AVX-512)"
+    return (f"this CPU runs no vector path for them (best: {detected_isa(lib)}; they need avx2 with fma, AVX-512, "
+            "or NEON)")
 
 
 def lost_paths_line(lib: ctypes.CDLL) -> str | None:

@@ -29,7 +29,7 @@ from torch import nn
 
 from speculant.model.kernels.build import kernel_status, load_kernel
 
-KERNEL_ISAS = {0: "scalar", 1: "avx2", 2: "avx512_vnni"}
+KERNEL_ISAS = {0: "scalar", 1: "avx2", 2: "avx512_vnni", 3: "neon", 4: "neon_dotprod"}
 """The quantized kernel's instruction paths (``speculant_qlinear_isa``)."""
 _DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
 ACTIVATION_ROUNDING = 2e-2

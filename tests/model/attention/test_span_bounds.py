@@ -59,7 +59,7 @@ def test_the_kernel_itself_refuses_before_reading():
     status = lib.speculant_paged_attention(
         KERNEL_DTYPE_CODES[torch.float32], q.data_ptr(), caches[0].data_ptr(), caches[1].data_ptr(), out.data_ptr(),
         st.cu_query_lens.data_ptr(), st.starts.data_ptr(), st.block_tables.data_ptr(), 2, st.block_tables.shape[1],
-        ids.data_ptr(), 2, 4, POOL, 2, 1, D, BS, 0.5, 1, bad.data_ptr())
+        ids.data_ptr(), 2, 4, POOL, 2, 1, D, BS, 0.5, None, None, 1, bad.data_ptr())
     assert status == -3 and bad.tolist() == [0, 1, 0, 100000, BS, BS + 1]
     assert (out == 7.0).all(), "the kernel wrote output for a refused batch"
 

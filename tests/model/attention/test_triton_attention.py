@@ -198,12 +198,12 @@ def test_tile_sizes_respect_the_compiler(launch):
         assert t["BLOCK_Q"] >= 1 and t["BLOCK_Q"] * group <= t["BLOCK_M"] and t["BLOCK_D"] >= d
 
 
-def test_tree_mask_is_refused_until_supported(launch):
+def test_tree_mask_arguments_go_together(launch):
     cache = torch.zeros(2, 4, 1, 16)
     one = torch.tensor([0, 1])
-    with pytest.raises(NotImplementedError, match="span_mask"):
+    with pytest.raises(ValueError, match="mask_offsets and tree_masks go together"):
         launch.paged_attention(torch.zeros(1, 1, 16), cache, cache, one, one[1:], one[None, :1], max_query_len=1,
-                               scaling=1.0, span_mask=torch.ones(1, 1, dtype=torch.bool))
+                               scaling=1.0, mask_offsets=torch.tensor([0]))
 
 
 def test_float64_is_refused_with_the_fix(launch):

@@ -43,7 +43,7 @@ def _fake_lib(active: str, detected: str):
                                  speculant_isa_detected=lambda: KERNEL_ISAS.index(detected))
 
 
-@pytest.mark.parametrize("detected", ["scalar", "neon"])
+@pytest.mark.parametrize("detected", ["scalar"])
 def test_lost_paths_are_one_line_naming_why(detected):
     line = lost_paths_line(_fake_lib(detected, detected))
     assert line is not None and "\n" not in line
@@ -57,9 +57,17 @@ def test_the_lost_paths_line_names_the_cap(monkeypatch):
     assert line is not None and "SPECULANT_CPU_ISA=scalar caps the C kernels at the scalar path" in line
 
 
-@pytest.mark.parametrize("active", ["avx2", "avx512", "avx512_bf16"])
-def test_nothing_is_reported_lost_on_a_vector_path(active):
-    assert lost_paths_line(_fake_lib(active, "avx512_bf16")) is None
+@pytest.mark.parametrize(("active", "detected"), [("avx2", "avx512_bf16"), ("avx512", "avx512_bf16"),
+                                                  ("avx512_bf16", "avx512_bf16"), ("neon", "neon_dotprod"),
+                                                  ("neon_dotprod", "neon_dotprod")])
+def test_nothing_is_reported_lost_on_a_vector_path(active, detected):
+    assert lost_paths_line(_fake_lib(active, detected)) is None
+
+
+def test_a_neon_cpu_capped_to_scalar_is_told_the_cap(monkeypatch):
+    monkeypatch.setenv("SPECULANT_CPU_ISA", "scalar")
+    line = lost_paths_line(_fake_lib("scalar", "neon_dotprod"))
+    assert line is not None and "SPECULANT_CPU_ISA=scalar caps the C kernels at the scalar path" in line
 
 
 def test_the_report_says_why_there_are_no_kernels(monkeypatch):

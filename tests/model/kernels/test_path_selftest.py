@@ -1,6 +1,6 @@
 """The C-level self-test (csrc/path_selftest.c): every vector path of the kernels this CPU runs
-against the scalar path, bit for bit, on small shapes. Natively on this machine, and for
-aarch64: the library cross-compiled with Debian's gcc-aarch64-linux-gnu and run under
+against the scalar path on small shapes: bit for bit, attention within its stated bound.
+Natively on this machine, and for aarch64: the library cross-compiled with Debian's gcc-aarch64-linux-gnu and run under
 qemu-user (NEON, and dotprod where a path has it: qemu's default CPU has both). The aarch64
 test skips only when those tools are missing, and fails instead under
 SPECULANT_REQUIRE_KERNELS=1 (.ci/run installs them)."""
@@ -53,5 +53,11 @@ def test_every_aarch64_path_equals_scalar_under_qemu(tmp_path):
     exe = tmp_path / "selftest"
     build(CROSS_CC, exe, "armv8-a")
     out = subprocess.run([QEMU, "-L", SYSROOT, str(exe)], capture_output=True, text=True, timeout=600)
-    check_output(out, 1)  # NEON at least
-    assert any(line.startswith("ok linear") and line.endswith("path 5") for line in out.stdout.splitlines())
+    check_output(out, 2)  # NEON and NEON dotprod (qemu's default CPU has both)
+    lines = out.stdout.splitlines()
+    for path in (5, 6):  # every NEON kernel was compared on both paths
+        for kernel in ("linear", "rms_norm", "rotary", "silu_mul", "attention bfloat16", "attention float32"):
+            assert any(ln.startswith(f"ok {kernel}") and f"path {path}" in ln for ln in lines), (kernel, path)
+    for qpath in (3, 4):  # the quantized dot products: plain NEON and SDOT, every format
+        for qtype in (2, 3, 6, 8, 12, 13, 14):
+            assert any(ln.startswith(f"ok quant type {qtype} ") and ln.endswith(f"quant path {qpath}") for ln in lines)

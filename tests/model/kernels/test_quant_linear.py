@@ -86,3 +86,21 @@ def test_bad_shapes_are_refused_with_the_reason():
         QuantLinear(torch.zeros(4, 144, dtype=torch.uint8), fmt.type_id, 300, None, torch.float32)
     with pytest.raises(ValueError, match=r"Q4_K blocks of shape \(4, 100\)"):
         QuantLinear(torch.zeros(4, 100, dtype=torch.uint8), fmt.type_id, 256, None, torch.float32)
+
+
+@pytest.mark.parametrize(("cap", "want"), [("scalar", "scalar"), ("avx2", "avx2"), ("avx512", "avx2")])
+def test_the_kernels_isa_cap_caps_the_quantized_path(cap, want):
+    """SPECULANT_CPU_ISA caps the quantized dot products too (the best path under the kernels' active one)."""
+    from speculant.model.kernels import abi
+    from speculant.model.kernels.build import load_kernel
+    from speculant.model.linear.quantized import kernel_isa
+
+    lib = load_kernel()
+    if cap not in abi.runnable_isas(lib):
+        pytest.skip(f"this CPU cannot run the {cap} path")
+    abi.set_kernel_isa(lib, cap)
+    try:
+        assert kernel_isa() == want
+    finally:
+        abi.set_kernel_isa(lib, None)
+    assert kernel_isa() == available_isas()[-1]  # uncapped: the best this CPU has

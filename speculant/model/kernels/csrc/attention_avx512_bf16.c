@@ -18,6 +18,10 @@
  * the group a task takes. Key and value rows are found through one offset per
  * key, filled once per task by walking the block table (no division per key).
  *
+ * A tree span's mask (paged_attention.c) clears the lanes of keys a row does
+ * not see in the max, the exponentials and so the weighted sum (p = 0 is left
+ * out), as the portable task does.
+ *
  * Returns 0, -1 when the scratch allocation failed, -2 where this task is not one
  * this path takes (head_dim over MAX_D): the caller runs the portable task.
  */
@@ -127,10 +131,25 @@ weighted_values(const int vecs, const float *p, int64_t visible, const uint16_t 
                                  (__m256i)_mm512_cvtneps_pbh(acc[c]));
 }
 
+/* lanes of the keys j0 .. j0 + valid - 1 that query token i sees: all of them for a causal span (the
+ * caller stops at the token's own key), else the prefix and the keys its tree mask row sets */
+static inline __mmask16 seen_lanes(const uint8_t *mask, int64_t n_query, int64_t start, int64_t i, int64_t j0,
+                                   int64_t valid)
+{
+    __mmask16 m = (__mmask16)((1u << valid) - 1);
+    if (!mask || j0 + valid <= start)
+        return m;
+    for (int64_t u = 0; u < valid; u++)
+        if (j0 + u >= start && !mask[i * n_query + j0 + u - start])
+            m &= (__mmask16)~(1u << u);
+    return m;
+}
+
 TARGET int speculant_attend_task_bf16(const uint16_t *q, const uint16_t *k_cache, const uint16_t *v_cache,
                                       uint16_t *out, int64_t row0, int64_t n_query, int64_t start,
                                       const int64_t *table, int64_t kv_head, int64_t g0, int64_t gn, int64_t H,
-                                      int64_t H_kv, int64_t D, int64_t block_size, float scale)
+                                      int64_t H_kv, int64_t D, int64_t block_size, float scale,
+                                      const uint8_t *mask)
 {
     if (D > MAX_D)
         return -2;
@@ -169,7 +188,7 @@ TARGET int speculant_attend_task_bf16(const uint16_t *q, const uint16_t *k_cache
             default: dots = score_tile((int)chunks, qv, k_cache, offsets, j0, visible, tail32); break;
             }
             const int64_t valid = visible - j0 < KEYS ? visible - j0 : KEYS;
-            const __mmask16 vm = (__mmask16)((1u << valid) - 1);
+            const __mmask16 vm = seen_lanes(mask, n_query, start, r / gn, j0, valid);
             __m512 s = _mm512_mul_ps(dots, vscale);
             _mm512_store_ps(row + j0, s);
             mx = _mm512_mask_max_ps(mx, vm, mx, s);
@@ -178,7 +197,7 @@ TARGET int speculant_attend_task_bf16(const uint16_t *q, const uint16_t *k_cache
         __m512 sum = _mm512_setzero_ps();
         for (int64_t j0 = 0; j0 < visible; j0 += KEYS) {
             const int64_t valid = visible - j0 < KEYS ? visible - j0 : KEYS;
-            const __mmask16 vm = (__mmask16)((1u << valid) - 1);
+            const __mmask16 vm = seen_lanes(mask, n_query, start, r / gn, j0, valid);
             __m512 e = _mm512_maskz_mov_ps(vm, exp_nonpositive(_mm512_sub_ps(_mm512_load_ps(row + j0), m)));
             _mm512_store_ps(row + j0, e);
             sum = _mm512_add_ps(sum, e);

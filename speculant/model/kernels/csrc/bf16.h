@@ -22,4 +22,16 @@ static inline uint16_t round_bf16(float f)
     u += 0x7fffu + ((u >> 16) & 1u);
     return (uint16_t)(u >> 16);
 }
+
+/* round_bf16 on every lane of a GCC vector of float32 bit patterns (uint32_t lanes; the SIMD paths'
+ * registers cast to it): the bfloat16 result in the low half of each lane. One definition for
+ * every width, instantiated per path: DEFINE_ROUND_LANES(name, vector type, path attribute). */
+#define DEFINE_ROUND_LANES(NAME, U32V, PATH)                                                        \
+    PATH static inline U32V NAME(U32V u)                                                            \
+    {                                                                                               \
+        typedef int32_t i32v_ __attribute__((vector_size(sizeof(U32V))));                          \
+        const U32V nan = (U32V)((i32v_)(u & 0x7fffffffu) > (i32v_)(u - u + 0x7f800000u));           \
+        const U32V r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;                                      \
+        return (r & ~nan) | (((u >> 16) | 0x40u) & nan);                                            \
+    }
 #endif

@@ -71,6 +71,19 @@ int speculant_isa_set(int isa);
         SPECULANT_PICK(TABLE, f);                                                                    \
         f CALL;                                                                                      \
     }
+#elif defined(__aarch64__) && defined(__GNUC__)
+/* aarch64: the C body is the scalar path (the compiler may vectorise it for armv8-a's NEON), and
+ * name##_neon, explicit NEON intrinsics in <kernel>_neon.c (declared weak below), the NEON one. */
+#define SPECULANT_CLONED(name, body, ARGS, CALL)                                                     \
+    static void name##_scalar ARGS { body CALL; }                                                    \
+    void name ARGS                                                                                   \
+    {                                                                                                \
+        typedef void(*fn_) ARGS;                                                                     \
+        static const fn_ TABLE[ISA_COUNT] = {[ISA_SCALAR] = name##_scalar, [ISA_NEON] = name##_neon}; \
+        fn_ f;                                                                                       \
+        SPECULANT_PICK(TABLE, f);                                                                    \
+        f CALL;                                                                                      \
+    }
 #else
 #define SPECULANT_CLONED(name, body, ARGS, CALL) \
     void name ARGS { body CALL; }
@@ -80,8 +93,12 @@ int speculant_isa_set(int isa);
 #define PATH_AVX2 __attribute__((target("avx2,fma,f16c")))
 #define PATH_AVX512 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512dq,avx512vl")))
 #define PATH_AVX512_VNNI __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")))
-#define PATH_AVX512_BF16 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16")))
+#define PATH_AVX512_BF16 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512dq,avx512vl,avx512bf16")))
 #define BF16_PATH_TARGET PATH_AVX512_BF16
+/* aarch64: NEON (ASIMD, part of armv8-a) and the dot-product extension (SDOT/UDOT, armv8.2-a's
+ * +dotprod: GCC's arm_neon.h declares vdotq_s32 under that arch, so the attribute names it) */
+#define PATH_NEON __attribute__((target("+simd")))
+#define PATH_NEON_DOTPROD __attribute__((target("arch=armv8.2-a+dotprod")))
 
 /* cpu_features.c: the features the AVX-512 bfloat16 paths need, as bits of speculant_cpu_features()
  * (the order of abi.CPU_FEATURE_NAMES) */
@@ -104,6 +121,17 @@ int speculant_check_spans(const int64_t *cu_query_lens, const int64_t *starts, c
 /* rms_norm.c: rows [t0, t1) of weight * rms_norm(x); lanes 4, 8 or 16 (checked by the caller). */
 void speculant_rms_norm_rows(const uint16_t *x, int64_t t0, int64_t t1, int64_t ldx, const uint16_t *weight,
                              int64_t H, float eps, int lanes, uint16_t *out, int64_t ldo);
+
+/* The NEON variants of the three row kernels above (rms_norm_neon.c, rotary_neon.c, silu_mul_neon.c):
+ * explicit intrinsics, the same bits as the scalar C (aarch64 only; NULL where not built). */
+SPECULANT_VARIANT void speculant_rms_norm_rows_neon(const uint16_t *x, int64_t t0, int64_t t1, int64_t ldx,
+                                                    const uint16_t *weight, int64_t H, float eps, int lanes,
+                                                    uint16_t *out, int64_t ldo);
+SPECULANT_VARIANT void speculant_rotary_rows_neon(const uint16_t *x, int64_t t0, int64_t t1, int64_t ldx,
+                                                  int64_t heads, int64_t D, const uint16_t *cos, const uint16_t *sin,
+                                                  uint16_t *out);
+SPECULANT_VARIANT void speculant_silu_mul_cols_neon(const uint16_t *gate_up, int64_t t, int64_t ld, int64_t I,
+                                                    int64_t i0, int64_t i1, const uint16_t *table, uint16_t *out);
 
 /* rotary.c: tokens [t0, t1) of the rotation (out [T, heads, D] contiguous). */
 void speculant_rotary_rows(const uint16_t *x, int64_t t0, int64_t t1, int64_t ldx, int64_t heads, int64_t D,
@@ -136,11 +164,23 @@ int speculant_attend_slices(int64_t tasks, int64_t G, int threads);
 int speculant_attend_task(const void *q, const void *k_cache, const void *v_cache, void *out, int dtype,
                           int64_t row0, int64_t n_query, int64_t start, const int64_t *table, int64_t kv_head,
                           int64_t g0, int64_t gn, int64_t H, int64_t H_kv, int64_t D, int64_t block_size,
-                          float scale);
+                          float scale, const uint8_t *mask);
+
+/* span b's tree mask ([n_query, n_query] bytes, paged_attention.c), or NULL where it is causal */
+static inline const uint8_t *speculant_span_mask(const int64_t *mask_offsets, const uint8_t *masks, int64_t b)
+{
+    return mask_offsets && mask_offsets[b] >= 0 ? masks + mask_offsets[b] : (const uint8_t *)0;
+}
 
 /* attention_avx512_bf16.c: the same task for bfloat16 on AVX512-BF16; -2 where it does not apply. */
 SPECULANT_VARIANT int speculant_attend_task_bf16(const uint16_t *q, const uint16_t *k_cache, const uint16_t *v_cache, uint16_t *out,
                                int64_t row0, int64_t n_query, int64_t start, const int64_t *table, int64_t kv_head,
                                int64_t g0, int64_t gn, int64_t H, int64_t H_kv, int64_t D, int64_t block_size,
-                               float scale);
+                               float scale, const uint8_t *mask);
+/* attention_neon.c: the same task for float32 and bfloat16 storage on NEON (any head size);
+ * -2 for another dtype (the caller runs the portable task). */
+SPECULANT_VARIANT int speculant_attend_task_neon(const void *q, const void *k_cache, const void *v_cache, void *out,
+                                                 int dtype, int64_t row0, int64_t n_query, int64_t start,
+                                                 const int64_t *table, int64_t kv_head, int64_t g0, int64_t gn,
+                                                 int64_t H, int64_t H_kv, int64_t D, int64_t block_size, float scale);
 #endif

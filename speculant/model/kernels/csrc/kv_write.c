@@ -5,6 +5,10 @@
  * whose index machinery costs more than the copy at decode sizes. Rows are
  * copied bit for bit, so the cache holds exactly what the index assignment
  * would store (the caller passes rows already in the cache's dtype).
+ * No per-path variant (kernels.h): a byte copy has no arithmetic to vectorise
+ * by hand, and the C library's memcpy already picks the widest copy this CPU
+ * has at run time (glibc's own ifunc dispatch, AVX2/AVX-512 on x86, NEON/SVE
+ * on aarch64), so every path writes the same bytes at memory speed.
  *
  * Layouts: key/value [T, H_kv * D] with a row stride (elements) each, the
  * inner H_kv * D elements contiguous (a slice of a fused projection is fine);

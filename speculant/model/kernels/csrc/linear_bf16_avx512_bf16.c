@@ -15,23 +15,17 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "kernels.h"
-#include <immintrin.h>
+#include "linear_blocks.h"
+#include "simd_bf16.h"
 
 #define BLOCK_ROWS 16 /* output rows per blocked vector */
 #define ROW_GROUP 12  /* input rows per pass over the weight (2 x 12 accumulators + 3 fit 32 registers) */
 #define TARGET PATH_AVX512_BF16
 
-/* 16 bfloat16 numbers widened to float32 (exact). */
-TARGET static inline __m512 widen(__m256i v)
-{
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(v), 16));
-}
-
 /* a + b for bfloat16 vectors: the float32 sum rounded to bfloat16 (nearest even). */
 TARGET static inline __m256i add_bf16(__m256i a, __m256i b)
 {
-    return (__m256i)_mm512_cvtneps_pbh(_mm512_add_ps(widen(a), widen(b)));
+    return (__m256i)_mm512_cvtneps_pbh(_mm512_add_ps(widen16(a), widen16(b)));
 }
 
 /* Two blocks (32 outputs) for `rows` input rows; `rows` is a constant at each
@@ -78,39 +72,9 @@ two_blocks(const int rows, const uint16_t *x, int64_t ldx, const uint16_t *w0, c
     }
 }
 
-static __mmask16 row_mask(int64_t remaining)
-{
-    return remaining >= BLOCK_ROWS ? (__mmask16)0xFFFF : remaining <= 0 ? 0 : (__mmask16)((1u << remaining) - 1);
-}
-
 TARGET void speculant_linear_bf16_pair_avx512_bf16(int64_t T, const uint16_t *x, int64_t ldx, const uint16_t *blocked,
-                                                  int64_t nblk, int64_t k2, const float *bias, const uint16_t *res, int64_t ldr, int64_t N,
-                              int64_t pair, uint16_t *y, int64_t ldy)
+                                                  int64_t nblk, int64_t k2, const float *bias, const uint16_t *res,
+                                                  int64_t ldr, int64_t N, int64_t pair, uint16_t *y, int64_t ldy)
 {
-    int64_t b = 2 * pair, n0 = b * BLOCK_ROWS;
-    const uint16_t *w0 = blocked + b * k2 * 2 * BLOCK_ROWS;
-    /* an odd last block pairs with itself; its second half is masked off */
-    const uint16_t *w1 = b + 1 < nblk ? w0 + k2 * 2 * BLOCK_ROWS : w0;
-    __mmask16 m0 = row_mask(N - n0), m1 = b + 1 < nblk ? row_mask(N - n0 - BLOCK_ROWS) : 0;
-    const float *bb = bias ? bias + n0 : NULL;
-    for (int64_t t0 = 0; t0 < T; t0 += ROW_GROUP) {
-        int64_t n = T - t0 < ROW_GROUP ? T - t0 : ROW_GROUP;
-        const uint16_t *xt = x + t0 * ldx;
-        uint16_t *yt = y + t0 * ldy + n0;
-        const uint16_t *rt = res ? res + t0 * ldr + n0 : NULL;
-        switch (n) {
-        case 1: two_blocks(1, xt, ldx, w0, w1, k2, bb, rt, ldr, yt, ldy, m0, m1); break;
-        case 2: two_blocks(2, xt, ldx, w0, w1, k2, bb, rt, ldr, yt, ldy, m0, m1); break;
-        case 3: two_blocks(3, xt, ldx, w0, w1, k2, bb, rt, ldr, yt, ldy, m0, m1); break;
-        case 4: two_blocks(4, xt, ldx, w0, w1, k2, bb, rt, ldr, yt, ldy, m0, m1); break;
-        case 5: two_blocks(5, xt, ldx, w0, w1, k2, bb, rt, ldr, yt, ldy, m0, m1); break;
-        case 6: two_blocks(6, xt, ldx, w0, w1, k2, bb, rt, ldr, yt, ldy, m0, m1); break;
-        case 7: two_blocks(7, xt, ldx, w0, w1, k2, bb, rt, ldr, yt, ldy, m0, m1); break;
-        case 8: two_blocks(8, xt, ldx, w0, w1, k2, bb, rt, ldr, yt, ldy, m0, m1); break;
-        case 9: two_blocks(9, xt, ldx, w0, w1, k2, bb, rt, ldr, yt, ldy, m0, m1); break;
-        case 10: two_blocks(10, xt, ldx, w0, w1, k2, bb, rt, ldr, yt, ldy, m0, m1); break;
-        case 11: two_blocks(11, xt, ldx, w0, w1, k2, bb, rt, ldr, yt, ldy, m0, m1); break;
-        default: two_blocks(12, xt, ldx, w0, w1, k2, bb, rt, ldr, yt, ldy, m0, m1); break;
-        }
-    }
+    FOR_EACH_ROW_GROUP_OF_TWO_BLOCKS(ROW_GROUP, ROWS_BELOW_12)
 }

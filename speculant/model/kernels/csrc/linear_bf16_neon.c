@@ -6,34 +6,17 @@
  * 4 x 4 float32 accumulators per row: the scalar path's sums in its order (the products
  * are exact), so the same bits. Each weight byte is read once per group of 4 rows.
  */
-#include <arm_neon.h>
 #include <stdint.h>
 #include <string.h>
 
-#include "kernels.h"
 #include "linear_blocks.h"
+#include "simd_neon.h"
 
 #define BLOCK_ROWS 16
 #define ROW_GROUP 4
 
-static inline float32x4_t widen4(uint16x4_t v)
-{
-    return vreinterpretq_f32_u32(vshll_n_u16(v, 16));
-}
-
-/* 4 float32 numbers rounded to bfloat16 (nearest even, NaN kept quiet): bf16.h's rule. */
-static inline uint16x4_t round4(float32x4_t f)
-{
-    const uint32x4_t u = vreinterpretq_u32_f32(f);
-    const uint32x4_t nan = vcgtq_u32(vandq_u32(u, vdupq_n_u32(0x7fffffffu)), vdupq_n_u32(0x7f800000u));
-    const uint32x4_t odd = vandq_u32(vshrq_n_u32(u, 16), vdupq_n_u32(1));
-    const uint32x4_t r = vshrq_n_u32(vaddq_u32(u, vaddq_u32(vdupq_n_u32(0x7fffu), odd)), 16);
-    const uint32x4_t quiet = vorrq_u32(vshrq_n_u32(u, 16), vdupq_n_u32(0x40u));
-    return vmovn_u32(vbslq_u32(nan, quiet, r));
-}
-
 /* One block (16 outputs, `valid` below N) for `rows` input rows, a constant at each call site. */
-static inline __attribute__((always_inline)) void
+PATH_NEON static inline __attribute__((always_inline)) void
 one_block(const int rows, const uint16_t *x, int64_t ldx, const uint16_t *w, int64_t k2, const float *bias,
           const uint16_t *res, int64_t ldr, uint16_t *y, int64_t ldy, int64_t valid)
 {
@@ -76,7 +59,7 @@ one_block(const int rows, const uint16_t *x, int64_t ldx, const uint16_t *w, int
     }
 }
 
-void speculant_linear_bf16_pair_neon(int64_t T, const uint16_t *x, int64_t ldx, const uint16_t *blocked, int64_t nblk,
+PATH_NEON void speculant_linear_bf16_pair_neon(int64_t T, const uint16_t *x, int64_t ldx, const uint16_t *blocked, int64_t nblk,
                                      int64_t k2, const float *bias, const uint16_t *res, int64_t ldr, int64_t N,
                                      int64_t pair, uint16_t *y, int64_t ldy)
 {

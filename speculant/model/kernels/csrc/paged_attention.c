@@ -9,7 +9,10 @@
  * heads), each pair is cut into slices of its group's query heads
  * (speculant_attend_slices); rows are independent, so the bits do not change.
  * Query token i of a span starting at position `start` sees keys 0 .. start + i
- * (bottom-right causal).
+ * (bottom-right causal); a tree span (a token tree under verification) has a
+ * mask [n_query, n_query] of bytes instead: token i sees the keys before
+ * `start` and key start + c where mask[i * n_query + c] is set (its ancestors
+ * and itself; c <= i always, parents precede their children).
  *
  * Arithmetic is float32 whatever the storage dtype: a bfloat16/float16 row is
  * widened when read (exactly), scores, softmax and the weighted sum of values
@@ -28,12 +31,15 @@
  * scores are the same float32 sums in another order; there softmax and the weighted
  * sum of values are the portable path's. A dispatch cap under AVX512_BF16
  * (speculant_isa_set, kernels.h) forces the portable path (tests walk every path).
+ * On aarch64 the NEON path takes float32 and bfloat16 tasks (attention_neon.c).
  *
  * Layouts (all contiguous, row-major; elements of `dtype`):
  *   q, out          [T, H, D]
  *   k_cache/v_cache [num_blocks, block_size, H_kv, D]
  *   cu_query_lens   [B + 1]    starts [B]    block_tables [B, max_blocks]   (int64)
  *   span_ids        [n_spans]  which of the B spans this call computes
+ *   mask_offsets    [B] or NULL: span b's tree mask at masks + mask_offsets[b], -1 = causal
+ *   masks           uint8, every tree span's [n_query, n_query] mask back to back
  *   n_seqs: rows of block_tables; num_tokens: rows of q; num_blocks: blocks of each cache
  * Returns 0, -1 if a scratch allocation failed (out is then incomplete), -2
  * for a dtype this build does not support, or -3 (nothing read or written)
@@ -51,6 +57,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "attention_softmax.h"
 #include "bf16.h"
 #include "kernels.h"
 
@@ -145,9 +152,9 @@ int speculant_attend_slices(int64_t tasks, int64_t G, int threads)
 #define TASK_ARGS                                                                                          \
     (const void *q, const void *k_cache, const void *v_cache, void *out, int dtype, int64_t row0, int64_t n_query, \
      int64_t start, const int64_t *table, int64_t kv_head, int64_t g0, int64_t gn, int64_t H, int64_t H_kv,        \
-     int64_t D, int64_t block_size, float scale)
+     int64_t D, int64_t block_size, float scale, const uint8_t *mask)
 #define TASK_CALL (q, k_cache, v_cache, out, dtype, row0, n_query, start, table, kv_head, g0, gn, H, H_kv, D, \
-                   block_size, scale)
+                   block_size, scale, mask)
 
 /* The portable task; compiled per path below (the compiler vectorises its simd loops for each path's
  * registers: the float32 sums of a score then take another order per path, within float32 round-off,
@@ -165,6 +172,8 @@ static inline __attribute__((always_inline)) int task_body TASK_ARGS
     float *qf = acc + R * D;
     float *kv_row = qf + R * D;
 #define QHEAD(r) (kv_head * G + g0 + (r) % gn)  /* the query head of row r */
+/* whether query token i sees key j (causal, or the tree mask past the prefix) */
+#define SEES(i, j) ((j) <= start + (i) && (!mask || (j) < start || mask[(i) * n_query + (j) - start]))
 
     for (int64_t r = 0; r < R; r++) {
         const float *src = row_f32(q, ((row0 + r / gn) * H + QHEAD(r)) * D, dtype, D, qf + r * D);
@@ -177,7 +186,7 @@ static inline __attribute__((always_inline)) int task_body TASK_ARGS
         for (int64_t j = 0; j < n; j++) {
             const uint16_t *k = k16 + ((table[j / block_size] * block_size + j % block_size) * H_kv + kv_head) * D;
             for (int64_t r = 0; r < R; r++)
-                scores[r * n + j] = j > start + r / gn ? -INFINITY
+                scores[r * n + j] = !SEES(r / gn, j) ? -INFINITY
                     : dot_bf16(q16 + ((row0 + r / gn) * H + QHEAD(r)) * D, k, D) * scale;
         }
     } else
@@ -186,7 +195,7 @@ static inline __attribute__((always_inline)) int task_body TASK_ARGS
         const float *k = row_f32(k_cache, ((table[j / block_size] * block_size + j % block_size) * H_kv + kv_head) * D,
                                  dtype, D, kv_row);
         for (int64_t r = 0; r < R; r++) {
-            if (j > start + r / gn) {
+            if (!SEES(r / gn, j)) {
                 scores[r * n + j] = -INFINITY;
                 continue;
             }
@@ -198,23 +207,7 @@ static inline __attribute__((always_inline)) int task_body TASK_ARGS
             scores[r * n + j] = s * scale;
         }
     }
-    for (int64_t r = 0; r < R; r++) {       /* softmax over the visible keys of each row */
-        float *row = scores + r * n;
-        const int64_t visible = start + r / gn + 1;
-        float m = row[0];
-        for (int64_t j = 1; j < visible; j++)
-            m = row[j] > m ? row[j] : m;
-        float sum = 0.0f;
-        for (int64_t j = 0; j < visible; j++) {
-            row[j] = expf(row[j] - m);
-            sum += row[j];
-        }
-        const float inv = 1.0f / sum;
-        for (int64_t j = 0; j < visible; j++)
-            row[j] *= inv;
-        for (int64_t j = visible; j < n; j++)
-            row[j] = 0.0f;
-    }
+    attention_softmax(scores, R, n, start, gn); /* over the visible keys of each row */
     memset(acc, 0, sizeof(float) * (size_t)(R * D));
     for (int64_t j = 0; j < n; j++) {
         const float *v = row_f32(v_cache, ((table[j / block_size] * block_size + j % block_size) * H_kv + kv_head) * D,
@@ -231,6 +224,7 @@ static inline __attribute__((always_inline)) int task_body TASK_ARGS
     }
     for (int64_t r = 0; r < R; r++)
         store_row(out, ((row0 + r / gn) * H + QHEAD(r)) * D, dtype, acc + r * D, D);
+#undef SEES
 #undef QHEAD
     free(scores);
     return 0;
@@ -254,11 +248,20 @@ int speculant_attend_task TASK_ARGS
     if (dtype == DT_BF16 && speculant_isa_active() == ISA_AVX512_BF16 && speculant_attend_task_bf16) {
         /* attention_avx512_bf16.c: the vectorised task */
         const int status = speculant_attend_task_bf16(q, k_cache, v_cache, out, row0, n_query, start, table,
-                                                      kv_head, g0, gn, H, H_kv, D, block_size, scale);
+                                                      kv_head, g0, gn, H, H_kv, D, block_size, scale, mask);
         if (status != -2)
             return status;
     }
 #endif
+    const int isa = speculant_isa_active();
+    if ((isa == ISA_NEON || isa == ISA_NEON_DOTPROD) && speculant_attend_task_neon && !mask) {
+        /* attention_neon.c: the task with NEON intrinsics (float32 and bfloat16; causal spans only:
+         * a tree span's mask takes the portable task below) */
+        const int status = speculant_attend_task_neon(q, k_cache, v_cache, out, dtype, row0, n_query, start, table,
+                                                      kv_head, g0, gn, H, H_kv, D, block_size, scale);
+        if (status != -2)
+            return status;
+    }
     task_fn f;
     SPECULANT_PICK(TABLE, f);
     return f TASK_CALL;
@@ -268,7 +271,8 @@ int speculant_paged_attention(int dtype, const void *q, const void *k_cache, con
                               const int64_t *cu_query_lens, const int64_t *starts, const int64_t *block_tables,
                               int64_t n_seqs, int64_t max_blocks, const int64_t *span_ids, int64_t n_spans,
                               int64_t num_tokens, int64_t num_blocks, int64_t H, int64_t H_kv, int64_t D,
-                              int64_t block_size, float scale, int threads, int64_t *bad)
+                              int64_t block_size, float scale, const int64_t *mask_offsets, const uint8_t *masks,
+                              int threads, int64_t *bad)
 {
     if (dtype < 0 || dtype > DT_F16 || !(speculant_kernel_dtypes() & (1 << dtype)))
         return -2;
@@ -284,7 +288,8 @@ int speculant_paged_attention(int dtype, const void *q, const void *k_cache, con
         const int64_t row0 = cu_query_lens[b];
         if (g0 < G && speculant_attend_task(q, k_cache, v_cache, out, dtype, row0, cu_query_lens[b + 1] - row0,
                                             starts[b], block_tables + b * max_blocks, kv_head, g0,
-                                            G - g0 < per ? G - g0 : per, H, H_kv, D, block_size, scale) != 0) {
+                                            G - g0 < per ? G - g0 : per, H, H_kv, D, block_size, scale,
+                                            speculant_span_mask(mask_offsets, masks, b)) != 0) {
 #pragma omp atomic write
             status = -1;
         }

@@ -18,7 +18,7 @@
 /* ggml type ids (the GGUF file's tensor types) */
 enum { QT_Q4_0 = 2, QT_Q4_1 = 3, QT_Q5_0 = 6, QT_Q8_0 = 8, QT_Q4_K = 12, QT_Q5_K = 13, QT_Q6_K = 14 };
 /* instruction paths of the dot products */
-enum { QISA_SCALAR = 0, QISA_AVX2 = 1, QISA_AVX512_VNNI = 2 };
+enum { QISA_SCALAR = 0, QISA_AVX2 = 1, QISA_AVX512_VNNI = 2, QISA_NEON = 3, QISA_NEON_DOTPROD = 4, QISA_COUNT = 5 };
 #define QTILE 256
 #define QGROUP 16
 
@@ -31,6 +31,9 @@ typedef struct {
     int max_code;     /* largest u: 255 needs 32-bit products (no 16-bit pair sums) */
 } qformat;
 
+/* quant_dispatch.c: the path the dot products take now (a QISA_* value) */
+int speculant_qlinear_isa(void);
+
 /* the format of ggml type `type`, or NULL where there is no kernel for it */
 const qformat *speculant_qformat(int type);
 
@@ -42,9 +45,50 @@ void speculant_qdecode(int type, const uint8_t *row, int64_t k0, int n, uint8_t 
 
 float speculant_half_to_float(uint16_t h);
 
+/* One decoded tile of a weight row, and the activation codes it meets (quant_linear.c). */
+typedef struct {
+    const uint8_t *u;   /* [n] decoded codes */
+    const float *ws;    /* [n / 16] */
+    const float *wb;    /* [n / 16] */
+    int n;              /* weights in the tile, a multiple of 32 */
+    int wide;           /* codes may exceed 127 */
+} qtile;
+
+typedef struct {
+    const int8_t *q;    /* [n] activation codes */
+    const float *d;     /* [n / 16] the block scale of each group */
+    const float *s;     /* [n / 16] scale * sum of the group's codes */
+    const int16_t *sum; /* [n / 16] the sum of the group's codes */
+} qact;
+
+/* acc[0] += the tile's contribution from its groups' integer dot products dots[g] = <u, q>_g, in
+ * group order: the scalar path's float arithmetic, shared by every path that keeps its bits (the
+ * NEON ones: only how the integer dots are found differs, and integer sums are exact). */
+static inline void speculant_qacc_dots(const qtile *t, const qact *a, const int32_t *dots, float *acc)
+{
+    for (int g = 0; g < t->n / QGROUP; g++)
+        acc[0] += t->ws[g] * a->d[g] * (float)dots[g] + t->wb[g] * a->s[g];
+}
+
+/* quant_neon.c, quant_neon_dotprod.c (aarch64 path files; NULL where not built): the tile's dot
+ * products into acc[0], the same bits as the scalar path's */
+__attribute__((weak)) void speculant_qdot_neon(const qtile *t, const qact *a, float *acc);
+__attribute__((weak)) void speculant_qdot_neon_dotprod(const qtile *t, const qact *a, float *acc);
+
+/* Q4_K's nibble order of 256 activation codes, per 128: [0, 32), [64, 96), [32, 64), [96, 128)
+ * (low nibbles of 64 bytes, then high ones); out[K] from xq[K], K a multiple of 256 */
+void speculant_q4k_order(const int8_t *xq, int64_t K, int8_t *out);
+
 /* quant_avx512_vnni.c (a path file, compiled on its own: NULL where the compiler could not build it):
  * one Q4_K or Q6_K weight row (K a multiple of 256) against R activation rows, sums[r] = its dot
- * product with row r (AVX-512 VNNI CPUs only) */
+ * product with row r (AVX-512 VNNI CPUs only); Q4_K reads xq in speculant_q4k_order */
 __attribute__((weak)) void speculant_qrow_k_vnni(int type, const uint8_t *row, int64_t K, int64_t R, const int8_t *xq, const float *xd,
                            const int16_t *xn, float *sums);
+/* quant_linear.c: the activation block of a call (0: a type or K without a kernel), the team's
+ * scratch bytes for R rows of K, and y (+)= x W^T (+ b) run by every thread of an OpenMP team */
+int speculant_qlinear_block(int n_mats, const int *types, int64_t K);
+int64_t speculant_qlinear_scratch_bytes(int64_t R, int64_t K);
+void speculant_qlinear_team(int n_mats, const int *types, const uint8_t *const *ws, const int64_t *Ns,
+                            const float *const *biases, int64_t K, int block, const void *x, int64_t R, int64_t ldx,
+                            int dtype, const void *res, void *y, int64_t ldy, void *scratch);
 #endif

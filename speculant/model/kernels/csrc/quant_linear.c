@@ -9,13 +9,16 @@
  * is the same bits whichever batch it comes in (speculative verify = decode).
  *
  * Paths: scalar (the reference, every format), AVX2 (16-bit pair products,
- * 32-bit ones where a code may exceed 127) and AVX-512 VNNI (VPDPBUSD). The path
- * is chosen once from cpuid; speculant_qlinear_set_isa forces one (tests).
+ * 32-bit ones where a code may exceed 127), AVX-512 VNNI (VPDPBUSD), and on aarch64
+ * NEON (16-bit products) and NEON dotprod (SDOT): the NEON paths find the same integer
+ * group sums and share the scalar path's float arithmetic, so they give its bits. The
+ * path is the best one under the kernels' active path (quant_dispatch.c).
  */
 #include <stdlib.h>
 #include <string.h>
 
 #include "bf16.h"
+#include "kernels.h"
 #include "quant.h"
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
@@ -23,63 +26,6 @@
 #else
 #define HAVE_QUANT_X86 0
 #endif
-
-typedef struct {
-    const uint8_t *u;   /* [n] decoded codes */
-    const float *ws;    /* [n / 16] */
-    const float *wb;    /* [n / 16] */
-    int n;              /* weights in the tile, a multiple of 32 */
-    int wide;           /* codes may exceed 127 */
-} qtile;
-
-typedef struct {
-    const int8_t *q;    /* [n] activation codes */
-    const float *d;     /* [n / 16] the block scale of each group */
-    const float *s;     /* [n / 16] scale * sum of the group's codes */
-} qact;
-
-static int qisa_available(int isa)
-{
-    if (isa == QISA_SCALAR)
-        return 1;
-#if HAVE_QUANT_X86
-    __builtin_cpu_init();
-    int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
-    if (isa == QISA_AVX2)
-        return avx2;
-    if (isa == QISA_AVX512_VNNI)
-        return avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")
-               && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
-#endif
-    return 0;
-}
-
-static int g_isa = -1;
-
-int speculant_qlinear_isa(void)
-{
-    if (g_isa < 0)
-        g_isa = qisa_available(QISA_AVX512_VNNI) ? QISA_AVX512_VNNI : qisa_available(QISA_AVX2) ? QISA_AVX2
-                                                                                                : QISA_SCALAR;
-    return g_isa;
-}
-
-/* force path `isa` (-1: back to cpuid); returns the path now in use, or -1 where this CPU lacks it */
-int speculant_qlinear_set_isa(int isa)
-{
-    if (isa < 0) {
-        g_isa = -1;
-        return speculant_qlinear_isa();
-    }
-    if (isa > QISA_AVX512_VNNI || !qisa_available(isa))
-        return -1;
-    return g_isa = isa;
-}
-
-int speculant_qlinear_isa_available(int isa)
-{
-    return isa >= 0 && isa <= QISA_AVX512_VNNI && qisa_available(isa);
-}
 
 /* 1 where ggml type `type` has a kernel */
 int speculant_qlinear_has_type(int type)
@@ -89,12 +35,14 @@ int speculant_qlinear_has_type(int type)
 
 static void dot_scalar(const qtile *t, const qact *a, float *acc)
 {
+    int32_t dots[QTILE / QGROUP];
     for (int g = 0; g < t->n / QGROUP; g++) {
         int32_t dot = 0;
         for (int i = g * QGROUP; i < (g + 1) * QGROUP; i++)
             dot += (int32_t)t->u[i] * a->q[i];
-        acc[0] += t->ws[g] * a->d[g] * (float)dot + t->wb[g] * a->s[g];
+        dots[g] = dot;
     }
+    speculant_qacc_dots(t, a, dots, acc);
 }
 
 #if HAVE_QUANT_X86
@@ -178,13 +126,22 @@ static void quantize_row(const void *x, int dtype, int64_t K, int block, int8_t 
     }
 }
 
+void speculant_q4k_order(const int8_t *xq, int64_t K, int8_t *out)
+{
+    static const int from[4] = {0, 64, 32, 96};
+    for (int64_t k0 = 0; k0 < K; k0 += 128)
+        for (int j = 0; j < 4; j++)
+            memcpy(out + k0 + 32 * j, xq + k0 + from[j], 32);
+}
+
 static void dot_tile(int isa, const qtile *t, const qact *a, float *accv)
 {
 #if HAVE_QUANT_X86
     if (isa == QISA_AVX512_VNNI) { dot_vnni(t, a, accv); return; }
     if (isa == QISA_AVX2) { dot_avx2(t, a, accv); return; }
 #endif
-    (void)isa;
+    if (isa == QISA_NEON_DOTPROD && speculant_qdot_neon_dotprod) { speculant_qdot_neon_dotprod(t, a, accv); return; }
+    if (isa == QISA_NEON && speculant_qdot_neon) { speculant_qdot_neon(t, a, accv); return; }
     dot_scalar(t, a, accv);
 }
 
@@ -193,12 +150,12 @@ static void dot_tile(int isa, const qtile *t, const qact *a, float *accv)
 
 /* sums[r] = dot(weight row, activation row r) for r < R; acc: R * ACC_LANES floats of scratch */
 static void weight_row(int type, const qformat *f, int isa, const uint8_t *row, int64_t K, int64_t R,
-                       const int8_t *xq, const float *xd, const float *xs, const int16_t *xn, int block, float *acc,
-                       float *sums)
+                       const int8_t *xq, const int8_t *xq4, const float *xd, const float *xs, const int16_t *xn,
+                       int block, float *acc, float *sums)
 {
 #if HAVE_QUANT_X86
     if (isa == QISA_AVX512_VNNI && block == QTILE && (type == QT_Q4_K || type == QT_Q6_K) && speculant_qrow_k_vnni) {
-        speculant_qrow_k_vnni(type, row, K, R, xq, xd, xn, sums);
+        speculant_qrow_k_vnni(type, row, K, R, type == QT_Q4_K ? xq4 : xq, xd, xn, sums);
         return;
     }
 #endif
@@ -210,7 +167,8 @@ static void weight_row(int type, const qformat *f, int isa, const uint8_t *row, 
         speculant_qdecode(type, row, k0, n, u, ws, wb, isa != QISA_SCALAR);
         qtile t = {u, ws, wb, n, f->max_code > 127};
         for (int64_t r = 0; r < R; r++) {
-            qact a = {xq + r * K + k0, xd + (r * K + k0) / QGROUP, xs + (r * K + k0) / QGROUP};
+            qact a = {xq + r * K + k0, xd + (r * K + k0) / QGROUP, xs + (r * K + k0) / QGROUP,
+                      xn + (r * K + k0) / QGROUP};
             dot_tile(isa, &t, &a, acc + r * ACC_LANES);
         }
     }
@@ -222,6 +180,80 @@ static void weight_row(int type, const qformat *f, int isa, const uint8_t *row, 
     }
 }
 
+/* the block of activation codes for a call over `n_mats` matrices: 256 where every matrix is a
+ * K-quant (super-blocks of 256), else 32; 0 for a type without a kernel or a K it cannot split */
+int speculant_qlinear_block(int n_mats, const int *types, int64_t K)
+{
+    int block = QTILE;
+    for (int m = 0; m < n_mats; m++) {
+        const qformat *f = speculant_qformat(types[m]);
+        if (!f || K <= 0 || K % f->block_elems || K % 32)
+            return 0;
+        block = f->block_elems == QTILE ? block : 32;
+    }
+    return block;
+}
+
+/* Bytes of scratch speculant_qlinear_team needs for R rows of K. */
+int64_t speculant_qlinear_scratch_bytes(int64_t R, int64_t K)
+{
+    return 2 * R * K + R * (K / QGROUP) * (int64_t)(2 * sizeof(float) + sizeof(int16_t)) + 64;
+}
+
+/* Inside an OpenMP parallel region, called by every thread of the team (orphaned worksharing):
+ * y[:, cols of matrix m] = x @ W_m^T + bias_m for the n_mats matrices of `p` (the layout of
+ * speculant_qlinear_multi's arguments), x read with row stride ldx (dtype 0 float32, 1 bfloat16),
+ * and for bfloat16 with `res` non-NULL y = res + that, rounded as torch's `res + y` rounds
+ * (y first rounded to bfloat16). `block` from speculant_qlinear_block; `scratch` of
+ * speculant_qlinear_scratch_bytes(R, K), shared by the team. */
+void speculant_qlinear_team(int n_mats, const int *types, const uint8_t *const *ws, const int64_t *Ns,
+                            const float *const *biases, int64_t K, int block, const void *x, int64_t R, int64_t ldx,
+                            int dtype, const void *res, void *y, int64_t ldy, void *scratch)
+{
+    const int isa = speculant_qlinear_isa();
+    const int64_t ng = K / QGROUP;
+    int64_t total = 0;
+    for (int m = 0; m < n_mats; m++)
+        total += Ns[m];
+    float *xd = scratch, *xs = xd + R * ng;
+    int16_t *xn = (int16_t *)(xs + R * ng);
+    int8_t *xq = (int8_t *)(xn + R * ng), *xq4 = xq + R * K;  /* xq4: in Q4_K's order (VNNI rows) */
+    const size_t esize = dtype ? 2 : 4;
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < R; r++) {
+        quantize_row((const char *)x + (size_t)(r * ldx) * esize, dtype, K, block, xq + r * K, xd + r * ng,
+                     xs + r * ng, xn + r * ng);
+        if (block == QTILE)
+            speculant_q4k_order(xq + r * K, K, xq4 + r * K);
+    }
+    float acc[ROW_CHUNK * ACC_LANES] __attribute__((aligned(64))), sums[ROW_CHUNK];
+    /* rows in chunks whose activations stay in L2 while every weight row passes over them */
+    for (int64_t r0 = 0; r0 < R; r0 += ROW_CHUNK) {
+        int64_t nr = R - r0 < ROW_CHUNK ? R - r0 : ROW_CHUNK;
+#pragma omp for schedule(static)
+        for (int64_t col = 0; col < total; col++) {
+            int m = 0;
+            int64_t n = col;
+            while (n >= Ns[m])
+                n -= Ns[m++];
+            const qformat *f = speculant_qformat(types[m]);
+            int64_t row_bytes = K / f->block_elems * f->block_bytes;
+            weight_row(types[m], f, isa, ws[m] + n * row_bytes, K, nr, xq + r0 * K, xq4 + r0 * K, xd + r0 * ng,
+                       xs + r0 * ng, xn + r0 * ng, block, acc, sums);
+            for (int64_t r = 0; r < nr; r++) {
+                float sum = sums[r] + (biases[m] ? biases[m][n] : 0.0f);
+                int64_t at = (r0 + r) * ldy + col;
+                if (!dtype)
+                    ((float *)y)[at] = sum;
+                else if (res)
+                    ((uint16_t *)y)[at] = round_bf16(widen(((const uint16_t *)res)[at]) + widen(round_bf16(sum)));
+                else
+                    ((uint16_t *)y)[at] = round_bf16(sum);
+            }
+        }
+    }
+}
+
 /* y[:, cols of matrix m] = x @ W_m^T + bias_m for n_mats matrices that read the same x (q/k/v, gate/up),
  * concatenated along y's columns: the activations are quantized once. 0; -1 for a type without a
  * kernel or a K it cannot split into blocks; -2 when memory runs out. */
@@ -229,69 +261,22 @@ int speculant_qlinear_multi(int n_mats, const int *types, const uint8_t *const *
                             const float *const *biases, int64_t K, const void *x, int64_t R, int64_t ldx, int dtype,
                             void *y, int64_t ldy, int threads)
 {
+    int block = speculant_qlinear_block(n_mats, types, K);
     int64_t total = 0;
-    int block = QTILE;  /* activation blocks of 256 where every matrix is a K-quant, else 32 */
     for (int m = 0; m < n_mats; m++) {
-        const qformat *f = speculant_qformat(types[m]);
-        if (!f || K <= 0 || K % f->block_elems || K % 32 || Ns[m] < 0)
+        if (Ns[m] < 0)
             return -1;
         total += Ns[m];
-        block = f->block_elems == QTILE ? block : 32;
     }
-    if (dtype != 0 && dtype != 1)
+    if (!block || (dtype != 0 && dtype != 1))
         return -1;
-    int isa = speculant_qlinear_isa();
-    int64_t ng = K / QGROUP;
-    int8_t *xq = malloc((size_t)(R * K));
-    float *xd = malloc(sizeof(float) * (size_t)(R * ng)), *xs = malloc(sizeof(float) * (size_t)(R * ng));
-    int16_t *xn = malloc(sizeof(int16_t) * (size_t)(R * ng));
-    int failed = !xq || !xd || !xs || !xn;
-    if (!failed) {
-        size_t esize = dtype ? 2 : 4;
-#pragma omp parallel for schedule(static) num_threads(threads) if (R > 1)
-        for (int64_t r = 0; r < R; r++)
-            quantize_row((const char *)x + (size_t)(r * ldx) * esize, dtype, K, block, xq + r * K, xd + r * ng,
-                         xs + r * ng, xn + r * ng);
+    void *scratch = aligned_alloc(64, (size_t)(speculant_qlinear_scratch_bytes(R, K) + 63) / 64 * 64);
+    if (!scratch)
+        return -2;
 #pragma omp parallel num_threads(threads) if (total > 1)
-        {
-            float *acc = aligned_alloc(64, sizeof(float) * (size_t)(((R * (ACC_LANES + 1)) + 15) / 16 * 16));
-            float *sums = acc ? acc + R * ACC_LANES : 0;
-            if (!acc) {
-#pragma omp atomic write
-                failed = 1;
-            }
-            /* rows in chunks whose activations stay in L2 while every weight row passes over them */
-            for (int64_t r0 = 0; r0 < R; r0 += ROW_CHUNK) {
-                int64_t nr = R - r0 < ROW_CHUNK ? R - r0 : ROW_CHUNK;
-#pragma omp for schedule(static)
-                for (int64_t col = 0; col < total; col++) {
-                    if (!acc)
-                        continue;
-                    int m = 0;
-                    int64_t n = col;
-                    while (n >= Ns[m])
-                        n -= Ns[m++];
-                    const qformat *f = speculant_qformat(types[m]);
-                    int64_t row_bytes = K / f->block_elems * f->block_bytes;
-                    weight_row(types[m], f, isa, ws[m] + n * row_bytes, K, nr, xq + r0 * K, xd + r0 * ng,
-                               xs + r0 * ng, xn + r0 * ng, block, acc, sums);
-                    for (int64_t r = 0; r < nr; r++) {
-                        float sum = sums[r] + (biases[m] ? biases[m][n] : 0.0f);
-                        if (dtype)
-                            ((uint16_t *)y)[(r0 + r) * ldy + col] = round_bf16(sum);
-                        else
-                            ((float *)y)[(r0 + r) * ldy + col] = sum;
-                    }
-                }
-            }
-            free(acc);
-        }
-    }
-    free(xq);
-    free(xd);
-    free(xs);
-    free(xn);
-    return failed ? -2 : 0;
+    speculant_qlinear_team(n_mats, types, ws, Ns, biases, K, block, x, R, ldx, dtype, NULL, y, ldy, scratch);
+    free(scratch);
+    return 0;
 }
 
 int speculant_qlinear(int type, const uint8_t *w, int64_t N, int64_t K, const void *x, int64_t R, int64_t ldx,
