@@ -7,12 +7,11 @@ The verify forward wrote node j of a decode's tree to slot ``start + 1 + j``
 (the root, the decode's last token, at ``start``). After acceptance the kept
 path's nodes must sit where a chain would have put them, depth d at ``start +
 d``: each one whose slot differs is copied there, in every layer's cache, in
-one gather and one scatter per cache (``SequenceRunner.move_positions``, which
-resolves each decode's sequence handle to its slots, then
-``ModelRunner.move_kv``). The slots past
-the path are released as rejected chain tokens are: the next step overwrites
-them. A path that already runs ``0, 1, 2, ...`` (the first children) moves
-nothing.
+one gather and one scatter per cache (``SequenceRunner.move_positions``
+resolves each decode's sequence handle to its slots, then calls
+``ModelRunner.move_kv``). The slots past the path are released as rejected
+chain tokens are: the next step overwrites them. A path that already runs
+``0, 1, 2, ...`` (the first children) moves nothing.
 """
 
 from __future__ import annotations

@@ -70,7 +70,10 @@ def save_heads(module: torch.nn.Module, config: dict, out_dir: str | Path) -> No
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(config, indent=2))
-    save_file({k: v.contiguous() for k, v in module.state_dict().items()}, str(out / "model.safetensors"))
+    # index tensors (EAGLE's draft vocabulary ids) are stored as int32: vocabularies fit, the file is
+    # smaller, and load_state_dict copies them back into the module's long buffers
+    save_file({k: (v.to(torch.int32) if v.dtype == torch.int64 else v).contiguous()
+               for k, v in module.state_dict().items()}, str(out / "model.safetensors"))
 
 
 class HiddenStateProposer(Proposer):
