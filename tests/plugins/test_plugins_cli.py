@@ -37,7 +37,8 @@ def test_listing_json(test_plugin, capsys):
     assert heads["kind"] == "proposer"
     assert heads["capabilities"] == {"needs_target_hidden_states": True, "supports_chunked_prefill": False,
                                      "draft_probs": "full", "max_num_speculative_tokens": 3,
-                                     "needs_prompt_hidden_states": True, "supports_prefix_caching": False}
+                                     "needs_prompt_hidden_states": True, "supports_prefix_caching": False,
+                                     "proposes_trees": False}
     lookup = next(r for r in plugin["registered"] if r["name"] == "t_lookup")
     assert lookup["options"] == {"max_n": 4, "min_n": 1}
     assert all({"distribution", "entry_point", "cause", "message"} <= set(e) for e in data["errors"])

@@ -24,6 +24,7 @@ from speculant.model.attention import triton_kernels, triton_launch  # noqa: E40
 H200 = GPUTarget("cuda", 90, 32)
 SHARED_MEMORY = 227 * 1024  # bytes per block on sm_90
 POINTER = {torch.float32: "*fp32", torch.bfloat16: "*bf16", torch.float16: "*fp16"}
+TREE_POINTERS = {"mask_offsets_ptr": "*i64", "masks_ptr": "*u8"}  # token trees' masks (read when HAS_TREE)
 
 if triton_kernels.INTERPRETED:
     pytest.skip("TRITON_INTERPRET=1 is set for this whole process: the kernels were decorated for the "
@@ -52,9 +53,10 @@ SHAPES = [
                          ids=lambda v: str(v).replace("torch.", ""))
 def test_attention_kernel_compiles_for_sm90(dtype, heads, kv_heads, head_dim, block_size, max_q):
     consts = triton_launch.attention_constants(dtype, dtype, block_size, heads // kv_heads, max_q, head_dim, False)
+    consts["HAS_TREE"] = max_q in (4, 8)  # the verify shapes compile with token trees' masks too
     types = {"out_ptr": POINTER[dtype], "query_ptr": POINTER[dtype], "key_cache_ptr": POINTER[dtype],
              "value_cache_ptr": POINTER[dtype], "cu_query_lens_ptr": "*i64", "seq_lens_ptr": "*i64",
-             "block_tables_ptr": "*i64", "scale_log2e": "fp32"}
+             "block_tables_ptr": "*i64", **TREE_POINTERS, "scale_log2e": "fp32"}
     kernel = compile_for_h200(triton_kernels.paged_attention_kernel, types, consts)
     assert kernel.asm["cubin"] and kernel.metadata.shared <= SHARED_MEMORY, kernel.metadata.shared
 
@@ -63,9 +65,10 @@ def test_attention_kernel_compiles_with_one_sequence_and_unit_strides():
     """Triton turns integer arguments equal to 1 into constants: one span (the
     binary search then starts empty), unit strides, a one-block table."""
     consts = triton_launch.attention_constants(torch.bfloat16, torch.bfloat16, 16, 4, 1, 128, False)
-    consts.update(num_seqs=1, stride_qd=1, stride_cd=1, stride_bt=1, head_dim=1)
+    consts.update(num_seqs=1, stride_qd=1, stride_cd=1, stride_bt=1, head_dim=1, HAS_TREE=False)
     types = {"out_ptr": "*bf16", "query_ptr": "*bf16", "key_cache_ptr": "*bf16", "value_cache_ptr": "*bf16",
-             "cu_query_lens_ptr": "*i64", "seq_lens_ptr": "*i64", "block_tables_ptr": "*i64", "scale_log2e": "fp32"}
+             "cu_query_lens_ptr": "*i64", "seq_lens_ptr": "*i64", "block_tables_ptr": "*i64", **TREE_POINTERS,
+             "scale_log2e": "fp32"}
     assert compile_for_h200(triton_kernels.paged_attention_kernel, types, consts).asm["cubin"]
 
 
