@@ -24,6 +24,7 @@ from speculant.model.attention import triton_kernels, triton_launch  # noqa: E40
 H200 = GPUTarget("cuda", 90, 32)
 SHARED_MEMORY = 227 * 1024  # bytes per block on sm_90
 POINTER = {torch.float32: "*fp32", torch.bfloat16: "*bf16", torch.float16: "*fp16"}
+TREE_POINTERS = {"mask_offsets_ptr": "*i64", "masks_ptr": "*u8"}  # token trees' masks (read when HAS_TREE)
 
 if triton_kernels.INTERPRETED:
     pytest.skip("TRITON_INTERPRET=1 is set for this whole process: the kernels were decorated for the "
@@ -39,10 +40,6 @@ def compile_for_h200(fn, types: dict[str, str], consts: dict):
     return triton.compile(ASTSource(fn, signature, constexprs), target=H200, options=options)
 
 
-# the span tensors' pointer arguments (SpanTensors: int64 indices, uint8 tree masks)
-INDEX_POINTERS = {"cu_query_lens_ptr": "*i64", "seq_lens_ptr": "*i64", "block_tables_ptr": "*i64",
-                  "mask_offsets_ptr": "*i64", "masks_ptr": "*u8"}
-
 # (dtype, heads, kv heads, head dim, block size, max query len): decodes, verify runs,
 # prefill chunks; Llama/Qwen/Mistral/Phi head layouts
 SHAPES = [
@@ -55,24 +52,13 @@ SHAPES = [
 @pytest.mark.parametrize("dtype, heads, kv_heads, head_dim, block_size, max_q", SHAPES,
                          ids=lambda v: str(v).replace("torch.", ""))
 def test_attention_kernel_compiles_for_sm90(dtype, heads, kv_heads, head_dim, block_size, max_q):
-    kernel = compile_attention(dtype, heads, kv_heads, head_dim, block_size, max_q, has_tree=False)
-    assert kernel.asm["cubin"] and kernel.metadata.shared <= SHARED_MEMORY, kernel.metadata.shared
-
-
-@pytest.mark.parametrize("dtype, heads, kv_heads, head_dim, block_size, max_q", [SHAPES[1], SHAPES[5]],
-                         ids=lambda v: str(v).replace("torch.", ""))
-def test_attention_kernel_compiles_with_tree_masks(dtype, heads, kv_heads, head_dim, block_size, max_q):
-    """The token-tree variant (``HAS_TREE``: mask offsets and masks read) for verify-sized spans."""
-    kernel = compile_attention(dtype, heads, kv_heads, head_dim, block_size, max_q, has_tree=True)
-    assert kernel.asm["cubin"] and kernel.metadata.shared <= SHARED_MEMORY, kernel.metadata.shared
-
-
-def compile_attention(dtype, heads, kv_heads, head_dim, block_size, max_q, has_tree):
     consts = triton_launch.attention_constants(dtype, dtype, block_size, heads // kv_heads, max_q, head_dim, False)
-    consts["HAS_TREE"] = has_tree
+    consts["HAS_TREE"] = max_q in (4, 8)  # the verify shapes compile with token trees' masks too
     types = {"out_ptr": POINTER[dtype], "query_ptr": POINTER[dtype], "key_cache_ptr": POINTER[dtype],
-             "value_cache_ptr": POINTER[dtype], **INDEX_POINTERS, "scale_log2e": "fp32"}
-    return compile_for_h200(triton_kernels.paged_attention_kernel, types, consts)
+             "value_cache_ptr": POINTER[dtype], "cu_query_lens_ptr": "*i64", "seq_lens_ptr": "*i64",
+             "block_tables_ptr": "*i64", **TREE_POINTERS, "scale_log2e": "fp32"}
+    kernel = compile_for_h200(triton_kernels.paged_attention_kernel, types, consts)
+    assert kernel.asm["cubin"] and kernel.metadata.shared <= SHARED_MEMORY, kernel.metadata.shared
 
 
 def test_attention_kernel_compiles_with_one_sequence_and_unit_strides():
@@ -81,7 +67,8 @@ def test_attention_kernel_compiles_with_one_sequence_and_unit_strides():
     consts = triton_launch.attention_constants(torch.bfloat16, torch.bfloat16, 16, 4, 1, 128, False)
     consts.update(num_seqs=1, stride_qd=1, stride_cd=1, stride_bt=1, head_dim=1, HAS_TREE=False)
     types = {"out_ptr": "*bf16", "query_ptr": "*bf16", "key_cache_ptr": "*bf16", "value_cache_ptr": "*bf16",
-             **INDEX_POINTERS, "scale_log2e": "fp32"}
+             "cu_query_lens_ptr": "*i64", "seq_lens_ptr": "*i64", "block_tables_ptr": "*i64", **TREE_POINTERS,
+             "scale_log2e": "fp32"}
     assert compile_for_h200(triton_kernels.paged_attention_kernel, types, consts).asm["cubin"]
 
 

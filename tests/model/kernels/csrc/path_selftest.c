@@ -102,7 +102,8 @@ int speculant_paged_attention(int dtype, const void *q, const void *k_cache, con
                               const int64_t *cu_query_lens, const int64_t *starts, const int64_t *block_tables,
                               int64_t n_seqs, int64_t max_blocks, const int64_t *span_ids, int64_t n_spans,
                               int64_t num_tokens, int64_t num_blocks, int64_t H, int64_t H_kv, int64_t D,
-                              int64_t block_size, float scale, int threads, int64_t *bad);
+                              int64_t block_size, float scale, const int64_t *mask_offsets, const uint8_t *masks,
+                              int threads, int64_t *bad);
 
 static float as_float(const void *v, int dtype, int64_t i)
 {
@@ -135,10 +136,10 @@ static void check_attention(int isa, int dtype, int64_t D)
     const float scale = 1.0f / sqrtf((float)D);
     speculant_isa_set(ISA_SCALAR);
     int rc = speculant_paged_attention(dtype, q, k, v, want, cu, starts, tables, 2, MAXB, spans, 2, T, BLOCKS, H, H_KV,
-                                       D, BS, scale, 1, bad);
+                                       D, BS, scale, NULL, NULL, 1, bad);  /* no tree masks: causal spans */
     speculant_isa_set(isa);
     rc |= speculant_paged_attention(dtype, q, k, v, got, cu, starts, tables, 2, MAXB, spans, 2, T, BLOCKS, H, H_KV, D,
-                                    BS, scale, 2, bad);
+                                    BS, scale, NULL, NULL, 2, bad);
     double worst = 0.0;
     int within = rc == 0;
     for (int64_t i = 0; i < nq; i++) {
