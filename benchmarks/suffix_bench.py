@@ -120,8 +120,10 @@ def main() -> None:
         "workload": f"{args.num} '{args.task}' requests one after another: the same instruction on different "
                     "snippets (benchmarks/repeated_tasks.py), chat template, greedy, bs=1",
         "k": args.k, "max_tokens": args.max_tokens, "repeats": args.repeats, "summary": summary,
-        "replay": replays, "recorded_outputs": [{"prompt": p, "output": o} for p, o in recorded],
-        "runs": {n: [{k: v for k, v in x.items() if k != "token_ids"} for x in rs] for n, rs in runs.items()}})
+        "replay": replays,  # prompts once, in recorded_outputs
+        "recorded_outputs": [{"prompt": p, "output": o} for p, o in recorded],
+        "runs": {n: [{k: v for k, v in x.items() if k not in ("token_ids", "prompt_ids")} for x in rs]
+                 for n, rs in runs.items()}})
     for name, s in summary.items():
         print(f"{name:15s} {s['median_tok_per_s']:6.2f} tok/s  vs ngram {s.get('speedup_vs_ngram', 0):.2f}x "
               f"(cpu {s.get('cpu_speedup_vs_ngram', 0):.2f}x)  "
