@@ -1,0 +1,225 @@
+"""Adaptive token trees: each decode's tree shape from the measured verify
+cost t(n)/t(1) and the acceptance each depth and branch has shown.
+
+A node of a tree is named by its *rank path*: its rank among its siblings at
+each level from the root down (``(0, 0, 1)``: the second child of the first
+child's first child). The first-child path ``(0,)``, ``(0, 0)``, ... is the
+chain a chain proposer gives (``TreeBuilder`` adds the best continuation
+first); higher ranks are the alternatives.
+
+Each request keeps, per depth d and rank r, a decayed count of how often a
+rank-r child was offered under a node the target reached and how often it was
+the one accepted, from a prior (``prior_acceptance`` for rank 0, halved per
+rank above, worth two observations). Their ratio q(d, r) is the chance that
+such a child is accepted once its parent is; a node's expected gain is the
+product of q along its rank path. Trees are planned best first (a heap over
+the frontier: a node's first child and its next sibling), and across the
+batch nodes are added in order of decreasing gain while each one raises the
+step's expected tokens per unit of cost, as ``draft_length``'s rule does for
+chain positions: a node pays where ``gain / (t(T + 1) - t(T) + d)`` exceeds
+the step's current ``tokens / cost``. A flat cost curve (a forward that
+streams its weights) buys the cheap low-gain siblings: wide trees. A steep
+one (compute-bound) buys only the high-gain first children: chains, by
+themselves.
+
+The proposer is asked for its full tree (``max_tree_tokens`` nodes at
+``tree_width``); ``prune`` keeps the planned rank paths of each decode, so the
+shape does not depend on how a proposer orders its budget. ``observe`` reads
+the accepted path after the step.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from speculant.config.models import AdaptiveDraftLengthConfig, SpeculativeConfig
+from speculant.engine.batch import StepBatch
+from speculant.engine.cost_model import CostCurve, CostModel
+from speculant.engine.draft_length import DraftLengthPolicy, build_draft_length_policy
+from speculant.engine.request import Request
+from speculant.interfaces import Proposals
+from speculant.interfaces.tree import children
+
+RankPath = tuple[int, ...]
+MAX_Q = 0.99  # a child never looks as likely as its parent: best-first order puts parents first
+
+
+def rank_paths(parents: Sequence[int]) -> list[RankPath]:
+    """Each node's rank path (topological order, so a parent's path is known first)."""
+    kids = children(parents)
+    rank = [0] * len(parents)
+    for group in kids:
+        for r, j in enumerate(group):
+            rank[j] = r
+    out: list[RankPath] = []
+    for j, p in enumerate(parents):
+        out.append((out[p] if p >= 0 else ()) + (rank[j],))
+    return out
+
+
+@dataclass
+class BranchRecord:
+    """One request's decayed counts per (depth - 1, rank): children offered
+    under a reached node, and those accepted."""
+
+    offered: list[list[float]]
+    taken: list[list[float]]
+    verified: list[int] | None = None  # parents of the tree verified this step (after ``prune``)
+
+    @classmethod
+    def prior(cls, depth: int, width: int, acceptance: float) -> BranchRecord:
+        return cls([[2.0] * width for _ in range(depth)],
+                   [[2.0 * acceptance * 0.5 ** r for r in range(width)] for _ in range(depth)])
+
+    def q(self, depth: int, rank: int) -> float:
+        return min(self.taken[depth - 1][rank] / self.offered[depth - 1][rank], MAX_Q)
+
+    def observe(self, parents: Sequence[int], path: Sequence[int], decay: float) -> None:
+        """Fold in one verified tree and its accepted path (node indices, root's child first)."""
+        for row in (*self.offered, *self.taken):
+            row[:] = [decay * v for v in row]
+        kids = children(parents)
+        for d in range(min(len(path) + 1, len(self.offered))):
+            group = kids[path[d - 1] + 1 if d else 0]  # the children of the node reached at this level
+            for r, j in enumerate(group[: len(self.offered[d])]):
+                self.offered[d][r] += 1.0
+                self.taken[d][r] += d < len(path) and path[d] == j
+
+
+def best_first(record: BranchRecord, limit: int, width: int, depth: int) -> list[tuple[float, RankPath]]:
+    """Up to ``limit`` nodes of the tree that maximises expected accepted tokens
+    for its size: (gain, rank path), gains non-increasing, parents before children."""
+    out: list[tuple[float, RankPath]] = []
+    heap: list[tuple[float, RankPath]] = [(-record.q(1, 0), (0,))]
+    while heap and len(out) < limit:
+        neg, path = heapq.heappop(heap)
+        out.append((-neg, path))
+        parent_gain = -neg / record.q(len(path), path[-1])
+        if len(path) < depth:
+            heapq.heappush(heap, (neg * record.q(len(path) + 1, 0), path + (0,)))
+        if path[-1] + 1 < width:
+            heapq.heappush(heap, (-parent_gain * record.q(len(path), path[-1] + 1), path[:-1] + (path[-1] + 1,)))
+    return out
+
+
+@dataclass
+class _Planned:
+    shapes: dict[str, frozenset[RankPath]] = field(default_factory=dict)  # this step's, per request
+
+
+class AdaptiveTreeShapes(DraftLengthPolicy):
+    """Tree shape per request from the cost curve and branch acceptance (module docstring)."""
+
+    name = "adaptive"
+
+    def __init__(self, spec: SpeculativeConfig, cost: CostModel | None = None) -> None:
+        super().__init__(spec)
+        assert isinstance(spec.draft_length, AdaptiveDraftLengthConfig)
+        self.config = spec.draft_length
+        self.width, self.depth = spec.tree_width, spec.num_speculative_tokens
+        self.cost = cost if cost is not None else CostModel(
+            CostCurve.linear(self.config.token_cost if self.config.token_cost is not None else 0.05),
+            self.config.draft_token_cost if self.config.draft_token_cost is not None else 0.0)
+        self._records: dict[str, BranchRecord] = {}
+        self._planned = _Planned()
+
+    def reset_metrics(self) -> None:
+        super().reset_metrics()
+        self.num_planned_nodes = 0  # nodes of the planned shapes, summed
+        self.num_planned_trees = 0  # shapes planned with at least one node
+        self.num_planned_branching = 0  # of them, shapes wider than a chain
+
+    def record(self, request_id: str) -> BranchRecord:
+        rec = self._records.get(request_id)
+        if rec is None:
+            rec = self._records[request_id] = BranchRecord.prior(self.depth, self.width, self.config.prior_acceptance)
+        return rec
+
+    def lengths(self, decoding: list[Request], ceilings: dict[str, int], fixed: dict[str, int],
+                fixed_requests: Sequence[Request] = ()) -> dict[str, int]:
+        curve, d = self.cost.curve, self.cost.draft_token_cost
+        tokens = len(decoding) + len(fixed) + sum(fixed.values())  # the forward's rows before any planned node
+        gain = float(len(decoding) + len(fixed)) + sum(
+            g for r in fixed_requests
+            for g, _ in best_first(self.record(r.request_id), fixed[r.request_id], self.width, self.depth))
+        cost = curve.cost(tokens) + d * sum(fixed.values())
+        candidates = [(g, i, path) for i, r in enumerate(decoding)
+                      for g, path in best_first(self.record(r.request_id), ceilings[r.request_id], self.width,
+                                                self.depth)]
+        candidates.sort(key=lambda c: -c[0])  # stable: a request's parents stay before its children
+        chosen: dict[str, list[RankPath]] = {r.request_id: [] for r in decoding}
+        for g, i, path in candidates:
+            step_cost = curve.cost(tokens + 1) - curve.cost(tokens) + d
+            if g * cost <= step_cost * gain:  # this node would not pay, nor would any after it
+                break
+            chosen[decoding[i].request_id].append(path)
+            gain, cost, tokens = gain + g, cost + step_cost, tokens + 1
+        self._planned = _Planned({rid: frozenset(paths) for rid, paths in chosen.items()})
+        for paths in chosen.values():
+            if paths:
+                self.num_planned_trees += 1
+                self.num_planned_nodes += len(paths)
+                self.num_planned_branching += any(p[-1] > 0 for p in paths)
+        # the proposer gets its whole budget; ``prune`` keeps the planned shape of it
+        return {rid: ceilings[rid] if chosen[rid] else 0 for rid in chosen}
+
+    def prune(self, batch: StepBatch, proposals: Proposals) -> Proposals:
+        """``proposals`` with each planned decode's tree cut to its planned rank paths
+        (decodes without a plan, whose drafts are fixed, keep theirs)."""
+        rows = proposals.to_lists()
+        parents = proposals.parents_lists() or [list(range(-1, len(r) - 1)) for r in rows]
+        cu = proposals.cu_num_draft_tokens.tolist()
+        flat_kept: list[int] = []  # indices into proposals.token_ids (and probs) of the nodes kept
+        lens, keep_parents = [], []
+        for i, (entry, par) in enumerate(zip(batch.decodes, parents)):
+            shape = self._planned.shapes.get(entry.request.request_id)
+            kept = list(range(len(par))) if shape is None else \
+                [j for j, path in enumerate(rank_paths(par)) if path in shape]
+            index = {j: n for n, j in enumerate(kept)}  # kept is closed under parents: shapes are best first
+            keep_parents += [index[par[j]] if par[j] >= 0 else -1 for j in kept]
+            flat_kept += [cu[i] + j for j in kept]
+            lens.append(len(kept))
+        device = proposals.device
+        at = torch.tensor(flat_kept, dtype=torch.long, device=device)
+        return Proposals(proposals.token_ids[at], torch.tensor([0] + lens, dtype=torch.long, device=device).cumsum(0),
+                         proposals.probs[at] if proposals.probs is not None else None,
+                         torch.tensor(keep_parents, dtype=torch.long, device=device))
+
+    def verified(self, batch: StepBatch, proposals: Proposals) -> None:
+        """Note the trees the target verifies this step (after ``prune`` and any cut to chains)."""
+        rows = proposals.to_lists()
+        parents = proposals.parents_lists() or [list(range(-1, len(r) - 1)) for r in rows]
+        for entry, par in zip(batch.decodes, parents):
+            if entry.request.request_id in self._planned.shapes:
+                self.record(entry.request.request_id).verified = par
+
+    def observe(self, batch: StepBatch, paths: Sequence[Sequence[int]] | None) -> None:
+        """Fold in each decode's accepted path (None: the step was not verified as planned)."""
+        for i, entry in enumerate(batch.decodes):
+            rec = self._records.get(entry.request.request_id)
+            if rec is None or rec.verified is None:
+                continue
+            if paths is not None and rec.verified:
+                rec.observe(rec.verified, paths[i], self.config.acceptance_decay)
+            rec.verified = None
+
+    def free(self, request_id: str) -> None:
+        self._records.pop(request_id, None)
+        self._planned.shapes.pop(request_id, None)
+
+    def metrics(self) -> dict:
+        n = self.num_planned_trees
+        return {**super().metrics(), "tree_policy": "adaptive_shape",
+                "mean_planned_tree_nodes": self.num_planned_nodes / n if n else 0.0,
+                "planned_branching_fraction": self.num_planned_branching / n if n else 0.0}
+
+
+def build_policy(spec: SpeculativeConfig, cost: CostModel | None = None) -> DraftLengthPolicy:
+    """The configured draft-length policy; with token trees, the adaptive one plans tree shapes."""
+    if spec.trees and spec.draft_length.policy == "adaptive":
+        return AdaptiveTreeShapes(spec, cost)
+    return build_draft_length_policy(spec, cost)
