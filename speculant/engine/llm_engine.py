@@ -308,7 +308,9 @@ class LLMEngine:
         if self.cost is not None:
             self.cost.observe_step(run.times.propose_s, run.times.accept_s, len(batch.decodes), drafted)
             if not batch.prefills and not run.fallback:  # one forward of decodes alone: checks the curve
-                self.cost.observe_forward(batch.num_tokens, run.times.score_s)
+                # its rows: each decode's token and the proposals verified (a budget may go unused:
+                # a proposer that found fewer, a tree cut to its planned shape)
+                self.cost.observe_forward(len(batch.decodes) + drafted, run.times.score_s)
         for plan in run.plans:
             self.scheduler.cache_committed(plan.entry.request)
         if proposer is not None and proposer_runs(proposer, batch):

@@ -9,8 +9,10 @@ first); higher ranks are the alternatives.
 
 Each request keeps, per depth d and rank r, a decayed count of how often a
 rank-r child was offered under a node the target reached and how often it was
-the one accepted, from a prior (``prior_acceptance`` for rank 0, halved per
-rank above, worth two observations). Their ratio q(d, r) is the chance that
+the one accepted (fading by ``acceptance_decay`` per step), from a prior worth two observations:
+``prior_acceptance`` for depth 1, halved per rank above, and at each deeper
+level the estimate of the level above, so a level not reached yet inherits
+what the shallower ones showed. Their ratio q(d, r) is the chance that
 such a child is accepted once its parent is; a node's expected gain is the
 product of q along its rank path. Trees are planned best first (a heap over
 the frontier: a node's first child and its next sibling), and across the
@@ -46,6 +48,10 @@ from speculant.interfaces.tree import children
 
 RankPath = tuple[int, ...]
 MAX_Q = 0.99  # a child never looks as likely as its parent: best-first order puts parents first
+PRIOR_WEIGHT = 2.0
+"""Observations a cell's prior is worth. It does not fade with them: a cell sees few
+observations (one per step at most, and only where its parent was reached), and one
+lucky acceptance of a rare sibling must not make every sibling look certain."""
 
 
 def rank_paths(parents: Sequence[int]) -> list[RankPath]:
@@ -68,20 +74,40 @@ class BranchRecord:
 
     offered: list[list[float]]
     taken: list[list[float]]
+    prior: float  # the chance a depth-1 first child is accepted, before any verify
     verified: list[int] | None = None  # parents of the tree verified this step (after ``prune``)
 
     @classmethod
-    def prior(cls, depth: int, width: int, acceptance: float) -> BranchRecord:
-        return cls([[2.0] * width for _ in range(depth)],
-                   [[2.0 * acceptance * 0.5 ** r for r in range(width)] for _ in range(depth)])
+    def empty(cls, depth: int, width: int, acceptance: float) -> BranchRecord:
+        return cls([[0.0] * width for _ in range(depth)], [[0.0] * width for _ in range(depth)], acceptance)
+
+    def table(self) -> list[list[float]]:
+        """q[d - 1][r]: the chance a rank-r child at depth d is accepted once its parent is.
+        A cell's prior is the cell one level up (the depth-1 prior halves per rank), so a
+        level never offered yet inherits what the shallower ones showed."""
+        out: list[list[float]] = []
+        m = PRIOR_WEIGHT
+        for d, (offered, taken) in enumerate(zip(self.offered, self.taken)):
+            row = []
+            for r, (o, t) in enumerate(zip(offered, taken)):
+                base = out[d - 1][r] if d else self.prior * 0.5 ** r
+                row.append(min((t + m * base) / (o + m), MAX_Q))
+            out.append(row)
+        return out
+
+    def drift(self, decay: float) -> None:
+        """The counts fade by ``decay`` (every step: a step that verified nothing moves the
+        estimates back toward the prior, so a request held at no nodes is tried again once
+        the prior would pay)."""
+        for row in (*self.offered, *self.taken):
+            row[:] = [decay * v for v in row]
 
     def q(self, depth: int, rank: int) -> float:
-        return min(self.taken[depth - 1][rank] / self.offered[depth - 1][rank], MAX_Q)
+        return self.table()[depth - 1][rank]
 
     def observe(self, parents: Sequence[int], path: Sequence[int], decay: float) -> None:
         """Fold in one verified tree and its accepted path (node indices, root's child first)."""
-        for row in (*self.offered, *self.taken):
-            row[:] = [decay * v for v in row]
+        self.drift(decay)
         kids = children(parents)
         for d in range(min(len(path) + 1, len(self.offered))):
             group = kids[path[d - 1] + 1 if d else 0]  # the children of the node reached at this level
@@ -93,16 +119,17 @@ class BranchRecord:
 def best_first(record: BranchRecord, limit: int, width: int, depth: int) -> list[tuple[float, RankPath]]:
     """Up to ``limit`` nodes of the tree that maximises expected accepted tokens
     for its size: (gain, rank path), gains non-increasing, parents before children."""
+    q = record.table()
     out: list[tuple[float, RankPath]] = []
-    heap: list[tuple[float, RankPath]] = [(-record.q(1, 0), (0,))]
+    heap: list[tuple[float, RankPath]] = [(-q[0][0], (0,))]
     while heap and len(out) < limit:
         neg, path = heapq.heappop(heap)
         out.append((-neg, path))
-        parent_gain = -neg / record.q(len(path), path[-1])
-        if len(path) < depth:
-            heapq.heappush(heap, (neg * record.q(len(path) + 1, 0), path + (0,)))
-        if path[-1] + 1 < width:
-            heapq.heappush(heap, (-parent_gain * record.q(len(path), path[-1] + 1), path[:-1] + (path[-1] + 1,)))
+        d, r = len(path), path[-1]
+        if d < depth:
+            heapq.heappush(heap, (neg * q[d][0], path + (0,)))
+        if r + 1 < width:
+            heapq.heappush(heap, (neg / q[d - 1][r] * q[d - 1][r + 1], path[:-1] + (r + 1,)))
     return out
 
 
@@ -136,7 +163,7 @@ class AdaptiveTreeShapes(DraftLengthPolicy):
     def record(self, request_id: str) -> BranchRecord:
         rec = self._records.get(request_id)
         if rec is None:
-            rec = self._records[request_id] = BranchRecord.prior(self.depth, self.width, self.config.prior_acceptance)
+            rec = self._records[request_id] = BranchRecord.empty(self.depth, self.width, self.config.prior_acceptance)
         return rec
 
     def lengths(self, decoding: list[Request], ceilings: dict[str, int], fixed: dict[str, int],
@@ -199,12 +226,16 @@ class AdaptiveTreeShapes(DraftLengthPolicy):
 
     def observe(self, batch: StepBatch, paths: Sequence[Sequence[int]] | None) -> None:
         """Fold in each decode's accepted path (None: the step was not verified as planned)."""
+        decay = self.config.acceptance_decay
         for i, entry in enumerate(batch.decodes):
             rec = self._records.get(entry.request.request_id)
-            if rec is None or rec.verified is None:
+            if rec is None:
                 continue
-            if paths is not None and rec.verified:
-                rec.observe(rec.verified, paths[i], self.config.acceptance_decay)
+            if rec.verified:
+                if paths is not None:
+                    rec.observe(rec.verified, paths[i], decay)
+            elif entry.request.request_id in self._planned.shapes:  # planned, but nothing was verified
+                rec.drift(decay)
             rec.verified = None
 
     def free(self, request_id: str) -> None:

@@ -51,7 +51,7 @@ def test_rank_paths_name_each_node_by_its_sibling_ranks():
 
 
 def test_best_first_puts_parents_first_and_gains_never_rise():
-    rec = BranchRecord.prior(depth=5, width=3, acceptance=0.6)
+    rec = BranchRecord.empty(depth=5, width=3, acceptance=0.6)
     plan = best_first(rec, 14, width=3, depth=5)
     gains = [g for g, _ in plan]
     assert gains == sorted(gains, reverse=True) and len(plan) == 14
@@ -97,10 +97,41 @@ def test_observed_branch_acceptance_moves_the_plan_to_that_branch():
                                     parents=torch.tensor(parents)))
         p.observe(batch, [[3, 4, 5]])  # the target followed the second child for three levels
     rec = p.record("r0")
-    assert rec.q(1, 1) > 0.8 and rec.q(1, 0) < 0.2
+    assert rec.q(1, 1) > 0.7 and rec.q(1, 0) < 0.2
     p.plan([req])
     after = planned(p)
     assert {(1,), (1, 0), (1, 0, 0)} <= after, after
+
+
+def test_a_level_not_reached_yet_inherits_the_acceptance_above_it():
+    rec = BranchRecord.empty(depth=6, width=2, acceptance=0.5)
+    for _ in range(8):  # two-node chains, both accepted every time
+        rec.observe([-1, 0], [0, 1], decay=0.8)
+    q = rec.table()
+    assert q[0][0] > 0.8 and q[1][0] > q[0][0]  # seen (the deeper one on top of what the level above showed)
+    assert q[5][0] == pytest.approx(q[1][0]) and q[2][0] == pytest.approx(q[1][0])  # never offered: inherited
+
+
+def test_a_request_held_at_no_nodes_is_tried_again():
+    """Rejections push a request below the bar of a steep curve; steps without a tree bring the prior back."""
+    p = policy(STEEP, prior=0.8)
+    req = decoding("r0")
+    batch = StepBatch(decodes=[ScheduledRequest(req, 1, 2)])
+    rejected = 0
+    while p.plan([req])["r0"] > 0:  # its proposals rejected every step
+        rejected += 1
+        assert rejected < 10, "rejections never lowered the plan"
+        p.verified(batch, Proposals(torch.tensor([5]), torch.tensor([0, 1]), parents=torch.tensor([-1])))
+        p.observe(batch, [[]])
+    assert rejected > 0
+    held = 0
+    while not p._planned.shapes["r0"]:  # nothing verified: the counts fade
+        held += 1
+        assert held < 30, "never tried again"
+        p.verified(batch, Proposals.empty(1))
+        p.observe(batch, [[]])
+        p.plan([req])
+    assert held > 0
 
 
 def test_prune_keeps_the_planned_rank_paths_and_renumbers_parents():
