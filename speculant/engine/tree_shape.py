@@ -1,40 +1,32 @@
 """Adaptive token trees: each decode's tree shape from the measured verify
 cost t(n)/t(1) and the acceptance each depth and branch has shown.
 
-A node of a tree is named by its *rank path*: its rank among its siblings at
-each level from the root down (``(0, 0, 1)``: the second child of the first
-child's first child). The first-child path ``(0,)``, ``(0, 0)``, ... is the
-chain a chain proposer gives (``TreeBuilder`` adds the best continuation
-first); higher ranks are the alternatives.
+A node is named by its *rank path*, its rank among siblings at each level
+(``(0, 0, 1)``: the second child of the first child's first child); the
+first-child path is the chain a chain proposer gives (``TreeBuilder`` adds the
+best continuation first).
 
-Each request keeps, per depth d and rank r, a decayed count of how often a
-rank-r child was offered under a node the target reached and how often it was
-the one accepted (fading by ``acceptance_decay`` per step), from a prior worth two observations:
-``prior_acceptance`` for depth 1, halved per rank above, and at each deeper
-level the estimate of the level above, so a level not reached yet inherits
-what the shallower ones showed. Their ratio q(d, r) is the chance that
-such a child is accepted once its parent is; a node's expected gain is the
-product of q along its rank path. Trees are planned best first (a heap over
-the frontier: a node's first child and its next sibling), and across the
-batch nodes are added in order of decreasing gain while each one raises the
-step's expected tokens per unit of cost, as ``draft_length``'s rule does for
-chain positions: a node pays where ``gain / (t(T + 1) - t(T) + d)`` exceeds
-the step's current ``tokens / cost``. A flat cost curve (a forward that
-streams its weights) buys the cheap low-gain siblings: wide trees. A steep
-one (compute-bound) buys only the high-gain first children: chains, by
-themselves.
+Per request and per (depth d, rank r): decayed counts (``acceptance_decay``
+per step) of rank-r children offered under a node the target reached and of
+those accepted, with a prior worth two observations: ``prior_acceptance`` at
+depth 1, halved per rank, and deeper the level above's estimate (a level not
+reached yet inherits what shallower ones showed). Their ratio q(d, r) is the
+chance such a child is accepted once its parent is; a node's gain is the
+product of q along its path. Trees are planned best first and, across the
+batch, nodes are added by decreasing gain while each raises the step's
+expected tokens per unit of cost (``draft_length``'s rule for chain
+positions): a flat curve buys cheap low-gain siblings (wide trees), a steep
+one only high-gain first children (chains, by themselves).
 
-The proposer is asked for its full tree (``max_tree_tokens`` nodes at
-``tree_width``); ``prune`` keeps the planned rank paths of each decode, so the
-shape does not depend on how a proposer orders its budget. ``observe`` reads
-the accepted path after the step.
+The proposer is asked for its whole tree; ``prune`` keeps each decode's
+planned rank paths, ``observe`` reads the accepted path after the step.
 """
 
 from __future__ import annotations
 
 import heapq
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -133,11 +125,6 @@ def best_first(record: BranchRecord, limit: int, width: int, depth: int) -> list
     return out
 
 
-@dataclass
-class _Planned:
-    shapes: dict[str, frozenset[RankPath]] = field(default_factory=dict)  # this step's, per request
-
-
 class AdaptiveTreeShapes(DraftLengthPolicy):
     """Tree shape per request from the cost curve and branch acceptance (module docstring)."""
 
@@ -152,7 +139,7 @@ class AdaptiveTreeShapes(DraftLengthPolicy):
             CostCurve.linear(self.config.token_cost if self.config.token_cost is not None else 0.05),
             self.config.draft_token_cost if self.config.draft_token_cost is not None else 0.0)
         self._records: dict[str, BranchRecord] = {}
-        self._planned = _Planned()
+        self.shapes: dict[str, frozenset[RankPath]] = {}  # this step's plan, per request
 
     def reset_metrics(self) -> None:
         super().reset_metrics()
@@ -185,7 +172,7 @@ class AdaptiveTreeShapes(DraftLengthPolicy):
                 break
             chosen[decoding[i].request_id].append(path)
             gain, cost, tokens = gain + g, cost + step_cost, tokens + 1
-        self._planned = _Planned({rid: frozenset(paths) for rid, paths in chosen.items()})
+        self.shapes = {rid: frozenset(paths) for rid, paths in chosen.items()}
         for paths in chosen.values():
             if paths:
                 self.num_planned_trees += 1
@@ -203,7 +190,7 @@ class AdaptiveTreeShapes(DraftLengthPolicy):
         flat_kept: list[int] = []  # indices into proposals.token_ids (and probs) of the nodes kept
         lens, keep_parents = [], []
         for i, (entry, par) in enumerate(zip(batch.decodes, parents)):
-            shape = self._planned.shapes.get(entry.request.request_id)
+            shape = self.shapes.get(entry.request.request_id)
             kept = list(range(len(par))) if shape is None else \
                 [j for j, path in enumerate(rank_paths(par)) if path in shape]
             index = {j: n for n, j in enumerate(kept)}  # kept is closed under parents: shapes are best first
@@ -221,7 +208,7 @@ class AdaptiveTreeShapes(DraftLengthPolicy):
         rows = proposals.to_lists()
         parents = proposals.parents_lists() or [list(range(-1, len(r) - 1)) for r in rows]
         for entry, par in zip(batch.decodes, parents):
-            if entry.request.request_id in self._planned.shapes:
+            if entry.request.request_id in self.shapes:
                 self.record(entry.request.request_id).verified = par
 
     def observe(self, batch: StepBatch, paths: Sequence[Sequence[int]] | None) -> None:
@@ -234,13 +221,13 @@ class AdaptiveTreeShapes(DraftLengthPolicy):
             if rec.verified:
                 if paths is not None:
                     rec.observe(rec.verified, paths[i], decay)
-            elif entry.request.request_id in self._planned.shapes:  # planned, but nothing was verified
+            elif entry.request.request_id in self.shapes:  # planned, but nothing was verified
                 rec.drift(decay)
             rec.verified = None
 
     def free(self, request_id: str) -> None:
         self._records.pop(request_id, None)
-        self._planned.shapes.pop(request_id, None)
+        self.shapes.pop(request_id, None)
 
     def metrics(self) -> dict:
         n = self.num_planned_trees

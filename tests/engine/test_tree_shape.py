@@ -1,7 +1,5 @@
-"""Adaptive tree shapes (engine/tree_shape.py): rank paths, the per-depth and
-per-branch acceptance record, best-first planning, the choice between wide
-trees and chains under a flat and a steep cost curve, pruning a proposer's
-tree to the planned shape, and what the engine reports."""
+"""engine/tree_shape.py: rank paths, the branch record, best-first plans, wide trees
+on a flat cost curve and chains on a steep one, pruning, and the engine's report."""
 
 from __future__ import annotations
 
@@ -37,7 +35,7 @@ def policy(curve: CostCurve, width: int = 3, nodes: int = 16, depth: int = 6, pr
 
 
 def planned(p: AdaptiveTreeShapes, rid: str = "r0") -> set[tuple[int, ...]]:
-    return set(p._planned.shapes[rid])
+    return set(p.shapes[rid])
 
 
 def test_rank_paths_name_each_node_by_its_sibling_ranks():
@@ -125,7 +123,7 @@ def test_a_request_held_at_no_nodes_is_tried_again():
         p.observe(batch, [[]])
     assert rejected > 0
     held = 0
-    while not p._planned.shapes["r0"]:  # nothing verified: the counts fade
+    while not p.shapes["r0"]:  # nothing verified: the counts fade
         held += 1
         assert held < 30, "never tried again"
         p.verified(batch, Proposals.empty(1))

@@ -1,19 +1,9 @@
-"""Faults of a tree proposer cost only speculation.
-
-A token-tree proposer (ngram and suffix, ``speculative.tree_width`` = 2) runs
-behind ``TreeFaultyProposer``, which raises or returns malformed trees: bad
-parent indices and cycles, too many nodes, a node wider than ``tree_width``,
-out-of-vocabulary tokens, repeated sibling tokens, and parents or probs that
-do not fit the tree contract. Each fault is named in the guard's warning and
-counted; a row fault drops only the spoiled decode's tree (the others are
-still verified); greedy outputs equal the engine without speculation, under
-load with preemptions, aborts between steps and aborts while a request's tree
-is being proposed; afterwards the pools and the proposer's tables are idle and
-the engine serves new requests.
-
-The target is a tiny llama with a 16-token vocabulary, whose text repeats, so
-the trees are real and get accepted (as in tests/spec/test_spec_trees.py).
-"""
+"""Faults of a tree proposer cost only speculation: ngram and suffix trees behind
+``TreeFaultyProposer`` (raises, malformed trees, parents or probs off the tree
+contract). Each fault is named and counted; a row fault drops only its decode's
+tree; greedy output equals no speculation, also with preemptions, aborts between
+steps and aborts while a tree is proposed; pools and tables end idle. The target
+has a 16-token vocabulary, so trees are real and accepted."""
 
 from __future__ import annotations
 

@@ -1,14 +1,7 @@
-"""A tree proposer that injects faults into a real one's token trees.
-
-``TreeFaultyProposer(real, kinds)`` delegates to ``real`` (a proposer that
-proposes trees: ``speculative.tree_width`` > 1) and, on the calls it picks,
-spoils the output in one of ``TREE_FAULTS`` ways. Row faults spoil one
-decode's tree (the first one that has room for the fault) and leave the
-others as they were, so the checker must drop exactly that row; structural
-faults spoil the output as a whole. ``abort_in_propose`` asks the engine to
-abort a request while its tree is being proposed (it takes effect when the
-step ends, after the tree was verified and its path compacted).
-"""
+"""``TreeFaultyProposer(real, kinds)``: wraps a tree proposer and spoils its output
+in one of ``TREE_FAULTS`` ways (row faults spoil the first decode tree with room,
+structural ones the whole output); ``abort_in_propose`` aborts a request while
+its tree is proposed (effective when the step ends)."""
 
 from __future__ import annotations
 

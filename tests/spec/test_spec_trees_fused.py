@@ -1,17 +1,8 @@
-"""Token trees on the fused C decoder (csrc/decoder_bf16.c through
-``FusedLayers``): greedy output with trees equals the same engine without
-speculation, for bfloat16 weights and for weights kept in GGUF blocks
-(``model.quantization = "gguf"``, a tiny llama file), with hypothesis drawing
-tree shapes (width, size, depth) and where the target's own continuation
-hides among the siblings (so accepted paths leave the first child and their
-K/V is moved into place).
-
-The proposer draws each decode's tree at random around the request's
-reference continuation (the engine's own output without speculation): a node
-continues the reference with probability ``hit`` and is otherwise a random
-token distinct from its siblings. Every verify forward is checked to have run
-fused, and the trees to have reached the kernel as tree masks.
-"""
+"""Token trees on the fused C decoder (bf16 weights, and a tiny GGUF kept in its
+blocks): greedy output equals no speculation, with hypothesis drawing tree shapes
+around the reference continuation (a node continues it with probability ``hit``,
+else a random token distinct from its siblings), so accepted paths leave the
+first child and their K/V moves. Every forward runs fused, with tree masks."""
 
 from __future__ import annotations
 
@@ -30,8 +21,6 @@ pytestmark = [pytest.mark.usefixtures("one_thread"), needs_bf16_paths]  # the fu
 
 WIDTH, NODES, DEPTH = 4, 12, 6  # the engine's ceilings; each example draws its trees within them
 GREEDY = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
-GGUF_TYPES = {"attn_q": "Q4_K", "attn_k": "Q4_K", "attn_v": "Q6_K", "attn_output": "Q8_0", "ffn_gate": "Q4_1",
-              "ffn_up": "Q5_0", "ffn_down": "Q6_K", "token_embd": "Q6_K", "output": "Q4_K"}
 PROMPTS = [[5, 6, 7, 8, 5, 6, 9, 10, 5, 6], [40, 41, 42, 43, 44], list(range(100, 123))]
 
 
@@ -47,7 +36,7 @@ def fused_pair(request, zoo, tmp_path_factory, tokenizer_dir):
     """(engine with trees, reference outputs without speculation) on one fused model."""
     from tiny_gguf import write_tiny_gguf
 
-    path = (write_tiny_gguf(tmp_path_factory.mktemp("g") / "tiny.gguf", tokenizer_dir, hidden=256, types=GGUF_TYPES)
+    path = (write_tiny_gguf(tmp_path_factory.mktemp("g") / "tiny.gguf", tokenizer_dir, hidden=256)
             if request.param == "llama-gguf" else zoo("llama"))
     plain = engine(path, trees=False)
     assert plain.engine.runner.fast_forward.decoder.fused is not None, \
