@@ -42,6 +42,7 @@ from .tables import (
     smollm2_batch1,
     smollm2_headline,
 )
+from .tree_tables import trees
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -87,6 +88,7 @@ BLOCKS: dict[str, Table] = {
     "ray-breakdown": ray_breakdown,
     "ray-split": ray_split,
     "engine-loop-gate": engine_loop_gate,
+    "trees": trees,
 }
 """Block name -> the function that renders it. docs/benchmarks.md holds a
 ``tables`` block that gathers every block but the headline, each under its

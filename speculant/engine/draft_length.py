@@ -7,8 +7,8 @@ depend on k (every proposal is verified), so a policy only changes speed.
 
 - ``fixed``: every decode may get ``num_speculative_tokens`` (with token trees,
   ``speculative.tree_width`` > 1: ``max_tree_tokens`` nodes).
-- ``adaptive``: the rule below (with trees it prices nodes as chain positions;
-  choosing width and size from the cost curve is not done yet).
+- ``adaptive``: the rule below (with token trees, ``tree_shape.AdaptiveTreeShapes``
+  applies the same rule to tree nodes, each priced by its depth's and branch's acceptance).
 
 The adaptive rule. Each request keeps a running estimate ``a_i`` of the
 chance that one more of its proposals is accepted (a geometric model: a
