@@ -34,7 +34,7 @@ from speculant.engine.runner_view import SequenceRunner
 from speculant.engine.scheduler import Scheduler
 from speculant.engine.spec_accounting import account_step
 from speculant.engine.spec_components import SpecComponents, build_spec_components, resolve_backend
-from speculant.engine.step import StepTimes, proposer_runs
+from speculant.engine.step import StepTimes, proposer_commits
 from speculant.engine.step_runner import StepParts, StepRun, failure, run_step
 from speculant.engine.tree_shape import AdaptiveTreeShapes, build_policy
 from speculant.interfaces import AttentionBackend
@@ -313,7 +313,7 @@ class LLMEngine:
                 self.cost.observe_forward(len(batch.decodes) + drafted, run.times.score_s)
         for plan in run.plans:
             self.scheduler.cache_committed(plan.entry.request)
-        if proposer is not None and proposer_runs(proposer, batch):
+        if proposer is not None and proposer_commits(proposer, batch):
             if run.scores is not None:
                 accepted = AcceptedNodes.chain(run.num_accepted) if run.accepted_nodes is None else \
                     AcceptedNodes([path if a else [] for path, a in zip(run.accepted_nodes, run.num_accepted)])
