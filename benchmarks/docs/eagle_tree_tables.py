@@ -18,9 +18,9 @@ def eagle_trees(results: Path) -> list[str]:
     same = "yes" if data["greedy_outputs_identical"] else "**no**"
     intro = (f"SmolLM2-135M-Instruct, {s['dtype']} (the GGUF dequantized), the shipped EAGLE head, "
              f"{s['prompts']} held-out chat prompts x {s['max_tokens']} tokens, greedy, batch size 1, fixed draft "
-             f"length, {s['repeats']} alternating rounds; nodes:depth per tree; greedy output identical to no "
-             f"speculation: {same}; measured on {measured_on(data)}; load average at the start "
-             f"{load[0] if load else '?'} on 2 cores.")
+             f"length, {s['repeats']} alternating rounds (tree_wW_nN_dD: tree_width W, max_tree_tokens N, "
+             f"depth D); greedy output identical to no speculation: {same}; measured on {measured_on(data)}; "
+             f"load average at the start {load[0] if load else '?'} on 2 cores.")
     rows = [[name, f"{r['tokens_per_s']:.1f}", f"{r.get('tokens_per_verify_step', 1.0):.2f}",
              f"{r['tok_s_vs_chain']:.3f} ({min(r['tok_s_vs_chain_per_round']):.3f}-"
              f"{max(r['tok_s_vs_chain_per_round']):.3f})", f"{r['tok_s_vs_no_spec']:.3f}",

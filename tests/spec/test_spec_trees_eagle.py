@@ -130,3 +130,18 @@ def test_the_head_is_fed_the_accepted_path(v16, heads, plain):
     assert len(shared) > 100
     for key in shared:
         torch.testing.assert_close(tree_fed[key], chain_fed[key], rtol=1e-4, atol=1e-5, msg=f"position {key}")
+
+
+def test_bf16_trees_from_a_draft_vocabulary_with_distributions(v16, heads):
+    """A batch that needs the head's distributions (a sampling request, a greedy one asking
+    for log-probabilities) drafts bfloat16 trees from a draft vocabulary without a fault."""
+    engine = LLM(model=str(v16), dtype="bfloat16", block_size=4, num_blocks=256, max_num_batched_tokens=64,
+                 max_num_seqs=4, speculative={"proposer": "eagle", "proposer_options": {"path": str(heads[8])},
+                                              "num_speculative_tokens": 3, "tree_width": 2, "max_tree_tokens": 6,
+                                              "draft_length": {"policy": "fixed"}})
+    params = [SamplingParams(temperature=0, max_tokens=20, ignore_eos=True, logprobs=1),
+              SamplingParams(temperature=0.8, seed=1, max_tokens=20, ignore_eos=True)]
+    outs = run(engine, PROMPTS[:2], params)
+    assert all(len(o.outputs[0].token_ids) == 20 for o in outs)
+    m = engine.get_metrics()
+    assert m["proposer_errors"] == 0 and m["num_draft_tokens"] > 2 * m["num_steps"], m

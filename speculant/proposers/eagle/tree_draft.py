@@ -116,8 +116,9 @@ def _add_children(trees: list[RequestTree], feats: torch.Tensor,  # [F, H]: fron
     requests = [t.request for t in trees for _ in t.frontier]
     probs = None
     if not verifies_by_argmax(requests):  # full-vocabulary distributions, filtered as the target's are
-        full = logits.float() if ids is None else logits.new_full((logits.shape[0], vocab_size), float("-inf"))
-        if ids is not None:
+        full = logits.float()  # [F, V]
+        if ids is not None:  # the draft vocabulary's logits at their target ids
+            full = full.new_full((logits.shape[0], vocab_size), float("-inf"))
             full[:, ids] = logits.float()
         probs = filtered_logprobs(full, **sampling_tensors([r.params for r in requests], full.device)).exp()
         logp = probs.log()  # [F, V]
