@@ -18,6 +18,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from .eagle_tree_tables import eagle_trees
 from .fast_forward_tables import cpu_kernels, cpu_kernels_headline, fast_forward, fast_forward_headline
 from .gate_tables import engine_loop_gate
 from .isa_tables import isa_compare, isa_compare_avx2, isa_step_profile
@@ -70,6 +71,7 @@ BLOCKS: dict[str, Table] = {
     "headline": headline_rows,
     "smollm2-batch-1": smollm2_batch1,
     "eagle": eagle_rounds,
+    "eagle-trees": eagle_trees,
     "heldout": heldout_acceptance,
     "gpu": gpu_rows,
     "graphs": graphs,

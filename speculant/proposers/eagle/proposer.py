@@ -49,12 +49,15 @@ from safetensors.torch import load_file
 
 from speculant.interfaces import EngineConfigView, Proposals, Proposer, ProposerCapabilities, ProposerContext, Scores
 from speculant.interfaces.batch import RequestView, StepBatch
+from speculant.interfaces.data import AcceptedNodes
+from speculant.interfaces.tree import tree_settings
 from speculant.model.linear.backend import pack_linear_layers
 from speculant.model.linear.onednn import onednn_unavailable_reason
 from speculant.model.loading.files import read_text_config
 from speculant.proposers.drafting import DraftDraw, DraftSteps, draw_proposals
 from speculant.proposers.eagle.model import MODEL_TYPE, EagleHead, SeqKV
 from speculant.proposers.eagle.prefix_store import HeadKVStore, store_blocks, stored_prefix
+from speculant.proposers.eagle.tree_draft import RequestTree, build_proposals, draft_trees
 from speculant.sampling.acceptance import verifies_by_argmax
 
 OPTION = "speculative.proposer_options.path"
@@ -142,7 +145,8 @@ class EagleProposer(Proposer):
     api_version = "3.0"
     capabilities = ProposerCapabilities(needs_target_hidden_states=True, needs_prompt_hidden_states=True,
                                         supports_chunked_prefill=True, draft_probs="full",
-                                        supports_prefix_caching=True)  # restore_prefix: its own block store
+                                        supports_prefix_caching=True,  # restore_prefix: its own block store
+                                        proposes_trees=True)  # top-k expansion of the head (tree_draft)
     Options = EagleOptions
     options: EagleOptions
     model_type = MODEL_TYPE
@@ -290,6 +294,9 @@ class EagleProposer(Proposer):
         if not rows:
             return steps.build()
         feats = torch.stack([features[batch.decodes[i].request.request_id] for i in rows])  # [n, H]
+        width, depth = tree_settings(self.context)
+        if width > 1:
+            return self._propose_trees(batch, rows, feats, width, depth)
         threshold = self.options.confidence_threshold
         for step in range(max(batch.decodes[i].num_spec_tokens for i in rows)):
             requests = [batch.decodes[i].request for i in rows]
@@ -309,6 +316,27 @@ class EagleProposer(Proposer):
                                      [(st.kv, 1) for st in states])
         return steps.build()
 
+    def _propose_trees(self, batch: StepBatch, rows: list[int],
+                       feats: torch.Tensor,  # [len(rows), H] each row's feature after its catch-up
+                       width: int, depth: int) -> Proposals:
+        """Token trees from the head (``tree_draft``): decode ``rows`` get up to their
+        ``num_spec_tokens`` nodes, ``width`` children per node, ``depth`` levels."""
+        trees = {}
+        for i in rows:
+            d = batch.decodes[i]
+            st = self._state[d.request.request_id]
+            trees[i] = RequestTree(d.request, st.kv, st.base + st.kv.length, d.num_spec_tokens)
+        target = self.context.target
+        draft_trees(self.head, target.input_embedding, self._vocab_logits, target.vocab_size, list(trees.values()),
+                    feats, width, depth)
+        return build_proposals(trees, len(batch.decodes), target.device)
+
+    def _vocab_logits(self, features: torch.Tensor,  # [F, H]
+                      ) -> tuple[torch.Tensor, torch.Tensor | None]:  # [F, Vd], the draft vocabulary's ids or None
+        if self._draft_ids is None or self._draft_out is None:
+            return self.context.target.output_embedding(features), None
+        return self._draft_out(features), self._draft_ids
+
     # --- commit --------------------------------------------------------------
     def _add(self, request_id: str, start: int, hidden: torch.Tensor,  # [m, H] target rows at start..
              token_ids: Sequence[int]) -> None:
@@ -323,7 +351,7 @@ class EagleProposer(Proposer):
             st = self._state[request_id] = SeqState(kv=kv, base=start)
         st.queue(following, hidden[:len(following)].clone())  # a copy, not a view of the whole forward
 
-    def commit(self, batch: StepBatch, num_accepted: list[int], scores: Scores) -> None:
+    def commit(self, batch: StepBatch, num_accepted: AcceptedNodes, scores: Scores) -> None:
         assert scores.prompt_hidden is not None and scores.decode_hidden is not None, \
             "eagle proposer committed without hidden states"
         row = 0
@@ -334,10 +362,12 @@ class EagleProposer(Proposer):
                 self._add(p.request.request_id, p.start, scores.prompt_hidden[row: row + n], p.request.token_ids)
             row += n
         first_rows = scores.cu_num_logits[:-1].tolist()
-        for d, first, a in zip(batch.decodes, first_rows, num_accepted):
-            if d.request.params.speculation.enabled:
-                self._add(d.request.request_id, d.start, scores.decode_hidden[first: first + a + 1],
-                          d.request.token_ids)
+        for d, first, path in zip(batch.decodes, first_rows, num_accepted.nodes):
+            if d.request.params.speculation.enabled:  # the root's row, then the accepted path's (a tree's too)
+                kept = [first] + [first + 1 + j for j in path]
+                hidden = scores.decode_hidden[first: first + len(kept)] if path == list(range(len(path))) \
+                    else scores.decode_hidden[torch.tensor(kept, device=scores.decode_hidden.device)]
+                self._add(d.request.request_id, d.start, hidden, d.request.token_ids)
 
     def free(self, request_id: str) -> None:
         self._state.pop(request_id, None)
