@@ -145,7 +145,11 @@ def keep_quantized(model: Any, source: Path, dtype: torch.dtype) -> QuantReport:
             blocks = torch.from_numpy(np.array(raw if order is None else raw[order]))  # a copy: the file may change
             shared[tensor.name] = blocks
             report.quantized_bytes += blocks.numel()
-        _replace(model, module_name, QuantLinear(blocks, fmt.type_id, module.in_features, module.bias, dtype))
+        # the output layer keeps its float32 accumulations: rounded to bfloat16, near-equal logits tie
+        # (one step is 0.125 at a logit of 20) and greedy decoding would pick the lower token id
+        head = module is out_emb
+        _replace(model, module_name, QuantLinear(blocks, fmt.type_id, module.in_features, module.bias,
+                                                 torch.float32 if head else dtype, torch.float32 if head else None))
         report.num_quantized += 1
         report.formats[fmt.name] = report.formats.get(fmt.name, 0) + 1
     _quantize_embedding(model, tensors, shared, dtype, report)

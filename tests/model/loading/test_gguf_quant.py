@@ -88,6 +88,24 @@ def test_resident_weights_stay_within_the_file_size(quant_llm, quant_path):
     assert total <= 1.15 * quant_path.stat().st_size
 
 
+def test_the_output_layer_keeps_float32_logits_in_a_bfloat16_model(quant_path):
+    """Greedy decoding compares logits, and in bfloat16 near-equal ones tie exactly (one step is
+    0.125 at a logit of 20; at the first token where the 1.5B model split from llama.cpp, 7 of 16
+    prompts had an exact bf16 tie). So the kept output layer returns its float32 accumulations:
+    8-bit activations times the file's weights, within float32 error, not bfloat16 rounding's."""
+    llm = LLM(str(quant_path), block_size=4, max_num_batched_tokens=32, max_num_seqs=1, dtype="bfloat16")
+    model = _runner(llm).model
+    head = model.get_output_embeddings()
+    assert isinstance(head, QuantLinear) and model.dtype == torch.bfloat16
+    dense = _runner(LLM(str(quant_path), block_size=4, quantization="dequantize", dtype="float32")).model
+    w = dense.get_output_embeddings().weight.double().numpy()
+    x = torch.randn(5, HIDDEN, generator=torch.Generator().manual_seed(2)).bfloat16()  # [5, hidden] final states
+    got = head(x)
+    assert got.dtype == torch.float32
+    ref = quantize_activations(x.float().numpy(), activation_block(head.format.block_elems)) @ w.T
+    assert np.abs(got.double().numpy() - ref).max() <= 1e-5 * np.abs(ref).max()
+
+
 @pytest.fixture(scope="module")
 def prompts(default_llm):
     """PROMPTS plus the first random prompt whose greedy continuation repeats an earlier token

@@ -1,0 +1,115 @@
+"""The docs tables of issue 51's real-size rows: Qwen2.5-Coder-1.5B Q4_K_M at
+batch 1, Speculant's rows against llama.cpp's (``benchmarks/real_size_rows.py``,
+one file per run, ``results/real_size_*.json``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .tables import _load, _num, _x, measured_on
+
+NAMES = {"no_spec": "Speculant, no speculation", "ngram": "Speculant, ngram", "suffix": "Speculant, suffix",
+         "draft": "Speculant, 0.5B draft model", "llama_plain": "llama.cpp plain (Python bindings)",
+         "llama_bench": "llama.cpp plain (`llama-bench` pp + tg)",
+         "llama_lookup": "llama.cpp `llama-lookup`", "llama_speculative": "llama.cpp `llama-speculative`, 0.5B draft"}
+
+
+def _spread(r: dict | None) -> str:
+    return "–" if r is None else f"{_x(r['median'])} ({_x(r['min'])}–{_x(r['max'])})"
+
+
+def _same(row: dict, plain_digest: str | None) -> str:
+    """Greedy output against no speculation: in the same engine with speculation off for the
+    request, and against the no-speculation engine's tokens (digest) when a run recorded them."""
+    if row.get("matches_no_spec") is None:
+        return "–"
+    same = "yes" if row["matches_no_spec"] else "**no**"
+    if plain_digest is not None:
+        same += "; = no-speculation engine: " + ("yes" if row.get("digest") == plain_digest else "**no**")
+    return same
+
+
+def real_size_rows(results: Path) -> list[str]:
+    """Qwen2.5-Coder-1.5B Q4_K_M at batch 1: Speculant's rows against llama.cpp plain, lookup and speculative"""
+    runs = [(p.name, _load(results, p.name)) for p in sorted(results.glob("real_size_*.json"))]
+    runs = [(name, d) for name, d in runs if d and d.get("benchmark") == "real_size_rows"]
+    if not runs:
+        return []
+    plain_digest = next((r.get("digest") for _, d in runs for r in d["rows"] if r["row"] == "no_spec"), None)
+    first = runs[0][1]
+    o = first["options"]
+    out = [f"{first['target']} (draft: {first['draft']}), {o['prompts']} edit prompts (chat, "
+           f"{first['prompt_tokens']} prompt tokens) × {o['max_tokens']} new tokens, greedy, EOS ignored, batch 1, "
+           f"{o['threads']} threads, prefill included, load left out; ngram, suffix and `llama-lookup` at "
+           f"k = {o['k']}, "
+           f"the draft rows at k = {o['draft_k']}; median tok/s of {o['repeats']} alternating rounds (min–max). "
+           "Each run is one process holding one Speculant engine (about 3 GB each at this size), so the rows of "
+           "different runs are compared through the llama.cpp plain row that every run repeats (per-round ratio).",
+           "", "| run | row | tok/s (min–max) | vs llama.cpp plain, per round (min–max) | tokens per step | "
+               "acceptance | output = no speculation |", "|---|---|---|---|---|---|---|"]
+    for name, data in runs:
+        for r in data["rows"]:
+            acc = r.get("acceptance")
+            out.append(f"| {name.removeprefix('real_size_').removesuffix('.json')} | {NAMES.get(r['row'], r['row'])} | "
+                       f"{_num(r['median'], 2)} ({_num(r['min'], 2)}–{_num(r['max'], 2)}) | "
+                       f"{_spread(r.get('vs_llama_plain'))} | {_num(r.get('tokens_per_step'), 2)} | "
+                       f"{'–' if acc is None else f'{acc:.0%}'} | {_same(r, plain_digest)} |")
+    out.append("")
+    out += [f"- `{name}`: measured on {measured_on(d)}, load {d['environment'].get('load_avg')} → "
+            f"{d['environment'].get('load_avg_end')}." for name, d in runs]
+    return out
+
+
+def _ours_theirs(row: dict, digits: int = 2) -> list[str]:
+    ours, theirs, ratio = row["speculant"], row["llama.cpp"], row["ratio"]
+    return [f"{_num(ours['median'], digits)} ({_num(ours['min'], digits)}–{_num(ours['max'], digits)})",
+            f"{_num(theirs['median'], digits)} ({_num(theirs['min'], digits)}–{_num(theirs['max'], digits)})",
+            _spread(ratio)]
+
+
+def long_prompt_cold_start(results: Path) -> list[str]:
+    """Qwen2.5-Coder-1.5B Q4_K_M: a long prompt (prefill rate, time to first token) and cold start vs llama.cpp"""
+    long, cold = _load(results, "long_prompt_qwen15b.json"), _load(results, "cold_start_qwen15b.json")
+    out: list[str] = []
+    if long:
+        s, o = long["summary"], long["options"]
+        out += [f"One chat request of {long['prompt_tokens']} prompt tokens (`{long['source']}` under an edit "
+                f"instruction) then {o['max_tokens']} greedy tokens, alone, {o['threads']} threads; Speculant's "
+                f"default configuration for the file (chunked prefill, {long['max_num_batched_tokens']} tokens a "
+                "step), llama.cpp through the sdist's bindings (batch 512); median of "
+                f"{o['repeats']} alternating rounds (min–max); measured on {measured_on(long)}, load "
+                f"{long['environment'].get('load_avg')}:", "",
+                "| measure | Speculant | llama.cpp | Speculant / llama.cpp, per round |", "|---|---|---|---|",
+                "| time to first token, s | " + " | ".join(_ours_theirs(s["ttft_s"])) + " |",
+                "| prefill rate, tok/s | " + " | ".join(_ours_theirs(s["prefill_tok_s"], 1)) + " |",
+                "| whole request, tok/s | " + " | ".join(_ours_theirs(s["tok_s"])) + " |"]
+    if cold:
+        s, o = cold["summary"], cold["options"]
+        out += ["", f"Cold start: a fresh process from its start to its exit after one token (Speculant: "
+                    f"`python -c` building `LLM(model=FILE)`, the GGUF conversion cached; llama.cpp: "
+                    f"`llama-completion -n 1`), files in the page cache, {o['threads']} threads, median of "
+                    f"{o['repeats']} alternating rounds; measured on {measured_on(cold)}, load "
+                    f"{cold['environment'].get('load_avg')}:", "",
+                "| measure | Speculant | llama.cpp | Speculant / llama.cpp, per round |", "|---|---|---|---|",
+                "| process start to exit after the first token, s | " + " | ".join(_ours_theirs(s["to_exit_s"]))
+                + " |"]
+    return out
+
+
+def agreement(results: Path) -> list[str]:
+    """Qwen2.5-Coder-1.5B Q4_K_M: greedy agreement with llama.cpp on the same file"""
+    data = _load(results, "llamacpp_agreement_qwen15b.json")
+    if data is None:
+        return []
+    split = [r for r in data["rows"] if not r["same"]]
+    ties = sum(r["ours_top2_margin"] == 0 for r in split)
+    o = data["options"]
+    return [f"{data['same_first_tokens']} of {data['prompts']} chat prompts ({', '.join(data['prompt_files'])}) give "
+            f"the same first {o['tokens']} greedy tokens in Speculant (quantized, no speculation) and llama.cpp; "
+            f"measured on {measured_on(data)}. Where they split, each engine's margin between its top two "
+            f"logits (the largest: {_num(data['max_top2_margin_at_split'], 3)}; {ties} of {len(split)} splits "
+            "were exact ties in Speculant's logits, which were rounded to bfloat16 when this ran):", "",
+            "| prompt tokens | first differing token | Speculant top-2 margin | llama.cpp top-2 margin |",
+            "|---|---|---|---|",
+            *(f"| {r['prompt_tokens']} | {r['first_difference']} | {r['ours_top2_margin']:.3f} | "
+              f"{r['llamacpp_top2_margin']:.3f} |" for r in split)]
