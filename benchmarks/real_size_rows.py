@@ -9,7 +9,9 @@ Rows (``--rows``, any of):
   quantized (``model.quantization = "gguf"``, the default), without speculation
   or with that proposer at a fixed k (``--k``; ``--draft-k`` for the 0.5B draft
   model, itself quantized). Each is its own engine, and a 1.5B engine holds
-  about 3 GB, so a run names one or two of them;
+  about 3 GB, so a run names one or two of them. A row name with ``_dq`` added
+  (``no_spec_dq``, ``ngram_dq``, ...) runs the file dequantized to bfloat16
+  (``model.quantization = "dequantize"``) instead;
 * ``llama_plain``, ``llama_bench``, ``llama_lookup``, ``llama_speculative``:
   llama.cpp (``llamacpp_rows.py``), the lookup row at ``--k`` drafts, the speculative row
   with the same draft file at ``--draft-k``.
@@ -61,8 +63,9 @@ class SpeculantRow:
     def __init__(self, row: str, target: str, spec: dict[str, Any] | None, max_tokens: int) -> None:
         from speculant import LLM
 
+        dense = {"quantization": "dequantize", "dtype": "bfloat16"} if row.endswith("_dq") else {}
         self.llm = LLM(model=target, max_num_seqs=1, max_num_batched_tokens=512, seed=0,
-                       enable_prefix_caching=False, **({"speculative": spec} if spec else {}))
+                       enable_prefix_caching=False, **dense, **({"speculative": spec} if spec else {}))
         self.row, self.spec, self.max_tokens = row, spec, max_tokens
         self.tokens: list[list[int]] | None = None
 
@@ -139,7 +142,7 @@ class LlamaRows:
 def main() -> None:
     ap = harness.arg_parser(__doc__, out=harness.RESULTS_DIR / "real_size_rows.json", repeats=5, threads=2)
     ap.add_argument("--rows", default="no_spec,llama_plain,llama_lookup,llama_speculative")
-    ap.add_argument("--target", default="qwen-1.5b-q4km", help="a fetch_gguf_parts name or a .gguf path")
+    ap.add_argument("--target", default="qwen-1.5b-q4km", help="smollm2, a fetch_gguf_parts name or a .gguf path")
     ap.add_argument("--draft", default="qwen-0.5b", help="the draft model's GGUF (fetch_gguf_parts name or path)")
     ap.add_argument("--prompts", type=int, default=4, help="the first N of examples/prompts/edit_tasks.txt")
     ap.add_argument("--max-tokens", type=int, default=128)
@@ -149,7 +152,7 @@ def main() -> None:
     ap.add_argument("--llama-bin", default=LLAMA_BIN, help="the native build's bin/ (binaries and libllama.so)")
     args = ap.parse_args()
     rows = args.rows.split(",")
-    unknown = [r for r in rows if r not in SPECULANT_ROWS + LLAMA_ROWS]
+    unknown = [r for r in rows if r.removesuffix("_dq") not in SPECULANT_ROWS and r not in LLAMA_ROWS]
     if unknown:
         raise SystemExit(f"--rows: unknown {unknown}; choose from {', '.join(SPECULANT_ROWS + LLAMA_ROWS)}")
     bench = harness.start("real_size_rows", args)
@@ -164,8 +167,8 @@ def main() -> None:
     chats = [tok.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True, tokenize=False)
              for t in texts]
     ids = [list(tok(c, add_special_tokens=False)["input_ids"]) for c in chats]
-    engines = {r: SpeculantRow(r, target, speculative_config(r, args.k, args.draft_k, draft), args.max_tokens)
-               for r in rows if r in SPECULANT_ROWS}
+    engines = {r: SpeculantRow(r, target, speculative_config(r.removesuffix("_dq"), args.k, args.draft_k, draft),
+                               args.max_tokens) for r in rows if r not in LLAMA_ROWS}
     with tempfile.TemporaryDirectory() as tmp:
         llama = LlamaRows(args, target, draft, chats, Path(tmp)) if any(r in LLAMA_ROWS for r in rows) else None
         same_prompts = None if llama is None else llama.prompts == ids

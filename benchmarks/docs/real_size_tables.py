@@ -32,25 +32,38 @@ def _same(row: dict, plain_digest: str | None) -> str:
 def real_size_rows(results: Path) -> list[str]:
     """Qwen2.5-Coder-1.5B Q4_K_M at batch 1: Speculant's rows against llama.cpp plain, lookup and speculative"""
     runs = [(p.name, _load(results, p.name)) for p in sorted(results.glob("real_size_*.json"))]
-    runs = [(name, d) for name, d in runs if d and d.get("benchmark") == "real_size_rows"]
+    return _rows_table([(name, d) for name, d in runs if d and d.get("benchmark") == "real_size_rows"],
+                       "Each run is one process holding one Speculant engine (about 3 GB each at this size), so the "
+                       "rows of different runs are compared through the llama.cpp plain row that every run repeats "
+                       "(per-round ratio).")
+
+
+def smollm2_q4_1(results: Path) -> list[str]:
+    """SmolLM2-135M Q4_1 (the demo's file): kept quantized or dequantized to bf16, against llama.cpp on the file"""
+    data = _load(results, "smollm2_q4_1_rows.json")
+    return _rows_table([("smollm2_q4_1_rows.json", data)] if data else [],
+                       "Rows marked *dequantized* run the file converted to bfloat16 (`model.quantization = "
+                       "\"dequantize\"`), the others keep its Q4_1 blocks (the default).")
+
+
+def _rows_table(runs: list[tuple[str, dict]], note: str) -> list[str]:
     if not runs:
         return []
     plain_digest = next((r.get("digest") for _, d in runs for r in d["rows"] if r["row"] == "no_spec"), None)
     first = runs[0][1]
     o = first["options"]
-    out = [f"{first['target']} (draft: {first['draft']}), {o['prompts']} edit prompts (chat, "
-           f"{first['prompt_tokens']} prompt tokens) × {o['max_tokens']} new tokens, greedy, EOS ignored, batch 1, "
-           f"{o['threads']} threads, prefill included, load left out; ngram, suffix and `llama-lookup` at "
-           f"k = {o['k']}, "
-           f"the draft rows at k = {o['draft_k']}; median tok/s of {o['repeats']} alternating rounds (min–max). "
-           "Each run is one process holding one Speculant engine (about 3 GB each at this size), so the rows of "
-           "different runs are compared through the llama.cpp plain row that every run repeats (per-round ratio).",
+    out = [f"{first['target']}, {o['prompts']} edit prompts (chat, {first['prompt_tokens']} prompt tokens) × "
+           f"{o['max_tokens']} new tokens, greedy, EOS ignored, batch 1, {o['threads']} threads, prefill included, "
+           f"load left out; ngram, suffix and `llama-lookup` at k = {o['k']}, the draft rows "
+           f"({first['draft']}) at k = {o['draft_k']}; median tok/s of {o['repeats']} alternating rounds "
+           f"(min–max). {note}",
            "", "| run | row | tok/s (min–max) | vs llama.cpp plain, per round (min–max) | tokens per step | "
                "acceptance | output = no speculation |", "|---|---|---|---|---|---|---|"]
     for name, data in runs:
         for r in data["rows"]:
-            acc = r.get("acceptance")
-            out.append(f"| {name.removeprefix('real_size_').removesuffix('.json')} | {NAMES.get(r['row'], r['row'])} | "
+            acc, row = r.get("acceptance"), r["row"].removesuffix("_dq")
+            label = NAMES.get(row, row) + (", *dequantized*" if r["row"].endswith("_dq") else "")
+            out.append(f"| {name.removeprefix('real_size_').removesuffix('.json')} | {label} | "
                        f"{_num(r['median'], 2)} ({_num(r['min'], 2)}–{_num(r['max'], 2)}) | "
                        f"{_spread(r.get('vs_llama_plain'))} | {_num(r.get('tokens_per_step'), 2)} | "
                        f"{'–' if acc is None else f'{acc:.0%}'} | {_same(r, plain_digest)} |")
