@@ -70,6 +70,8 @@ def main() -> None:
     params = SamplingParams(temperature=0, max_tokens=args.tokens, ignore_eos=True, logprobs=20)
     ours = [llm.generate([p], params, use_tqdm=False)[0].outputs[0] for p in ids]
     quant = llm.engine.runner.quant_report.describe() if llm.engine.runner.quant_report else None
+    head = llm.engine.runner.model.get_output_embeddings()
+    logits_dtype = str(getattr(head, "out_dtype", None) or getattr(head, "compute_dtype", head.weight.dtype))
     del llm
     llama = PlainLlama(args.llama_py, args.llama_bin, path, args.threads, ctx=1024, logits_all=True)
     rows = []
@@ -82,7 +84,8 @@ def main() -> None:
     same = sum(r["same"] for r in rows)
     split = [r for r in rows if not r["same"]]
     bench.log(f"{same}/{len(rows)} prompts give the same first {args.tokens} greedy tokens")
-    bench.write({"model": Path(path).name, "quantized_layers": quant, "prompt_files": list(PROMPT_FILES),
+    bench.write({"model": Path(path).name, "quantized_layers": quant, "logits_dtype": logits_dtype,
+                 "prompt_files": list(PROMPT_FILES),
                  "same_first_tokens": same, "prompts": len(rows),
                  "max_top2_margin_at_split": max((max(r["ours_top2_margin"], r["llamacpp_top2_margin"])
                                                   for r in split), default=None),

@@ -116,13 +116,31 @@ def agreement(results: Path) -> list[str]:
         return []
     split = [r for r in data["rows"] if not r["same"]]
     ties = sum(r["ours_top2_margin"] == 0 for r in split)
-    o = data["options"]
+    o, dtype = data["options"], data.get("logits_dtype", "torch.bfloat16").removeprefix("torch.")
     return [f"{data['same_first_tokens']} of {data['prompts']} chat prompts ({', '.join(data['prompt_files'])}) give "
             f"the same first {o['tokens']} greedy tokens in Speculant (quantized, no speculation) and llama.cpp; "
             f"measured on {measured_on(data)}. Where they split, each engine's margin between its top two "
             f"logits (the largest: {_num(data['max_top2_margin_at_split'], 3)}; {ties} of {len(split)} splits "
-            "were exact ties in Speculant's logits, which were rounded to bfloat16 when this ran):", "",
+            f"were exact ties in Speculant's logits, {dtype} in this run):", "",
             "| prompt tokens | first differing token | Speculant top-2 margin | llama.cpp top-2 margin |",
             "|---|---|---|---|",
             *(f"| {r['prompt_tokens']} | {r['first_difference']} | {r['ours_top2_margin']:.3f} | "
               f"{r['llamacpp_top2_margin']:.3f} |" for r in split)]
+
+
+def concurrency(results: Path) -> list[str]:
+    """Qwen2.5-Coder-1.5B Q4_K_M: 32 concurrent requests against one at a time, no speculation"""
+    data = _load(results, "real_size_concurrency.json")
+    if data is None:
+        return []
+    s, o = data["summary"], data["options"]
+    return [f"The same engine (file kept quantized, no speculation, prefix caching off), edit prompts (chat, "
+            f"{data['prompt_tokens']} tokens), {o['max_tokens']} new tokens each, greedy, prefill included, "
+            f"{o['threads']} threads; median of {o['repeats']} alternating rounds (min–max); measured on "
+            f"{measured_on(data)}, load {data['environment'].get('load_avg')}:", "",
+            "| row | tok/s (min–max) |", "|---|---|",
+            f"| {o['batch1_prompts']} requests one at a time | {_num(s['batch1']['median'], 2)} "
+            f"({_num(s['batch1']['min'], 2)}–{_num(s['batch1']['max'], 2)}) |",
+            f"| {o['requests']} requests at once | {_num(s['concurrent']['median'], 2)} "
+            f"({_num(s['concurrent']['min'], 2)}–{_num(s['concurrent']['max'], 2)}) |", "",
+            f"Concurrent over batch 1, per round: {_spread(s['ratio'])}."]
