@@ -18,12 +18,13 @@ def _spread(r: dict | None) -> str:
     return "–" if r is None else f"{_x(r['median'])} ({_x(r['min'])}–{_x(r['max'])})"
 
 
-def _same(row: dict, plain_digest: str | None) -> str:
+def _same(row: dict, plain_digests: dict[str, str]) -> str:
     """Greedy output against no speculation: in the same engine with speculation off for the
     request, and against the no-speculation engine's tokens (digest) when a run recorded them."""
     if row.get("matches_no_spec") is None:
         return "–"
     same = "yes" if row["matches_no_spec"] else "**no**"
+    plain_digest = plain_digests.get("no_spec_dq" if row["row"].endswith("_dq") else "no_spec")
     if plain_digest is not None:
         same += "; = no-speculation engine: " + ("yes" if row.get("digest") == plain_digest else "**no**")
     return same
@@ -49,7 +50,7 @@ def smollm2_q4_1(results: Path) -> list[str]:
 def _rows_table(runs: list[tuple[str, dict]], note: str) -> list[str]:
     if not runs:
         return []
-    plain_digest = next((r.get("digest") for _, d in runs for r in d["rows"] if r["row"] == "no_spec"), None)
+    plain_digests = {r["row"]: r["digest"] for _, d in runs for r in d["rows"] if r["row"] in ("no_spec", "no_spec_dq")}
     first = runs[0][1]
     o = first["options"]
     out = [f"{first['target']}, {o['prompts']} edit prompts (chat, {first['prompt_tokens']} prompt tokens) × "
@@ -66,7 +67,7 @@ def _rows_table(runs: list[tuple[str, dict]], note: str) -> list[str]:
             out.append(f"| {name.removeprefix('real_size_').removesuffix('.json')} | {label} | "
                        f"{_num(r['median'], 2)} ({_num(r['min'], 2)}–{_num(r['max'], 2)}) | "
                        f"{_spread(r.get('vs_llama_plain'))} | {_num(r.get('tokens_per_step'), 2)} | "
-                       f"{'–' if acc is None else f'{acc:.0%}'} | {_same(r, plain_digest)} |")
+                       f"{'–' if acc is None else f'{acc:.0%}'} | {_same(r, plain_digests)} |")
     out.append("")
     out += [f"- `{name}`: measured on {measured_on(d)}, load {d['environment'].get('load_avg')} → "
             f"{d['environment'].get('load_avg_end')}." for name, d in runs]
