@@ -175,3 +175,21 @@ def test_bad_quantization_value_is_refused():
     with pytest.raises(ConfigError) as err:
         build_config({"model": {"path": "x", "quantization": "int4"}})
     assert "model.quantization" in str(err.value) and "'gguf'" in str(err.value) and "'dequantize'" in str(err.value)
+
+
+def test_the_tensor_reader_matches_gguf_py(quant_path, tmp_path):
+    """``GGUFTensors`` (which skips the tokenizer arrays) gives gguf-py's tensors, bytes and scalar fields."""
+    import gguf
+
+    from speculant.model.loading.gguf_tensors import GGUFTensors
+
+    ours, theirs = GGUFTensors(quant_path), gguf.GGUFReader(quant_path)
+    assert [(t.name, t.tensor_type) for t in ours.tensors] == [(t.name, t.tensor_type) for t in theirs.tensors]
+    for a, b in zip(ours.tensors, theirs.tensors):
+        assert a.data.shape == b.data.shape and np.array_equal(a.data, b.data), a.name
+    assert ours.fields["general.architecture"].contents() == theirs.fields["general.architecture"].contents()
+    assert "tokenizer.ggml.tokens" not in ours.fields  # arrays are stepped over
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"GGML" + bytes(60))
+    with pytest.raises(ValueError, match=r"bad.gguf: not a GGUF file \(its first bytes are b'GGML', not b'GGUF'\)"):
+        GGUFTensors(bad)
