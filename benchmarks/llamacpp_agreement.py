@@ -1,16 +1,6 @@
-"""Agreement with llama.cpp on the same GGUF file (issue 51): how many prompts give
-the same first ``--tokens`` greedy tokens, and the logit margin where they first differ.
-
-Prompts: the chat-rendered lines of ``examples/prompts/edit_tasks.txt`` and
-``chat_heldout.txt``, the same token ids for both engines. Speculant runs with the
-file kept quantized (``model.quantization = "gguf"``), no speculation, top-20
-log-probabilities per token; llama.cpp runs through the llama-cpp-python sdist's
-bindings over the native build (``llamacpp_rows.py``) with every position's
-logits kept. At the first differing position i both engines' top-2 margins are
-recorded (each engine's top-1 logit minus its runner-up; log-probabilities of one
-position differ by the same amount as logits), with how far each engine ranks the
-other's choice below its own: a near tie (margin well under the quantization's
-noise) is an expected split, a wide one a defect.
+"""Agreement with llama.cpp on one GGUF (issue 51): how many chat prompts give the same
+first ``--tokens`` greedy tokens, and each engine's top-2 logit margin where they first split (ours: file kept
+quantized, top-20 log-probabilities; llama.cpp: the sdist's bindings with every position's logits).
 
     PYTHONPATH=/path/with/diskcache python benchmarks/llamacpp_agreement.py
 """

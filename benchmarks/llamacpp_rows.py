@@ -1,21 +1,8 @@
-"""llama.cpp's rows for the real-size benchmarks (issue 51), each built from the
-llama-cpp-python 0.3.36 sdist, run on the same prompt text and the same GGUF files:
-
-* ``plain``: the library through the sdist's own Python bindings
-  (``llama_cpp``, loaded from ``--llama-py`` over the native build's
-  ``libllama.so``), one request alone, greedy, EOS banned, timed from the call to
-  the last token as Speculant's rows are (prefill included, load left out);
-* ``lookup``: the ``llama-lookup`` binary (prompt-lookup n-gram drafts);
-* ``speculative``: the ``llama-speculative`` binary with a draft model;
-* ``bench``: ``llama-bench -p P -n N`` (P the prompts' mean length), the rate
-  N / (P / its prompt rate + N / its generation rate): the native plain path
-  without the bindings' Python loop.
-
-The two binaries are timed by their own report, ``encoded N tokens in X
-seconds`` plus ``decoded M tokens in Y seconds`` (prefill included, load left
-out); they stop at ``n_predict`` or a step past it, so their rate is M / (X + Y).
-``--ignore-eos`` bans every end-of-generation token in their samplers, as
-``ignore_eos`` does in ours.
+"""llama.cpp's rows for the real-size benchmarks, built from the llama-cpp-python 0.3.36
+sdist: ``plain`` (its Python bindings over the native ``libllama.so``, timed like Speculant's rows), ``bench``
+(``llama-bench`` pp + tg at the prompts' mean length), and the ``llama-lookup`` / ``llama-speculative``
+binaries, timed by their own ``encoded``/``decoded`` report (prefill included, load left out; rate M / (X + Y)).
+``--ignore-eos`` bans end-of-generation tokens as ``ignore_eos`` does in ours.
 """
 
 from __future__ import annotations

@@ -1,22 +1,10 @@
-"""A long prompt and a cold start on a real-size GGUF, Speculant against llama.cpp
-on the same file (issue 51), side by side in ``--repeats`` alternating rounds.
+"""A long prompt and a cold start on a real-size GGUF, Speculant against llama.cpp, in
+alternating rounds (issue 51).
 
-``--part long``: one chat request of ``--prompt-tokens`` tokens (a code file of
-this repository under an edit instruction, cut to length) then ``--max-tokens``
-greedy tokens, EOS ignored, one request alone. Speculant runs its default
-configuration for the file (quantized, chunked prefill at the default budget,
-prefix caching off so a round does not replay the last); llama.cpp runs
-through the sdist's bindings (``llamacpp_rows.py``), its batch at 512. Each row:
-time to first token, the prefill rate (prompt tokens / TTFT) and the whole
-request's rate.
-
-``--part cold``: a fresh process per run, from its start to its first token and
-its exit, with the GGUF conversion already cached and the files in the page
-cache: Speculant is ``python -c`` building ``LLM(model=FILE)`` and generating one
-token; llama.cpp is ``llama-completion -m FILE -n 1`` on the same prompt text.
-
-    PYTHONPATH=/path/with/diskcache python benchmarks/long_prompt_rows.py --part long
-    python benchmarks/long_prompt_rows.py --part cold
+``--part long``: one chat request of ``--prompt-tokens`` tokens (a repository file under an edit instruction)
+then ``--max-tokens`` greedy tokens: TTFT, prefill rate, request rate (ours: default configuration, prefix
+caching off; llama.cpp: the sdist's bindings). ``--part cold``: a fresh process to its exit after one token,
+the conversion cached (ours: ``python -c`` with ``LLM(model=FILE)``; llama.cpp: ``llama-completion -n 1``).
 """
 
 from __future__ import annotations

@@ -1,30 +1,12 @@
-"""Qwen2.5-Coder-1.5B Q4_K_M at batch 1, Speculant's rows against llama.cpp's
-(issue 51): edit-style chat prompts, greedy, EOS ignored, ``--max-tokens`` new
-tokens, prefill included, ``--threads`` threads for every engine, rows side by
-side in ``--repeats`` alternating rounds.
+"""Issue 51's batch-1 rows on a real-size GGUF: Speculant against llama.cpp, edit chat
+prompts, greedy, EOS ignored, prefill included, rows side by side in alternating rounds.
 
-Rows (``--rows``, any of):
+Rows (``--rows``): ``no_spec``, ``ngram``, ``suffix``, ``draft`` (file kept quantized; ``_dq`` added: dequantized
+to bf16), one engine each (about 3 GB at 1.5B); ``llama_plain``, ``llama_bench``, ``llama_lookup``,
+``llama_speculative`` (``llamacpp_rows.py``). Speculative rows record whether their greedy tokens equal the same
+requests with speculation off (and a digest to compare runs); every row gets its per-round ratio to ``llama_plain``.
 
-* ``no_spec``, ``ngram``, ``suffix``, ``draft``: Speculant with the GGUF kept
-  quantized (``model.quantization = "gguf"``, the default), without speculation
-  or with that proposer at a fixed k (``--k``; ``--draft-k`` for the 0.5B draft
-  model, itself quantized). Each is its own engine, and a 1.5B engine holds
-  about 3 GB, so a run names one or two of them. A row name with ``_dq`` added
-  (``no_spec_dq``, ``ngram_dq``, ...) runs the file dequantized to bfloat16
-  (``model.quantization = "dequantize"``) instead;
-* ``llama_plain``, ``llama_bench``, ``llama_lookup``, ``llama_speculative``:
-  llama.cpp (``llamacpp_rows.py``), the lookup row at ``--k`` drafts, the speculative row
-  with the same draft file at ``--draft-k``.
-
-Every speculative Speculant row also runs its prompts once more, untimed, with
-speculation switched off for those requests, and records whether its greedy
-tokens are the same (``matches_no_spec``); the tokens' digest lets runs be
-compared with each other. Per round a row's rate is its tokens over its seconds
-over all prompts; the summary gives the median over rounds, the spread, and each
-row's per-round ratio to ``llama_plain`` when that row is in the run.
-
-    PYTHONPATH=/path/with/diskcache python benchmarks/real_size_rows.py \\
-        --rows no_spec,llama_plain,llama_lookup,llama_speculative --out benchmarks/results/real_size_llama.json
+    PYTHONPATH=/path/with/diskcache python benchmarks/real_size_rows.py --rows no_spec,llama_plain --prompts 2
 """
 
 from __future__ import annotations
@@ -101,8 +83,8 @@ class SpeculantRow:
         """Greedy tokens with speculation off for these requests, against the timed rounds' tokens."""
         ref = [list(self.llm.generate([p], self.params(off=True), use_tqdm=False)[0].outputs[0].token_ids)
                for p in prompts]
-        return {"digest": digest(self.tokens or []), "off_digest": digest(ref),
-                "matches_no_spec": None if self.spec is None else ref == self.tokens}
+        same = None if self.spec is None else ref == self.tokens
+        return {"digest": digest(self.tokens or []), "matches_no_spec": same}
 
 
 class LlamaRows:
@@ -188,7 +170,8 @@ def main() -> None:
     summary = []
     for r in rows:
         rates = [x["tok_s"] for x in runs[r]]
-        row = {"row": r, **{k: v for k, v in harness.summary(rates, 3).items() if k != "n"}, **checks.get(r, {})}
+        row = {"row": r, **{k: round(v, 3) for k, v in harness.summary(rates).items() if k in ("median", "min", "max")},
+               **checks.get(r, {})}
         for key in ("tokens_per_step", "acceptance"):
             vals = [x[key] for x in runs[r] if x.get(key) is not None]
             if vals:

@@ -1,6 +1,4 @@
-"""The docs tables of issue 51's real-size rows: Qwen2.5-Coder-1.5B Q4_K_M at
-batch 1, Speculant's rows against llama.cpp's (``benchmarks/real_size_rows.py``,
-one file per run, ``results/real_size_*.json``)."""
+"""Issue 51's real-size docs tables (1.5B rows, long prompt, cold start, agreement, SmolLM2 Q4_1)."""
 
 from __future__ import annotations
 
@@ -19,8 +17,7 @@ def _spread(r: dict | None) -> str:
 
 
 def _same(row: dict, plain_digests: dict[str, str]) -> str:
-    """Greedy output against no speculation: in the same engine with speculation off for the
-    request, and against the no-speculation engine's tokens (digest) when a run recorded them."""
+    """Same greedy tokens as speculation off in that engine, and as the no-speculation engine."""
     if row.get("matches_no_spec") is None:
         return "–"
     same = "yes" if row["matches_no_spec"] else "**no**"
@@ -34,9 +31,7 @@ def real_size_rows(results: Path) -> list[str]:
     """Qwen2.5-Coder-1.5B Q4_K_M at batch 1: Speculant's rows against llama.cpp plain, lookup and speculative"""
     runs = [(p.name, _load(results, p.name)) for p in sorted(results.glob("real_size_*.json"))]
     return _rows_table([(name, d) for name, d in runs if d and d.get("benchmark") == "real_size_rows"],
-                       "Each run is one process holding one Speculant engine (about 3 GB each at this size), so the "
-                       "rows of different runs are compared through the llama.cpp plain row that every run repeats "
-                       "(per-round ratio).")
+                       "One Speculant engine per run (3 GB each): runs compare through their llama.cpp plain row.")
 
 
 def smollm2_q4_1(results: Path) -> list[str]:
@@ -69,8 +64,7 @@ def _rows_table(runs: list[tuple[str, dict]], note: str) -> list[str]:
                        f"{_spread(r.get('vs_llama_plain'))} | {_num(r.get('tokens_per_step'), 2)} | "
                        f"{'–' if acc is None else f'{acc:.0%}'} | {_same(r, plain_digests)} |")
     out.append("")
-    out += [f"- `{name}`: measured on {measured_on(d)}, load {d['environment'].get('load_avg')} → "
-            f"{d['environment'].get('load_avg_end')}." for name, d in runs]
+    out += [f"- `{name}`: {measured_on(d)}, load {d['environment'].get('load_avg', [0])[0]}." for name, d in runs]
     return out
 
 
@@ -122,11 +116,10 @@ def agreement(results: Path) -> list[str]:
             f"the same first {o['tokens']} greedy tokens in Speculant (quantized, no speculation) and llama.cpp; "
             f"measured on {measured_on(data)}. Where they split, each engine's margin between its top two "
             f"logits (the largest: {_num(data['max_top2_margin_at_split'], 3)}; {ties} of {len(split)} splits "
-            f"were exact ties in Speculant's logits, {dtype} in this run):", "",
-            "| prompt tokens | first differing token | Speculant top-2 margin | llama.cpp top-2 margin |",
-            "|---|---|---|---|",
-            *(f"| {r['prompt_tokens']} | {r['first_difference']} | {r['ours_top2_margin']:.3f} | "
-              f"{r['llamacpp_top2_margin']:.3f} |" for r in split)]
+            f"were exact ties in Speculant's logits, {dtype} in this run). At each split, "
+            "first differing token: top-2 margin Speculant / llama.cpp — "
+            + "; ".join(f"{r['first_difference']}: {r['ours_top2_margin']:.2f} / {r['llamacpp_top2_margin']:.2f}"
+                        for r in split) + "."]
 
 
 def concurrency(results: Path) -> list[str]:
@@ -135,7 +128,8 @@ def concurrency(results: Path) -> list[str]:
     if data is None:
         return []
     s, o = data["summary"], data["options"]
-    return [f"The same engine (file kept quantized, no speculation, prefix caching off), edit prompts (chat, "
+    return [f"`real_size_concurrency.py` (commit 8f79bbc, removed: tree size): one engine (quantized, no "
+            f"speculation, no prefix caching), edit prompts (chat, "
             f"{data['prompt_tokens']} tokens), {o['max_tokens']} new tokens each, greedy, prefill included, "
             f"{o['threads']} threads; median of {o['repeats']} alternating rounds (min–max); measured on "
             f"{measured_on(data)}, load {data['environment'].get('load_avg')}:", "",

@@ -89,10 +89,8 @@ def test_resident_weights_stay_within_the_file_size(quant_llm, quant_path):
 
 
 def test_the_output_layer_keeps_float32_logits_in_a_bfloat16_model(quant_path):
-    """Greedy decoding compares logits, and in bfloat16 near-equal ones tie exactly (one step is
-    0.125 at a logit of 20; at the first token where the 1.5B model split from llama.cpp, 7 of 16
-    prompts had an exact bf16 tie). So the kept output layer returns its float32 accumulations:
-    8-bit activations times the file's weights, within float32 error, not bfloat16 rounding's."""
+    """In bfloat16 near-equal logits tie (7 of 16 splits from llama.cpp at 1.5B were exact ties), so the
+    output layer returns float32: 8-bit activations times the file's weights within float32 error."""
     llm = LLM(str(quant_path), block_size=4, max_num_batched_tokens=32, max_num_seqs=1, dtype="bfloat16")
     model = _runner(llm).model
     head = model.get_output_embeddings()
