@@ -64,6 +64,22 @@ def one_run(llm: LLM, prompts: list[str], params: SamplingParams) -> dict:
     return run
 
 
+def chat_rounds(llms: dict[str, LLM], repeats: int, prompts: list[str],
+                params: SamplingParams) -> tuple[dict[str, list[dict]], dict[str, list[list[int]]]]:
+    """Warm every engine up, then ``one_run`` each per round (``harness.rounds``): (the runs
+    by configuration, each configuration's output tokens of its first round)."""
+    for llm in llms.values():  # warm-up (kernels, oneDNN shapes) on a prompt that is not timed
+        harness.warm_up(llm, chat=True, max_tokens=16)
+    runs = harness.rounds(list(llms), repeats, lambda name: one_run(llms[name], prompts, params),
+                          lambda run: f"{run['tokens_per_s']:.1f} tok/s "
+                                      f"{run.get('tokens_per_verify_step', 0):.2f} tok/step")
+    outputs = {name: rs[0]["_tokens"] for name, rs in runs.items()}
+    for rs in runs.values():
+        for r in rs:
+            r.pop("_tokens", None)
+    return runs, outputs
+
+
 def median_of(runs: list[dict]) -> dict:
     return {k: round(harness.median([r[k] for r in runs]), 4) for k in runs[0]}
 
@@ -89,15 +105,7 @@ def main() -> None:
         configs.update({"eagle_suffix": (False, "eagle_suffix"), "eagle_suffix_chunked": (True, "eagle_suffix")})
     bench = harness.start("eagle_smollm2", args)
     llms = {name: build(args, *c) for name, c in configs.items()}
-    for llm in llms.values():  # warm-up (kernels, oneDNN shapes) on a prompt that is not timed
-        harness.warm_up(llm, chat=True, max_tokens=16)
-    runs = harness.rounds(list(configs), args.repeats, lambda name: one_run(llms[name], prompts, params),
-                         lambda run: f"{run['tokens_per_s']:.1f} tok/s "
-                                     f"{run.get('tokens_per_verify_step', 0):.2f} tok/step")
-    outputs = {name: rs[0].pop("_tokens") for name, rs in runs.items()}
-    for rs in runs.values():
-        for r in rs:
-            r.pop("_tokens", None)
+    runs, outputs = chat_rounds(llms, args.repeats, prompts, params)
     results = {n: median_of(rs) for n, rs in runs.items()}
     base = results["no_spec"]["tokens_per_s"]
     for res in results.values():

@@ -18,6 +18,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from .eagle_tree_tables import eagle_trees
 from .fast_forward_tables import cpu_kernels, cpu_kernels_headline, fast_forward, fast_forward_headline
 from .gate_tables import engine_loop_gate
 from .isa_tables import isa_compare, isa_compare_avx2, isa_step_profile
@@ -43,6 +44,7 @@ from .tables import (
     smollm2_batch1,
     smollm2_headline,
 )
+from .tree_tables import trees
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -70,6 +72,7 @@ BLOCKS: dict[str, Table] = {
     "headline": headline_rows,
     "smollm2-batch-1": smollm2_batch1,
     "eagle": eagle_rounds,
+    "eagle-trees": eagle_trees,
     "heldout": heldout_acceptance,
     "gpu": gpu_rows,
     "graphs": graphs,
@@ -93,6 +96,7 @@ BLOCKS: dict[str, Table] = {
     "ray-breakdown": ray_breakdown,
     "ray-split": ray_split,
     "engine-loop-gate": engine_loop_gate,
+    "trees": trees,
 }
 """Block name -> the function that renders it. docs/benchmarks.md holds a
 ``tables`` block that gathers every block but the headline, each under its

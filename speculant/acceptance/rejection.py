@@ -85,7 +85,7 @@ class RejectionSampler(AcceptanceMethod):
     def accept_tree(self, target_logprobs: torch.Tensor,  # [n + T, V]
                     proposals: Proposals, greedy: torch.Tensor,  # [n] bool
                     generators: list[torch.Generator]) -> AcceptedTokens:
-        """Token trees: multi-candidate rejection over one-hot drafts (``sampling.tree_acceptance``)."""
+        """Token trees: multi-candidate rejection over the siblings (``sampling.tree_acceptance``)."""
         return tree_accept(target_logprobs, proposals, greedy, generators)
 
     @staticmethod

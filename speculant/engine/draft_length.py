@@ -7,36 +7,40 @@ depend on k (every proposal is verified), so a policy only changes speed.
 
 - ``fixed``: every decode may get ``num_speculative_tokens`` (with token trees,
   ``speculative.tree_width`` > 1: ``max_tree_tokens`` nodes).
-- ``adaptive``: the rule below (with trees it prices nodes as chain positions;
-  choosing width and size from the cost curve is not done yet).
+- ``adaptive``: the rule below (with token trees, ``tree_shape.AdaptiveTreeShapes``
+  applies the same rule to tree nodes, each priced by its depth's and branch's acceptance).
 
-The adaptive rule. Each request keeps a running estimate ``a_i`` of the
-chance that one more of its proposals is accepted (a geometric model: a
-proposal is reached only if all before it were accepted). Each verify step
-counts ``accepted`` successes and one failure if a proposal was rejected;
-both counts decay by ``acceptance_decay`` per step and start from
-``prior_acceptance`` worth two observations. The j-th proposal of request i
-is then accepted with probability ``a_i ** j``: that is its expected gain
-in tokens. A proposer with its own confidence (``suffix``'s ``min_token_prob``,
+The adaptive rule. Each request keeps a per-position acceptance estimate
+(``acceptance_estimate.py``): for each position j, P(accept j | reached j),
+from decayed counts of the verify steps that reached j (``acceptance_decay``
+per observation, starting from ``prior_acceptance`` worth two). The j-th
+proposal's expected gain in tokens is the product of the rates up to j: a
+request whose drafts are kept all or nothing (a copied span) keeps long drafts
+worth their length, where one geometric rate ``a ** j`` would shorten them.
+A proposer with its own confidence (``suffix``'s ``min_token_prob``,
 ``draft_model``'s ``confidence_threshold``) stops drafting early by itself;
 the policy only sets the ceiling, and rejected tokens drafted below it are what
-lowers ``a_i``.
+lower the estimate.
 
 The batch's cost is priced by a ``CostModel`` (``cost_model.py``): a target
 forward over T tokens costs ``t(T)/t(1)`` (the measured curve; a configured
 ``token_cost`` c makes it ``(1 - c) + c * T``), plus ``d = draft_token_cost``
 per proposal. Without speculation n decodes yield n tokens at cost ``t(n)/t(1)``.
-Proposals are added in order of decreasing gain while each one raises the
-step's expected tokens per unit of cost, i.e. while ``gain / (t(T+1) - t(T) + d)``
-exceeds the current ``tokens / cost``. So a lone decode (cost dominated by the
-fixed part) drafts whenever ``a_i`` is not tiny, and as decodes grow the
-forward's fixed part is shared by more tokens and the bar rises towards 1: the
-step's total drafts shrink with the batch, to none when no proposal is expected
-to pay for itself. Under the model, a step with speculation is never expected
-to be slower per token than without. A step in which a request drafts
-nothing moves its estimate back toward the prior by ``acceptance_decay``, so
-a request held at k = 0 is tried again once the prior would pay (small
-batches), and stays at 0 where even the prior would not (large ones).
+Proposals are taken in order of decreasing gain (so each request's first
+positions before its later ones), and the step keeps the longest prefix of that
+order that maximises the step's expected tokens per unit of cost, (n + sum of
+gains) / cost: for a lone decode, the k that maximises (1 + G_1 + ... + G_k) /
+(t(k + 1)/t(1) + k d). A draft that does not pay by itself is still taken when
+the ones after it make the whole worth more (a flat stretch of the curve, or a
+run of nearly sure positions behind a doubtful first one). So a lone decode
+(cost dominated by the fixed part) drafts whenever its gains are not tiny, and
+as decodes grow the forward's fixed part is shared by more tokens and the bar
+rises towards 1: the step's total drafts shrink with the batch, to none when no
+prefix of proposals is expected to pay. Under the model, a step with
+speculation is never expected to be slower per token than without. A step in
+which a request drafts nothing moves its estimate back toward the prior by
+``acceptance_decay``, so a request held at k = 0 is tried again once the prior
+would pay (small batches), and stays at 0 where even the prior would not (large ones).
 
 Per request (``SamplingParams.speculative``), a request may lower its own
 ceiling, turn speculation off (0 always) or opt out of the policy
@@ -52,6 +56,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from speculant.config.models import AdaptiveDraftLengthConfig, SpeculativeConfig
+from speculant.engine.acceptance_estimate import PositionAcceptance
 from speculant.engine.cost_model import CostCurve, CostModel
 from speculant.engine.request import Request
 
@@ -124,10 +129,9 @@ class FixedDraftLength(DraftLengthPolicy):
 
 @dataclass
 class _Acceptance:
-    """A request's decayed verify record and where its counters stood last step."""
+    """A request's per-position estimate and where its counters stood last step."""
 
-    successes: float
-    failures: float
+    positions: PositionAcceptance
     drafted: int = 0  # request.spec_stats.num_draft_tokens when last read
     accepted: int = 0
 
@@ -148,44 +152,47 @@ class AdaptiveDraftLength(DraftLengthPolicy):
             self.config.draft_token_cost if self.config.draft_token_cost is not None else 0.0)
         self._state: dict[str, _Acceptance] = {}
 
-    def estimate(self, request: Request) -> float:
-        """The request's current chance that one more proposal is accepted,
-        after folding in the verify steps since the last call."""
+    def estimate(self, request: Request) -> PositionAcceptance:
+        """The request's per-position acceptance, after folding in the verify
+        step since the last call (call once per step per request)."""
         cfg = self.config
         state = self._state.get(request.request_id)
         if state is None:
-            state = self._state[request.request_id] = _Acceptance(2 * cfg.prior_acceptance,
-                                                                  2 * (1 - cfg.prior_acceptance))
+            state = self._state[request.request_id] = _Acceptance(
+                PositionAcceptance(cfg.prior_acceptance, cfg.acceptance_decay))
         stats = request.spec_stats
         drafted, accepted = stats.num_draft_tokens - state.drafted, stats.num_accepted_tokens - state.accepted
-        decay = cfg.acceptance_decay
         if drafted > 0:  # one verify step per engine step, so this is the last step's record
-            state.successes = decay * state.successes + accepted
-            state.failures = decay * state.failures + (accepted < drafted)
+            state.positions.observe(drafted, accepted)
         else:  # nothing verified: drift back toward the prior
-            state.successes = decay * state.successes + (1 - decay) * 2 * cfg.prior_acceptance
-            state.failures = decay * state.failures + (1 - decay) * 2 * (1 - cfg.prior_acceptance)
+            state.positions.drift()
         state.drafted, state.accepted = stats.num_draft_tokens, stats.num_accepted_tokens
-        return state.successes / (state.successes + state.failures)
+        return state.positions
 
     def lengths(self, decoding: list[Request], ceilings: dict[str, int], fixed: dict[str, int],
                 fixed_requests: Sequence[Request] = ()) -> dict[str, int]:
-        rates = [self.estimate(r) for r in decoding]
+        gains = [self.estimate(r).gains(ceilings[r.request_id]) for r in decoding]
+        held = [self.estimate(r).gains(fixed[r.request_id]) for r in fixed_requests]  # each folded in once a step
+        if not decoding:
+            return {}
         lengths = {r.request_id: 0 for r in decoding}
         curve, d = self.cost.curve, self.cost.draft_token_cost
         tokens = len(decoding) + len(fixed) + sum(fixed.values())  # the forward's rows before any adaptive draft
-        held = [(self.estimate(r), fixed[r.request_id]) for r in fixed_requests]  # each folded in once a step
-        gain = float(len(decoding) + len(fixed)) + sum(a ** j for a, k in held for j in range(1, k + 1))
-        cost = curve.cost(tokens) + d * sum(fixed.values())
-        candidates = sorted(((a ** j, i) for i, a in enumerate(rates)
-                             for j in range(1, ceilings[decoding[i].request_id] + 1)),
-                            key=lambda c: -c[0])  # stable: equal gains go to earlier arrivals
-        for p, i in candidates:
-            step_cost = curve.cost(tokens + 1) - curve.cost(tokens) + d
-            if p * cost <= step_cost * gain:  # p / step_cost <= gain / cost: this draft would not pay
-                break
+        gain = float(len(decoding) + len(fixed)) + sum(sum(g) for g in held)
+        drafts = sum(fixed.values())
+        candidates = sorted(((g, i) for i, gs in enumerate(gains) for g in gs),
+                            key=lambda c: -c[0])  # stable: a request's positions in order, ties to earlier arrivals
+        cost = curve.cost(tokens) + d * drafts
+        best, best_ratio = 0, gain / cost
+        for n, (p, _) in enumerate(candidates, 1):
+            if gain + p * (len(candidates) - n + 1) <= best_ratio * cost:
+                break  # even if every remaining draft were as good and free, no longer prefix could win
+            gain, tokens, drafts = gain + p, tokens + 1, drafts + 1
+            cost = curve.cost(tokens) + d * drafts
+            if gain > best_ratio * cost:
+                best, best_ratio = n, gain / cost
+        for _, i in candidates[:best]:
             lengths[decoding[i].request_id] += 1
-            gain, cost, tokens = gain + p, cost + step_cost, tokens + 1
         return lengths
 
     def free(self, request_id: str) -> None:

@@ -24,7 +24,7 @@ from speculant.engine.commit import apply
 from speculant.engine.cost_cache import load_cost_model
 from speculant.engine.cost_model import CostModel
 from speculant.engine.detokenizer import Detokenizer, TextDecoder
-from speculant.engine.draft_length import DraftLengthPolicy, build_draft_length_policy
+from speculant.engine.draft_length import DraftLengthPolicy
 from speculant.engine.grammar import RequestGrammar, StructuredOutputs
 from speculant.engine.inbox import Inbox
 from speculant.engine.prefix_caching import PrefixCache
@@ -34,8 +34,9 @@ from speculant.engine.runner_view import SequenceRunner
 from speculant.engine.scheduler import Scheduler
 from speculant.engine.spec_accounting import account_step
 from speculant.engine.spec_components import SpecComponents, build_spec_components, resolve_backend
-from speculant.engine.step import StepTimes, proposer_runs
+from speculant.engine.step import StepTimes, proposer_commits
 from speculant.engine.step_runner import StepParts, StepRun, failure, run_step
+from speculant.engine.tree_shape import AdaptiveTreeShapes, build_policy
 from speculant.interfaces import AttentionBackend
 from speculant.interfaces.data import AcceptedNodes
 from speculant.model.cuda_graphs import GraphLimits
@@ -71,7 +72,7 @@ class LLMEngine:
         self.cost: CostModel | None = None  # the adaptive policy's figures (measured at load, or configured)
         if self.spec.proposer is not None and config.speculative.draft_length.policy == "adaptive":
             self.cost = load_cost_model(config, self.runner, self.view)
-        self.draft_length: DraftLengthPolicy = build_draft_length_policy(config.speculative, self.cost)
+        self.draft_length: DraftLengthPolicy = build_policy(config.speculative, self.cost)
         self._counter = itertools.count()
         self._requests: dict[str, Request] = {}  # every unfinished request, queued ones included
         self._aborting: set[str] = set()  # aborts waiting in the inbox
@@ -289,8 +290,9 @@ class LLMEngine:
         batch = self.scheduler.schedule(draft_lengths, self._restore if self.prefix_caching else None)
         if batch.is_empty:
             return []
+        trees = self.draft_length if isinstance(self.draft_length, AdaptiveTreeShapes) else None
         parts = StepParts(self.view, proposer, self.spec.scorer, self.spec.acceptance, self.guard,
-                          self.spec.want_hidden, self.decoder, self.stream_text, self._structured)
+                          self.spec.want_hidden, self.decoder, self.stream_text, self._structured, trees)
         self.view.begin_step(batch.entries)  # each request's handle, for this step's plugins
         try:
             run = run_step(batch, parts)
@@ -306,16 +308,21 @@ class LLMEngine:
         if self.cost is not None:
             self.cost.observe_step(run.times.propose_s, run.times.accept_s, len(batch.decodes), drafted)
             if not batch.prefills and not run.fallback:  # one forward of decodes alone: checks the curve
-                self.cost.observe_forward(batch.num_tokens, run.times.score_s)
+                # its rows: each decode's token and the proposals verified (a budget may go unused:
+                # a proposer that found fewer, a tree cut to its planned shape)
+                self.cost.observe_forward(len(batch.decodes) + drafted, run.times.score_s)
         for plan in run.plans:
             self.scheduler.cache_committed(plan.entry.request)
-        if proposer is not None and proposer_runs(proposer, batch):
+        if proposer is not None and proposer_commits(proposer, batch):
             if run.scores is not None:
                 accepted = AcceptedNodes.chain(run.num_accepted) if run.accepted_nodes is None else \
                     AcceptedNodes([path if a else [] for path, a in zip(run.accepted_nodes, run.num_accepted)])
                 self.guard.commit(proposer, batch.view(), accepted, run.scores)
             else:  # the step was not computed as one batch: the proposer rebuilds its state
                 self.guard.reset(proposer, [e.request.request_id for e in batch.entries])
+        if trees is not None:  # the accepted paths of the trees it shaped (None: not verified as planned)
+            trees.observe(batch, None if run.scores is None or run.accepted_nodes is None else
+                          [path[:a] for path, a in zip(run.accepted_nodes, run.num_accepted)])
         for idx, message in run.errors.items():
             self._fail(batch.entries[idx].request, message)
         self.times.add(run.times)

@@ -11,9 +11,10 @@ summing to 1 within ``PROB_SUM_TOLERANCE`` (on the rows of sampling requests
 only: greedy rows are verified by argmax and their probs are never read; a
 draft may leave them zero, as ``draft_model`` does once only greedy rows keep
 drafting). Token trees (``parents``) are taken only where ``tree_width`` > 1
-(trees on and a proposer that declares ``proposes_trees``), without ``probs``
-(one-hot drafts), each row a tree in topological order with distinct sibling
-tokens and at most ``tree_width`` children per node (``interfaces.tree``).
+(trees on and a proposer that declares ``proposes_trees``), each row a tree in
+topological order with distinct sibling tokens and at most ``tree_width``
+children per node (``interfaces.tree``); with ``probs``, node j's row is the
+distribution it was drawn from (``Proposals``).
 A structural fault drops every row; a row fault drops that row.
 Dropped rows get ``lens = 0``: the decode runs without speculation this step
 (its output is unchanged, only slower).
@@ -59,9 +60,6 @@ def _structure_problem(out: object, n: int, vocab: int, tree_width: int = 1) -> 
                     "parents=None, each decode's proposals as one chain")
         if not _is_int_tensor(out.parents) or tuple(out.parents.shape) != tuple(out.token_ids.shape):
             return f"parents must be an integer tensor shaped like token_ids, got {_what(out.parents)}"
-        if out.probs is not None:
-            return ("set probs with parents: token trees are verified with one-hot drafts (distinct sibling "
-                    "tokens): return probs=None with a tree")
     ids, cu, probs = out.token_ids, out.cu_num_draft_tokens, out.probs
     if not _is_int_tensor(ids) or ids.dim() != 1:
         return f"token_ids must be an integer tensor [num_draft_tokens] (flat), got {_what(ids)}"

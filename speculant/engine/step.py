@@ -64,14 +64,21 @@ def propose(proposer: Proposer | None, batch: StepBatch, guard: ProposerGuard | 
 
 
 def proposer_runs(proposer: Proposer, batch: StepBatch) -> bool:
-    """Whether ``proposer`` is called in this step (``propose``, then ``commit``):
-    when a decode is planned proposals, when there are prefill chunks (a
-    proposer with its own KV cache follows them in the same step), or always
-    for a proposer that reads the target's hidden states at commit. Otherwise
-    off is off: a step of decodes all at k = 0 costs the proposer nothing, and
-    a stateful one catches up on the tokens it missed when it next speculates."""
-    return bool(batch.prefills) or any(d.num_spec_tokens for d in batch.decodes) \
-        or proposer.capabilities.needs_target_hidden_states
+    """Whether ``proposer.propose`` is called in this step: when a decode is
+    planned proposals, or when there are prefill chunks (a proposer with its
+    own KV cache follows them in the same step). Otherwise off is off: a step
+    of decodes all at k = 0 costs the proposer nothing, and a stateful one
+    catches up on the tokens it missed when it next speculates."""
+    return bool(batch.prefills) or any(d.num_spec_tokens for d in batch.decodes)
+
+
+def proposer_commits(proposer: Proposer, batch: StepBatch) -> bool:
+    """Whether ``proposer.commit`` is called after this step: whenever it
+    proposed, and in every step for a proposer that reads the target's hidden
+    states at commit (``needs_target_hidden_states``): they exist only in the
+    step's forward, so it keeps them for a request that is off, to catch up
+    from when the request speculates again."""
+    return proposer_runs(proposer, batch) or proposer.capabilities.needs_target_hidden_states
 
 
 def score(scorer: Scorer | None, runner: SequenceRunner, batch: StepBatch | views.StepBatch, proposals: Proposals,

@@ -31,6 +31,7 @@ from speculant.engine.grammar.step_masks import StepGrammar, StructuredOutputs
 from speculant.engine.proposer_guard import ProposerGuard
 from speculant.engine.runner_view import SequenceRunner
 from speculant.engine.step import StepTimes, Timer, decide, propose, score
+from speculant.engine.tree_shape import AdaptiveTreeShapes
 from speculant.engine.trees import compact_paths
 from speculant.interfaces import AcceptanceMethod, Proposals, Proposer, Scorer, Scores
 
@@ -50,6 +51,7 @@ class StepParts:
     decoder: TextDecoder
     track_text: bool = False  # keep unfinished requests' text up to date (streaming)
     structured: StructuredOutputs | None = None  # grammar masks (None: no request may have one)
+    trees: AdaptiveTreeShapes | None = None  # plans each decode's tree shape (None: trees as proposed)
 
 
 @dataclass
@@ -71,10 +73,14 @@ def failure(entry: ScheduledRequest, stage: str, exc: BaseException) -> str:
 def run_step(batch: StepBatch, parts: StepParts) -> StepRun:
     timer, times = Timer(), StepTimes()
     proposals = propose(parts.proposer, batch, parts.guard, parts.runner.device)
+    if parts.trees is not None:
+        proposals = parts.trees.prune(batch, proposals)
     # grammar: sync, cut proposals it forbids, start the masks (overlapped with the forward)
     grammar = parts.structured.begin(batch, proposals) if parts.structured is not None else None
     if grammar is not None:
         proposals = grammar.proposals
+    if parts.trees is not None:
+        parts.trees.verified(batch, proposals)
     times.propose_s = timer.lap()
     try:
         return _compute(batch, proposals, parts, timer, times, grammar)

@@ -78,5 +78,7 @@ def chains_for(proposals: Proposals, rows: Sequence[int]) -> Proposals:
         lens.append(len(nodes))
     device = proposals.token_ids.device
     index = torch.tensor(keep, dtype=torch.long, device=device)
+    # a node's draft probs stay with it: a sampled tree's first child is a plain draw from them
+    probs = proposals.probs[index] if proposals.probs is not None else None
     return Proposals(proposals.token_ids[index], torch.tensor([0] + lens, dtype=torch.long, device=device).cumsum(0),
-                     None, torch.tensor(new_parents, dtype=torch.long, device=device))
+                     probs, torch.tensor(new_parents, dtype=torch.long, device=device))

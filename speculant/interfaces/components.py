@@ -98,8 +98,9 @@ class Proposer(ABC):
     must be able to serve a request that is still running. ``batch`` is the
     same object in a step's ``propose`` and ``commit``. A step with no
     prefill chunk and no decode given ``num_spec_tokens`` > 0 calls neither
-    (speculation off costs nothing), unless the proposer declares
-    ``needs_target_hidden_states``: it then sees every step. A proposer that
+    (speculation off costs nothing), except ``commit`` for a proposer that
+    declares ``needs_target_hidden_states``: it gets the hidden states of
+    every step (the only time they exist), without a ``propose``. A proposer that
     follows the sequence (its own KV cache) catches up on the tokens it missed
     when a decode next asks it for proposals.
     """

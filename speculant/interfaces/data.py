@@ -31,7 +31,11 @@ class Proposals:
     i (``token_ids[cu_num_draft_tokens[i] + j]``) follows node ``parents[...]``
     of the same decode, or the decode's last token when that is -1; parents
     come before their children and siblings propose distinct tokens
-    (``interfaces.tree``). None means a chain (node j follows node j - 1). The
+    (``interfaces.tree``). With ``probs``, node j's row is the distribution
+    it was drawn from, siblings in node order and each without the tokens of
+    its earlier siblings (sampling without replacement: the multi-candidate
+    rejection of ``sampling.tree_acceptance`` relies on it); without, the
+    drafts are one-hot. None means a chain (node j follows node j - 1). The
     engine takes trees where ``speculative.tree_width`` > 1 and the proposer
     declares ``proposes_trees``; elsewhere it refuses them (the decodes run
     without speculation and the engine logs why). ``Scores`` keep their

@@ -72,12 +72,13 @@ class DraftSuffixOptions(SuffixHybridOptions):
 
 def combined(model: ProposerCapabilities, suffix: ProposerCapabilities) -> ProposerCapabilities:
     """A hybrid's flags: the model part's needs, chunked prefill when both parts
-    support it, the smaller k limit."""
+    support it, the smaller k limit, and chains only (``merge`` joins chains)."""
     limits = [k for k in (model.max_num_speculative_tokens, suffix.max_num_speculative_tokens) if k is not None]
     return dataclasses.replace(
         model, supports_chunked_prefill=model.supports_chunked_prefill and suffix.supports_chunked_prefill,
         max_num_speculative_tokens=min(limits) if limits else None,
-        supports_prefix_caching=model.supports_prefix_caching and suffix.supports_prefix_caching)
+        supports_prefix_caching=model.supports_prefix_caching and suffix.supports_prefix_caching,
+        proposes_trees=False)
 
 
 def renamed(message: str, key: str) -> str:

@@ -7,15 +7,20 @@ row r gives the distribution of the token after row r's path.
 - Greedy: from the root, follow the child whose token is the target's argmax
   at the current row; where no child matches, emit the argmax. So the path is
   the longest one the target's greedy decoding would have produced.
-- Sampling (multi-candidate rejection, as SpecInfer and EAGLE-2 verify trees
-  with deterministic drafts): at the current row with target distribution p,
-  try its children in node order; child c (token x_c, a one-hot draft) is
-  accepted with probability r(x_c) / sum(r), where r is p with the tokens of
-  the children already rejected removed. An accepted child becomes the
-  current row; when every child is rejected, the emitted token is drawn from
-  r normalised (p itself at a leaf: the bonus token). Siblings are distinct,
-  so each token is emitted with probability exactly p(token): the output
-  follows the target's distribution.
+- Sampling (multi-candidate rejection, as SpecInfer and EAGLE-2 verify trees;
+  the recursive form of Jeon et al. for siblings drawn without replacement):
+  at the current row the residual r starts as the target distribution p; its
+  children are tried in node order. Child c (token x_c) was drawn from q_c,
+  its draft distribution (``Proposals.probs``) without the tokens of its
+  earlier siblings, renormalised; it is accepted with probability
+  min(1, r(x_c) / q_c(x_c)) (r normalised). A rejection sets r to
+  max(0, r - q_c) renormalised, which is zero at x_c. Each try is one
+  rejection-sampling step whose fallback is the next try, so the token that
+  comes out follows p exactly. One-hot drafts (no ``probs``: ngram, suffix)
+  are the case q_c = δ(x_c): accept with probability r(x_c), and a rejection
+  removes x_c from r. An accepted child becomes the current row; when every
+  child is rejected, the emitted token is drawn from r (p itself at a leaf:
+  the bonus token).
 
 Random draws (the reproducibility contract): a sampling decode with n nodes
 draws ``n + 1`` uniforms once per step from its generator: u_j decides node j
@@ -50,7 +55,9 @@ def greedy_tree_path(argmax: list[int],  # [1 + n]: the target's argmax at each 
 
 def sampled_tree_path(probs: torch.Tensor,  # [1 + n, V] float64 target distributions at the span rows
                       tokens: list[int], parents: list[int],
-                      uniforms: list[float]) -> tuple[list[int], int]:  # uniforms: [n + 1]
+                      uniforms: list[float],  # [n + 1]
+                      draft_probs: torch.Tensor | None = None,  # [n, V] each node's draft distribution; None: one-hot
+                      ) -> tuple[list[int], int]:
     """(the accepted nodes, root's child first; the emitted token), module docstring's scheme."""
     kids = children(parents)
     path: list[int] = []
@@ -58,14 +65,29 @@ def sampled_tree_path(probs: torch.Tensor,  # [1 + n, V] float64 target distribu
     while True:
         residual = probs[row].clone()  # [V]
         chosen = None
+        tried: list[int] = []  # tokens of the rejected siblings
         for j in kids[row]:
             mass = float(residual.sum())
             if not mass > 0:
                 break
-            if uniforms[j] * mass < float(residual[tokens[j]]):
+            if draft_probs is None:
+                if uniforms[j] * mass < float(residual[tokens[j]]):
+                    chosen = j
+                    break
+                residual[tokens[j]] = 0.0
+                continue
+            q = draft_probs[j].double().clone()  # [V]
+            q[tried] = 0.0
+            q_mass = float(q.sum())
+            if not q_mass > 0:  # no draw could have given x_j: nothing more to try here
+                break
+            # u < (r(x)/R) / (q(x)/Q) without dividing: q(x) = 0 accepts iff r(x) > 0
+            if uniforms[j] * float(q[tokens[j]]) * mass < float(residual[tokens[j]]) * q_mass:
                 chosen = j
                 break
-            residual[tokens[j]] = 0.0
+            residual = (residual / mass - q / q_mass).clamp_min(0.0)
+            residual[tokens[j]] = 0.0  # exactly: rejection happens only where r(x) < q(x)
+            tried.append(tokens[j])
         if chosen is None:
             dist = residual if float(residual.sum()) > 0 else probs[row]
             final = sample_from_probs(dist.unsqueeze(0), torch.tensor([uniforms[len(tokens)]], dtype=torch.float64))
@@ -83,6 +105,7 @@ def tree_accept(target_logprobs: torch.Tensor,  # [n_dec + T, V] filtered target
     assert parents is not None, "tree_accept needs Proposals.parents"
     tokens = proposals.to_lists()
     cu = proposals.cu_num_logits().tolist()
+    cu_draft = proposals.cu_num_draft_tokens.tolist()
     is_greedy = greedy.tolist()
     sampling = [i for i, g in enumerate(is_greedy) if not g]
     drawn = draw_uniforms([generators[i] for i in sampling], [len(tokens[i]) + 1 for i in sampling],
@@ -95,7 +118,8 @@ def tree_accept(target_logprobs: torch.Tensor,  # [n_dec + T, V] filtered target
             path, final = greedy_tree_path(argmax[rows], toks, par)
         else:
             uniforms, at = drawn[at: at + len(toks) + 1], at + len(toks) + 1
-            path, final = sampled_tree_path(target_logprobs[rows].double().exp(), toks, par, uniforms)
+            q = proposals.probs[cu_draft[i]: cu_draft[i + 1]] if proposals.probs is not None else None  # [n_i, V]
+            path, final = sampled_tree_path(target_logprobs[rows].double().exp(), toks, par, uniforms, q)
         paths.append(path)
         finals.append(final)
     return assemble_paths(tokens, paths, finals, target_logprobs.device)

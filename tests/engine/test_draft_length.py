@@ -44,18 +44,18 @@ def verify(req: Request, drafted: int, accepted: int) -> None:
     req.spec_stats.record(drafted, accepted)
 
 
-def test_adaptive_estimate_follows_acceptance():
+def test_adaptive_estimate_folds_each_verify_step_in_once():
     policy = AdaptiveDraftLength(spec(4, acceptance_decay=0.5, prior_acceptance=0.5))
     req = decoding("r")
-    assert policy.estimate(req) == pytest.approx(0.5)
-    verify(req, 4, 4)  # 4 successes, no failure
-    assert policy.estimate(req) == pytest.approx((0.5 + 4) / (0.5 + 4 + 0.5))
-    verify(req, 4, 1)  # 1 success, 1 failure
-    s, f = 0.5 * 4.5 + 1, 0.5 * 0.5 + 1
-    assert policy.estimate(req) == pytest.approx(s / (s + f))
-    # a step without proposals drifts back toward the prior
-    s, f = 0.5 * s + 0.5 * 1.0, 0.5 * f + 0.5 * 1.0
-    assert policy.estimate(req) == pytest.approx(s / (s + f))
+    assert policy.estimate(req).rates(4) == pytest.approx([0.5] * 4)
+    verify(req, 4, 1)  # position 1 kept, position 2 rejected, 3 and 4 not reached
+    rates = policy.estimate(req).rates(4)
+    first = (1 + 1 * 0.5) / (1 + 1)  # the prior's weight 2 decayed to 1
+    second = (0 + 1 * first) / (1 + 1)
+    assert rates == pytest.approx([first, second, second, second])
+    # a step without proposals: counts halve, the prior's weight goes back up to 1.5
+    first = (0.5 + 1.5 * 0.5) / (0.5 + 1.5)
+    assert policy.estimate(req).rates(2) == pytest.approx([first, (0 + 1.5 * first) / (0.5 + 1.5)])
 
 
 def test_adaptive_k_falls_with_rejections_and_rises_with_acceptance():

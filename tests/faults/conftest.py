@@ -7,6 +7,9 @@ and every proposer table is back to idle, and the engine serves new requests.
 
 from __future__ import annotations
 
+import random
+from collections.abc import Callable
+
 import pytest
 import torch
 
@@ -83,3 +86,28 @@ def check_serves(llm: LLM, hf_reference, llama_dir, n: int = 3) -> None:
     check_all_greedy([o.outputs[0].token_ids for o in outs],
                      [hf_reference(llama_dir).greedy(p, GREEDY.max_tokens) for p in prompts], "after faults")
     assert_idle(llm)
+
+
+def drive(llm: LLM, prompts, params: Callable[[int], SamplingParams], abort_at=(), seed: int = 0,
+          max_steps: int = 3000) -> tuple[dict, set]:
+    """Add every prompt (request ``f"r{i}"`` with ``params(i)``), step to the end aborting
+    a random unfinished request after the given step numbers; return (finished outputs
+    by id, ids this function aborted)."""
+    eng = llm.engine
+    ids = [eng.add_request(f"r{i}", p, params(i)) for i, p in enumerate(prompts)]
+    rng = random.Random(seed)
+    results, aborted, steps = {}, set(), 0
+    while eng.has_unfinished_requests():
+        steps += 1
+        assert steps <= max_steps, "engine stuck"
+        for out in eng.step():
+            assert out.outputs[0].finish_reason != "error", out.error
+            if out.finished:
+                results[out.request_id] = out
+        if steps in abort_at:
+            live = [i for i in ids if i not in results and i not in aborted]
+            if live:
+                victim = rng.choice(live)
+                assert eng.abort_request(victim)
+                aborted.add(victim)
+    return results, aborted

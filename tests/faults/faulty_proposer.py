@@ -150,3 +150,24 @@ def corrupt(out: Proposals, kind: str, vocab: int, n: int):
     elif kind == "negative_probs":
         probs[:, 0] = -0.25
     return Proposals(ids, cu, probs)
+
+
+class Delegating(Proposer):
+    """A proposer that wraps ``real``: every call not overridden goes to it."""
+
+    api_version = "3.0"
+
+    def __init__(self, real: Proposer) -> None:
+        self.real, self.context, self.options, self.capabilities = real, real.context, real.options, real.capabilities
+
+    def propose(self, batch) -> Proposals:
+        return self.real.propose(batch)
+
+    def commit(self, batch, num_accepted, scores) -> None:
+        self.real.commit(batch, num_accepted, scores)
+
+    def free(self, request_id: str) -> None:
+        self.real.free(request_id)
+
+    def restore_prefix(self, request, num_cached_tokens: int) -> int:
+        return self.real.restore_prefix(request, num_cached_tokens)

@@ -22,6 +22,7 @@ import pytest
 import torch
 
 from conftest import GREEDY, assert_idle, make_llm
+from faulty_proposer import Delegating
 from speculant.config.models import ModelConfig
 from speculant.interfaces import Proposals, Proposer, QuerySpan, SequenceHandle, SequenceHandleError
 from tiny_models import random_prompts
@@ -37,12 +38,11 @@ FAULTS = {
 }
 
 
-class OwnershipProposer(Proposer):
+class OwnershipProposer(Delegating):
     name = "not_mine"
-    api_version = "3.0"
 
     def __init__(self, real: Proposer, model_dir, dtype: str) -> None:
-        self.real, self.context, self.options, self.capabilities = real, real.context, real.options, real.capabilities
+        super().__init__(real)
         target = self.context.target
         cfg = ModelConfig(path=str(model_dir), dtype=dtype, attention_backend="cpu_kernel",
                           max_model_len=target.max_model_len)
@@ -93,15 +93,6 @@ class OwnershipProposer(Proposer):
                 f"the refused {kind} span wrote K/V"
             raise
         raise AssertionError(f"a forward over a {kind} sequence did not raise")
-
-    def commit(self, batch, num_accepted, scores) -> None:
-        self.real.commit(batch, num_accepted, scores)
-
-    def free(self, request_id: str) -> None:
-        self.real.free(request_id)
-
-    def restore_prefix(self, request, num_cached_tokens: int) -> int:
-        return self.real.restore_prefix(request, num_cached_tokens)
 
 
 def _run(llm):

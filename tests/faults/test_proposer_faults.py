@@ -12,11 +12,11 @@ included) serves new requests.
 from __future__ import annotations
 
 import logging
-import random
 
 import pytest
 
 from conftest import GREEDY, PROPOSERS, assert_idle, check_serves, make_llm, real_proposer
+from conftest import drive as drive_all
 from faulty_proposer import FAULTS, RESTORE_FAULTS, SLEEP_S, FaultyProposer
 from greedy_compare import check_all_greedy
 from speculant import SamplingParams
@@ -33,26 +33,10 @@ def params(i: int) -> SamplingParams:
 
 
 def drive(llm, prompts, abort_at=(), seed=0, max_steps=3000):
-    """Add every prompt, step to the end aborting a random unfinished request at
-    the given step numbers; return (finished outputs by id, aborted ids)."""
-    eng = llm.engine
-    ids = [eng.add_request(f"r{i}", p, params(i)) for i, p in enumerate(prompts)]
-    rng = random.Random(seed)
-    results, aborted, steps = {}, set(), 0
-    while eng.has_unfinished_requests():
-        steps += 1
-        assert steps <= max_steps, "engine stuck"
-        for out in eng.step():
-            assert out.outputs[0].finish_reason != "error", out.error
-            if out.finished:
-                results[out.request_id] = out
-        if steps in abort_at:
-            live = [i for i in ids if i not in results and i not in aborted]
-            if live:
-                victim = rng.choice(live)
-                assert eng.abort_request(victim)
-                aborted.add(victim)
-    assert set(results) | aborted == set(ids) and not set(results) & aborted
+    """``conftest.drive`` with this module's parameters; every request finished or aborted, not both."""
+    results, aborted = drive_all(llm, prompts, params, abort_at, seed, max_steps)
+    ids = {f"r{i}" for i in range(len(prompts))}
+    assert set(results) | aborted == ids and not set(results) & aborted
     return results, aborted
 
 

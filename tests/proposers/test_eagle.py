@@ -136,12 +136,16 @@ class EveryOtherStep(FixedDraftLength):
 
 @torch.no_grad()
 @pytest.mark.parametrize("chunked", [False, True], ids=["chunking-off", "chunked"])
-def test_decodes_planned_no_proposals_defer_the_head_and_stay_in_sync(llama_dir, heads, reference, chunked):
+@pytest.mark.parametrize("catch_up_rows", [512, 3])
+def test_decodes_planned_no_proposals_defer_the_head_and_stay_in_sync(llama_dir, heads, reference, chunked,
+                                                                      catch_up_rows, monkeypatch):
     """A request planned k = 0 leaves its entries pending (the head does no work for
-    it); when it speculates again they all enter its cache, and its first proposal
-    still equals the head over the whole prefix; output equals no speculation."""
+    it); when it speculates again they all enter its cache (``catch_up_rows`` per
+    head forward: 3 splits every catch-up of more than 3 entries), and its first
+    proposal still equals the head over the whole prefix; output equals no speculation."""
     from speculant.proposers.eagle import proposer as eagle_proposer
 
+    monkeypatch.setattr(eagle_proposer, "CATCH_UP_ROWS", catch_up_rows)
     llm = eagle_llm(llama_dir, heads["full vocab"], chunked, budget=8)
     llm.engine.draft_length = EveryOtherStep(llm.config.speculative)
     proposer = llm.engine.spec.proposer
@@ -150,46 +154,66 @@ def test_decodes_planned_no_proposals_defer_the_head_and_stay_in_sync(llama_dir,
     recording = proposer.propose
 
     def propose(batch):
-        out = recording(batch)
         deferred.extend(len(proposer._state[d.request.request_id].pending_tokens) for d in batch.decodes
-                        if d.num_spec_tokens == 0 and d.request.request_id in proposer._state)
-        return out
+                        if d.num_spec_tokens > 0 and d.request.request_id in proposer._state)
+        return recording(batch)
 
     proposer.propose = propose
     outs = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in outs] == reference
-    assert deferred and max(deferred) >= 2  # entries of several steps waited
-    assert max(deferred) < eagle_proposer.MAX_PENDING
+    assert deferred and max(deferred) >= 4  # entries of several steps waited, then caught up at once
     assert first_proposals_match_the_head_over_the_prefix(llama_dir, proposer, outs, seen) >= 10
 
 
-def test_a_decode_that_never_speculates_keeps_bounded_pending_entries(llama_dir, heads, monkeypatch):
+class Never(FixedDraftLength):
+    name = "never"
+
+    def lengths(self, decoding, ceilings, fixed, fixed_requests=()):
+        return {r.request_id: 0 for r in decoding}
+
+
+def test_a_decode_that_never_speculates_costs_no_head_forward(llama_dir, heads, reference, monkeypatch):
+    """Held at k = 0 for a whole run, a request makes no head forward and no
+    ``propose`` call in a step of decodes alone; ``commit`` keeps every
+    position's hidden state pending, in few pieces (``MAX_PIECES``)."""
     from speculant.proposers.eagle import proposer as eagle_proposer
 
-    monkeypatch.setattr(eagle_proposer, "MAX_PENDING", 3)
+    monkeypatch.setattr(eagle_proposer, "MAX_PIECES", 4)
     llm = eagle_llm(llama_dir, heads["draft vocab"], chunked=True)
-
-    class Never(FixedDraftLength):
-        name = "never"
-
-        def lengths(self, decoding, ceilings, fixed, fixed_requests=()):
-            return {r.request_id: 0 for r in decoding}
-
     llm.engine.draft_length = Never(llm.config.speculative)
     proposer = llm.engine.spec.proposer
-    most = []
-    real = proposer.propose
+    calls: list[tuple[str, int]] = []
+    for name in ("propose", "commit"):
+        real = getattr(proposer, name)
 
-    def propose(batch):
-        out = real(batch)
-        most.append(max((len(st.pending_tokens) for st in proposer._state.values()), default=0))
-        return out
+        def spy(batch, *args, _real=real, _name=name):
+            calls.append((_name, len(batch.prefills)))
+            return _real(batch, *args)
+        setattr(proposer, name, spy)
+    extends = []
+    real_extend = proposer.head.extend
+    proposer.head.extend = lambda *a, **kw: extends.append(1) or real_extend(*a, **kw)
+    pending = {}
+    real_free = proposer.free
 
-    proposer.propose = propose
-    llm.generate(PROMPTS[:2], GREEDY, use_tqdm=False)
+    def free(request_id):
+        st = proposer._state.get(request_id)
+        if st is not None:
+            pending[request_id] = (len(st.pending_tokens), st.next_position, len(st.pending_hidden),
+                                   sum(h.shape[0] for h in st.pending_hidden))
+        real_free(request_id)
+    proposer.free = free
+    outs = llm.generate(PROMPTS[:2], GREEDY, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == reference[:2]
     assert llm.get_metrics()["num_draft_tokens"] == 0
-    # nothing speculates, so entries wait, prompt chunks' and decodes' alike, but never 3 past a propose
-    assert most and max(most) == 2
+    assert not extends  # the head never ran
+    assert all(num_prefills > 0 for name, num_prefills in calls if name == "propose")
+    decode_only = [c for c in calls if c[1] == 0]
+    assert decode_only and all(name == "commit" for name, _ in decode_only)
+    for o in outs:  # every position but the last has its entry waiting, in at most MAX_PIECES pieces
+        n = len(o.prompt_token_ids) + len(o.outputs[0].token_ids) - 1
+        assert pending[o.request_id][:2] == (n, n)
+        assert pending[o.request_id][2] < 4 and pending[o.request_id][3] == n
 
 
 def test_drafts_do_not_depend_on_the_chunk_size(llama_dir, heads):

@@ -93,3 +93,56 @@ def test_rejection_sampler_accepts_trees_row_by_row():
     path, final = sampled_tree_path(lp[len(TOKENS) + 1:].double().exp(), TOKENS, PARENTS, uniforms)
     assert out.paths[1] == path and out.token_ids[1].tolist()[: len(path) + 1] == [TOKENS[j] for j in path] + [final]
     assert out.num_accepted.tolist() == [2, len(path)]
+
+
+# ---- siblings drawn from a draft distribution (EAGLE's sampled trees) -------------------------------------------
+
+def draft_rows(seed: int) -> torch.Tensor:  # [1 + n, V]: the draft's distribution after each span row, peaked
+    g = torch.Generator().manual_seed(100 + seed)
+    return (3 * torch.randn(len(TOKENS) + 1, V, generator=g, dtype=torch.float64)).softmax(-1)
+
+
+def drafted(rows: torch.Tensor, q_rows: torch.Tensor, wrong: bool = False) -> torch.Tensor:  # -> [N, 2]
+    """Each decode's tree (the shape of PARENTS) drawn from the draft: a node's children
+    are distinct draws without replacement from its row of ``q_rows``, carried as their
+    draft probs; the target's row of a node is ``rows[1 + token]`` (the target after that
+    token), the root's ``rows[0]``. ``wrong``: the draft reports the uniform distribution
+    instead of the one it drew from (ignoring q altogether, one-hot drafts, would stay
+    lossless: a one-hot proposal may be any token)."""
+    gen = torch.Generator().manual_seed(0)
+    kids: dict[int, list[int]] = {}
+    for j, p in enumerate(PARENTS):
+        kids.setdefault(p, []).append(j)
+    out = torch.empty((N, 2), dtype=torch.long)
+    for i in range(N):
+        tokens = [0] * len(TOKENS)
+        for parent in sorted(kids):  # parents come before their children
+            q = q_rows[0] if parent < 0 else q_rows[1 + tokens[parent]]
+            for j, tok in zip(kids[parent], torch.multinomial(q, len(kids[parent]), generator=gen).tolist()):
+                tokens[j] = tok
+        target = torch.stack([rows[0]] + [rows[1 + t % len(TOKENS)] for t in tokens])  # [1 + n, V]
+        draft = torch.stack([q_rows[0] if p < 0 else q_rows[1 + tokens[p]] for p in PARENTS])  # [n, V]
+        uniforms = torch.rand(len(TOKENS) + 1, generator=gen, dtype=torch.float64).tolist()
+        path, final = sampled_tree_path(target, tokens, PARENTS, uniforms, torch.full_like(draft, 1 / V) if wrong
+                                        else draft)
+        seq = [tokens[j] for j in path] + [final]
+        out[i] = torch.tensor((seq + [-1])[:2])
+    return out
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_trees_drawn_from_the_draft_follow_the_target(seed):
+    """First token against the root's target row; the second, after each first token that was
+    an accepted child, against the target's row after that token."""
+    rows, q_rows = rows_of(seed), draft_rows(seed)
+
+    def smallest(tokens: torch.Tensor) -> float:
+        worst = chi_square_p(torch.bincount(tokens[:, 0], minlength=V), rows[0])
+        for tok in range(V):
+            after = tokens[(tokens[:, 0] == tok) & (tokens[:, 1] >= 0), 1]
+            if after.numel() >= 200:
+                worst = min(worst, chi_square_p(torch.bincount(after, minlength=V), rows[1 + tok % len(TOKENS)]))
+        return worst
+
+    assert smallest(drafted(rows, q_rows)) > 1e-3
+    assert smallest(drafted(rows, q_rows, wrong=True)) < 1e-6, "the test cannot tell a wrong q apart"

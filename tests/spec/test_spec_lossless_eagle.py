@@ -110,3 +110,46 @@ def test_eagle_suffix_hybrid_rejection_sampling_matches_target_distribution(smal
     monkeypatch.setattr(hybrid_module, "deterministic_probs", uniform)
     wrong, _ = _hybrid_tokens(target, prompt, v16_eagle, params)
     assert min(chi_square_p(torch.bincount(wrong[:, j], minlength=V), expected[j]) for j in range(1, MAX_TOKENS)) < 1e-6
+
+
+def _tree_tokens(target, prompt, head_dir, params) -> tuple[torch.Tensor, LLM]:
+    llm = LLM(model=str(target), max_num_seqs=1024, max_num_batched_tokens=1024 * (len(prompt) + 1),
+              speculative={"proposer": "eagle", "acceptance": "rejection", "num_speculative_tokens": K,
+                           "tree_width": 3, "max_tree_tokens": 6, "draft_length": {"policy": "fixed"},
+                           "proposer_options": {"path": str(head_dir)}})
+    return torch.tensor([o.outputs[0].token_ids for o in run(llm, [prompt] * N, params)]), llm
+
+
+def test_eagle_sampled_trees_match_target_distribution(small_vocab, v16_eagle, monkeypatch):  # noqa: F811
+    """EAGLE token trees at temperature 0.8 (siblings drawn without replacement from the
+    head's distribution, verified by multi-candidate rejection with those probabilities):
+    the output follows the target's marginals; verifying the same draws against a
+    distribution other than the one they were drawn from breaks it (the test's power)."""
+    import speculant.sampling.tree_acceptance as tree_acceptance
+
+    target, _, prompts = small_vocab
+    prompt = prompts["draft_model"]
+    params = [SamplingParams(seed=i, max_tokens=MAX_TOKENS, ignore_eos=True, temperature=0.8) for i in range(N)]
+    paths: list[list[int]] = []
+    real = tree_acceptance.sampled_tree_path
+
+    def recorded(probs, tokens, parents, uniforms, draft_probs=None):
+        assert draft_probs is not None, "a sampled EAGLE tree reached acceptance without its draft probabilities"
+        path, final = real(probs, tokens, parents, uniforms, draft_probs)
+        paths.append(path)
+        return path, final
+
+    monkeypatch.setattr(tree_acceptance, "sampled_tree_path", recorded)
+    tokens, llm = _tree_tokens(target, prompt, v16_eagle, params)
+    m = llm.get_metrics()
+    assert m["num_accepted_tokens"] >= 100 and m["num_draft_tokens"] - m["num_accepted_tokens"] >= 100, m
+    assert sum(1 for p in paths if p and p[0] != 0) >= 100, "few steps accepted a sibling after the first"
+    expected = marginals(target, prompt, params[0])
+    assert_follows_marginals(tokens, expected, "eagle trees")
+
+    def uniform_q(probs, tokens, parents, uniforms, draft_probs=None):  # the draws verified against a wrong q
+        return real(probs, tokens, parents, uniforms, torch.full_like(draft_probs, 1.0 / V))
+
+    monkeypatch.setattr(tree_acceptance, "sampled_tree_path", uniform_q)
+    wrong, _ = _tree_tokens(target, prompt, v16_eagle, params)
+    assert min(chi_square_p(torch.bincount(wrong[:, j], minlength=V), expected[j]) for j in range(1, MAX_TOKENS)) < 1e-6

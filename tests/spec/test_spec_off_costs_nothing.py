@@ -1,8 +1,9 @@
 """Off is off (issue 50): a step whose decodes are all at k = 0 makes no
 proposer call, whether the adaptive policy turned speculation off or the
 requests did (``{"enabled": false}``); the proposer still follows prefill
-chunks, one that reads the target's hidden states (EAGLE) still sees every
-step, and greedy output equals the engine without a proposer."""
+chunks, one that reads the target's hidden states (EAGLE) still gets every
+step's ``commit`` (but no ``propose``), and greedy output equals the engine
+without a proposer."""
 
 from __future__ import annotations
 
@@ -64,13 +65,14 @@ def test_a_step_at_k0_makes_no_proposer_call(llama_dir, proposer, why):
         assert not llm.engine.spec.proposer._computed
 
 
-def test_a_proposer_reading_hidden_states_still_sees_every_step():
+def test_a_proposer_reading_hidden_states_commits_every_step_without_proposing():
     from speculant.engine.batch import StepBatch
-    from speculant.engine.step import proposer_runs
+    from speculant.engine.step import proposer_commits, proposer_runs
     from speculant.proposers.eagle.proposer import EagleProposer
     from speculant.proposers.suffix import SuffixProposer
 
     empty = StepBatch()  # no prefill chunk, no decode planned proposals
+    eagle, suffix = EagleProposer.__new__(EagleProposer), SuffixProposer.__new__(SuffixProposer)
     assert EagleProposer.capabilities.needs_target_hidden_states  # it records them at every commit
-    assert proposer_runs(EagleProposer.__new__(EagleProposer), empty)
-    assert not proposer_runs(SuffixProposer.__new__(SuffixProposer), empty)
+    assert proposer_commits(eagle, empty) and not proposer_runs(eagle, empty)
+    assert not proposer_commits(suffix, empty) and not proposer_runs(suffix, empty)

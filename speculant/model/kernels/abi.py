@@ -77,6 +77,12 @@ def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.speculant_qlinear_block.restype = i32
     lib.speculant_qdequant_rows.argtypes = [i32, p, i64, i64, p, i64, p]
     lib.speculant_qdequant_rows.restype = i32
+    lib.speculant_qrepack_wanted.argtypes = [i32]
+    lib.speculant_qrepack_wanted.restype = i32
+    lib.speculant_qrepacked_bytes.argtypes = [i32, i64, i64]
+    lib.speculant_qrepacked_bytes.restype = i64
+    lib.speculant_qrepack_x16.argtypes = [i32, p, i64, i64, p]
+    lib.speculant_qrepack_x16.restype = i32
     lib.speculant_decoder_scratch_elems.argtypes = [i64] * 6
     lib.speculant_decoder_scratch_elems.restype = i64
     return lib

@@ -1,9 +1,12 @@
 """Linear layers whose weight stays in a GGUF block format (``model.quantization = "gguf"``).
 
-``QuantLinear`` holds the weight exactly as the GGUF file stores it: one row of
+``QuantLinear`` holds the weight as the GGUF file stores it: one row of
 ``in_features`` weights per output feature, each row a run of blocks (Q4_K: 256
 weights in 144 bytes; Q6_K: 256 in 210; Q8_0: 32 in 34 ...), as a ``uint8``
-tensor ``[out_features, row_bytes]``. ``csrc/quant_linear.c`` computes
+tensor ``[out_features, row_bytes]``; or, for Q4_K and Q6_K where the AVX-512
+VNNI path runs, the same information repacked at load in groups of 16 rows
+(``REPACKED_FORMATS``, ``csrc/quant_repack.c``: 4 codes of each row per 32-bit
+lane, scales as bytes), which that path's group kernel reads without shuffles. ``csrc/quant_linear.c`` computes
 ``y = x W^T + b``: it quantizes each input row to 8 bits per block of 32 and
 takes integer dot products against the decoded weight blocks. A row's output
 does not depend on the other rows of the call, so a speculative verify of n rows
@@ -15,7 +18,9 @@ with their block sizes. A tensor of any other type is dequantized at load
 reference and the AVX2 and AVX-512 VNNI dot products over decoded tiles
 (``csrc/quant_linear.c``; Q4_0, Q4_1, Q8_0, Q4_K and Q6_K tiles decoded with
 AVX2, Q5_0 and Q5_K with scalar code); Q4_K and Q6_K also have integer-only
-AVX-512 VNNI rows decoded into registers (``csrc/quant_avx512_vnni.c``, a path file).
+AVX-512 VNNI kernels: per file row (``csrc/quant_avx512_vnni.c``) and per repacked
+group of 16 rows (``csrc/quant_x16_avx512_vnni.c``); other paths read a repacked
+group row by row through the reference decoder.
 """
 
 from __future__ import annotations
@@ -48,6 +53,15 @@ class QuantFormat:
     """ggml's type number, as the GGUF file records it."""
     block_elems: int
     block_bytes: int
+    """Bytes per block of one row; for a repacked layout, a group tile's bytes / ``group_rows``."""
+    group_rows: int = 1
+    """1: the file's layout, one row after another. 16: rows repacked in groups of 16
+    (``csrc/quant_repack.c``), the group tile after tile, the last group padded with zero rows."""
+
+    def storage_shape(self, out_features: int, in_features: int) -> tuple[int, int]:
+        """The ``uint8`` blocks tensor's shape for a weight of ``[out_features, in_features]``."""
+        groups = -(-out_features // self.group_rows)
+        return groups, in_features // self.block_elems * self.block_bytes * self.group_rows
 
 
 QUANT_FORMATS = {f.type_id: f for f in (
@@ -55,6 +69,34 @@ QUANT_FORMATS = {f.type_id: f for f in (
     QuantFormat("Q5_0", 6, 32, 22), QuantFormat("Q8_0", 8, 32, 34),
     QuantFormat("Q4_K", 12, 256, 144), QuantFormat("Q5_K", 13, 256, 176),
     QuantFormat("Q6_K", 14, 256, 210))}
+REPACKED_FORMATS = {12: QuantFormat("Q4_K_X16", 76, 256, 148, 16), 14: QuantFormat("Q6_K_X16", 78, 256, 212, 16)}
+"""File type -> its layout repacked for the AVX-512 VNNI group kernel (Q4_K 1.03x, Q6_K 1.01x the file's bytes)."""
+STORAGE_FORMATS = {**QUANT_FORMATS, **{f.type_id: f for f in REPACKED_FORMATS.values()}}
+"""Every layout a ``QuantLinear`` holds, by the type id the kernel reads."""
+
+
+def repack_wanted(fmt: QuantFormat) -> bool:
+    """Whether ``fmt``'s blocks should be repacked here: the kernel's path is AVX-512 VNNI, which
+    reads the repacked layout fastest (every other path reads it too, more slowly)."""
+    lib = load_kernel()
+    return lib is not None and bool(lib.speculant_qrepack_wanted(fmt.type_id))
+
+
+def stored_blocks(blocks: torch.Tensor, fmt: QuantFormat, in_features: int,
+                  repack: bool | None = None) -> tuple[torch.Tensor, QuantFormat]:
+    """The blocks a layer keeps for the file's ``blocks`` ``[out, row_bytes]`` and their format:
+    repacked where ``repack`` (None: ``repack_wanted``) and the format has a repacked layout."""
+    if fmt.type_id not in REPACKED_FORMATS or not (repack_wanted(fmt) if repack is None else repack):
+        return blocks, fmt
+    lib = load_kernel()
+    if lib is None:
+        raise RuntimeError(quant_kernel_unavailable_reason())
+    target = REPACKED_FORMATS[fmt.type_id]
+    src = blocks.contiguous()
+    out = torch.empty(target.storage_shape(src.shape[0], in_features), dtype=torch.uint8)
+    if lib.speculant_qrepack_x16(fmt.type_id, src.data_ptr(), src.shape[0], in_features, out.data_ptr()) != 0:
+        raise ValueError(f"{fmt.name} blocks with {in_features} input features cannot be repacked")
+    return out, target
 
 
 def quant_kernel_unavailable_reason() -> str | None:
@@ -99,22 +141,24 @@ class QuantLinear(nn.Module):
     bias_f32: torch.Tensor | None  # [out_features]
 
     def __init__(self, blocks: torch.Tensor, type_id: int, in_features: int, bias: torch.Tensor | None,
-                 dtype: torch.dtype, out_dtype: torch.dtype | None = None) -> None:
-        # blocks: [out_features, row_bytes] uint8, the file's bytes; bias: [out_features] or None.
+                 dtype: torch.dtype, out_features: int | None = None, out_dtype: torch.dtype | None = None) -> None:
+        # blocks: [out_features, row_bytes] uint8, the file's bytes (or a repacked layout's
+        # storage_shape, with out_features given); bias: [out_features] or None.
         # out_dtype: the output's dtype (None: the input's); the output layer keeps float32 logits
         super().__init__()
-        fmt = QUANT_FORMATS[type_id]
+        fmt = STORAGE_FORMATS[type_id]
         if in_features % fmt.block_elems or in_features % 32:
             raise ValueError(f"{fmt.name} weight with {in_features} input features: not a whole number of "
                              f"{fmt.block_elems}-weight blocks")
-        if blocks.dtype != torch.uint8 or blocks.shape[1] != in_features // fmt.block_elems * fmt.block_bytes:
+        out_features = blocks.shape[0] if out_features is None else out_features
+        if blocks.dtype != torch.uint8 or tuple(blocks.shape) != fmt.storage_shape(out_features, in_features):
             raise ValueError(f"{fmt.name} blocks of shape {tuple(blocks.shape)} / {blocks.dtype} do not hold "
-                             f"{in_features} weights per row")
+                             f"{out_features} rows of {in_features} weights")
         if dtype not in _DTYPE_CODES:
             raise ValueError(f"quantized linear layers compute in float32 or bfloat16, not {dtype}")
         self.format = fmt
         self.in_features = in_features
-        self.out_features = blocks.shape[0]
+        self.out_features = out_features
         self.register_buffer("blocks", blocks.contiguous(), persistent=False)
         self.register_buffer("bias_f32", None if bias is None else bias.detach().float().contiguous(),
                              persistent=False)
@@ -192,11 +236,12 @@ class QuantEmbedding(nn.Module):
     blocks: torch.Tensor  # [num_embeddings, row_bytes] uint8
 
     def __init__(self, blocks: torch.Tensor, type_id: int, embedding_dim: int, dtype: torch.dtype,
-                 padding_idx: int | None = None) -> None:
-        # blocks: [num_embeddings, row_bytes] uint8
+                 padding_idx: int | None = None, num_embeddings: int | None = None) -> None:
+        # blocks: [num_embeddings, row_bytes] uint8 (or a repacked layout's storage_shape, with num_embeddings)
         super().__init__()
-        self.format = QUANT_FORMATS[type_id]
-        self.num_embeddings, self.embedding_dim = blocks.shape[0], embedding_dim
+        self.format = STORAGE_FORMATS[type_id]
+        self.num_embeddings = blocks.shape[0] if num_embeddings is None else num_embeddings
+        self.embedding_dim = embedding_dim
         self.padding_idx = padding_idx
         self.register_buffer("blocks", blocks, persistent=False)
         self.compute_dtype = dtype

@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from speculant.model.linear import quantized
-from speculant.model.linear.quantized import QUANT_FORMATS, QuantEmbedding, QuantLinear
+from speculant.model.linear.quantized import QUANT_FORMATS, QuantEmbedding, QuantFormat, QuantLinear, stored_blocks
 from speculant.model.loading.gguf_tensors import GGUFTensors
 
 logger = logging.getLogger(__name__)
@@ -119,7 +119,7 @@ def keep_quantized(model: Any, source: Path, dtype: torch.dtype) -> QuantReport:
         return report
     name_map = gguf.get_tensor_name_map(arch, cfg.num_hidden_layers)
     tensors = {t.name: t for t in reader.tensors}
-    shared: dict[str, torch.Tensor] = {}  # GGUF name -> its blocks tensor (tied embedding / output)
+    shared: dict[str, tuple[torch.Tensor, QuantFormat]] = {}  # GGUF name -> blocks kept, their layout (tied)
     embed = model.get_input_embeddings()
     slots = [(n, m) for n, m in model.named_modules() if type(m) is nn.Linear]
     out_emb = model.get_output_embeddings()
@@ -135,22 +135,24 @@ def keep_quantized(model: Any, source: Path, dtype: torch.dtype) -> QuantReport:
         if fmt is None:
             report.dequantized.setdefault(f"type {tensor.tensor_type.name} has no kernel", []).append(tensor.name)
             continue
-        blocks = shared.get(tensor.name)
-        if blocks is None:
+        if tensor.name not in shared:
             raw = np.asarray(tensor.data)
             ok, order = _matching_order(raw, fmt.name, module.in_features, module.weight,
                                         _row_orders(tensor.name, module.out_features, cfg))
             if not ok:
                 report.dequantized.setdefault("rows do not match the converted weight", []).append(tensor.name)
                 continue
-            blocks = torch.from_numpy(np.array(raw if order is None else raw[order]))  # a copy: the file may change
-            shared[tensor.name] = blocks
-            report.quantized_bytes += blocks.numel()
+            # a copy (the file may change), repacked where the kernel's path reads that faster
+            file_blocks = torch.from_numpy(np.array(raw if order is None else raw[order]))
+            shared[tensor.name] = stored_blocks(file_blocks, fmt, module.in_features)
+            report.quantized_bytes += shared[tensor.name][0].numel()
+        blocks, layout = shared[tensor.name]
         # the output layer keeps its float32 accumulations: rounded to bfloat16, near-equal logits tie
         # (one step is 0.125 at a logit of 20) and greedy decoding would pick the lower token id
         head = module is out_emb
-        _replace(model, module_name, QuantLinear(blocks, fmt.type_id, module.in_features, module.bias,
-                                                 torch.float32 if head else dtype, torch.float32 if head else None))
+        _replace(model, module_name, QuantLinear(blocks, layout.type_id, module.in_features, module.bias,
+                                                 torch.float32 if head else dtype, module.out_features,
+                                                 torch.float32 if head else None))
         report.num_quantized += 1
         report.formats[fmt.name] = report.formats.get(fmt.name, 0) + 1
     _quantize_embedding(model, tensors, shared, dtype, report)
@@ -161,8 +163,8 @@ def keep_quantized(model: Any, source: Path, dtype: torch.dtype) -> QuantReport:
     return report
 
 
-def _quantize_embedding(model: Any, tensors: dict, shared: dict[str, torch.Tensor], dtype: torch.dtype,
-                        report: QuantReport) -> None:
+def _quantize_embedding(model: Any, tensors: dict, shared: dict[str, tuple[torch.Tensor, QuantFormat]],
+                        dtype: torch.dtype, report: QuantReport) -> None:
     embed = model.get_input_embeddings()
     tensor = tensors.get("token_embd.weight")
     if type(embed) is not nn.Embedding or tensor is None:
@@ -172,7 +174,7 @@ def _quantize_embedding(model: Any, tensors: dict, shared: dict[str, torch.Tenso
         if fmt is None and tensor.tensor_type.name not in ("F32", "F16", "BF16"):
             report.dequantized.setdefault(f"type {tensor.tensor_type.name} has no kernel", []).append(tensor.name)
         return
-    blocks = shared.get(tensor.name)
+    blocks, layout = shared.get(tensor.name, (None, fmt))  # a tied output projection's blocks, maybe repacked
     if blocks is None:
         raw = np.asarray(tensor.data)
         ok, _ = _matching_order(raw, fmt.name, embed.embedding_dim, embed.weight, [None])
@@ -181,7 +183,8 @@ def _quantize_embedding(model: Any, tensors: dict, shared: dict[str, torch.Tenso
             return
         blocks = torch.from_numpy(np.array(raw))
         report.quantized_bytes += blocks.numel()
-    model.set_input_embeddings(QuantEmbedding(blocks, fmt.type_id, embed.embedding_dim, dtype, embed.padding_idx))
+    model.set_input_embeddings(QuantEmbedding(blocks, layout.type_id, embed.embedding_dim, dtype, embed.padding_idx,
+                                              embed.num_embeddings))
 
 
 def release_freed_memory() -> None:

@@ -147,29 +147,37 @@ class EagleHead(nn.Module):
         return self._finish(x, attn.transpose(1, 2).flatten(-2))
 
     # --- drafting: new entries appended to per-sequence caches ------------------
-    def _attend(self, q: torch.Tensor,  # [m, heads, D], the last m of the sequence's positions
+    def _attend(self, q: torch.Tensor,  # [m, heads, D], the last m of the sequence's entries
                 keys: torch.Tensor, values: torch.Tensor,  # [L, kv_heads, D]
+                visible: torch.Tensor | None = None,  # [m, L] bool: which keys each query sees; None: causal
                 ) -> torch.Tensor:  # [m, heads, D]
-        """Causal attention of the newest m entries over the cache, the query heads
-        of each K/V head as one batched matmul (small, so no SDPA dispatch)."""
+        """Attention of the newest m entries over the cache (causal, or the
+        ``visible`` mask of a token tree), the query heads of each K/V head as
+        one batched matmul (small, so no SDPA dispatch)."""
         m, total, rep = q.shape[0], keys.shape[0], self.heads // self.kv_heads
         grouped = q.permute(1, 0, 2).reshape(self.kv_heads, rep * m, self.head_dim)  # head h -> kv head h // rep
         scores = grouped @ keys.permute(1, 2, 0) * self.head_dim ** -0.5  # [kv_heads, rep * m, L]
-        if m > 1:  # query i (position total - m + i) sees keys up to its own position
-            mask = torch.ones(m, total, dtype=torch.bool, device=q.device).tril(total - m).repeat(rep, 1)
-            scores = scores.masked_fill(~mask, float("-inf"))
+        if visible is None and m > 1:  # query i (entry total - m + i) sees keys up to its own entry
+            visible = torch.ones(m, total, dtype=torch.bool, device=q.device).tril(total - m)
+        if visible is not None:
+            scores = scores.masked_fill(~visible.repeat(rep, 1), float("-inf"))
         out = scores.softmax(-1) @ values.transpose(0, 1)  # [kv_heads, rep * m, D]
         return out.reshape(self.heads, m, self.head_dim).transpose(0, 1)
 
     def extend(self, token_emb: torch.Tensor, hidden: torch.Tensor,  # [T, H] each, sequences back to back
                positions: torch.Tensor,  # [T] long
                segments: list[tuple[SeqKV, int]],  # (cache, rows) per sequence, in row order
+               visible: list[torch.Tensor | None] | None = None,  # per segment [m, L after the append] bool
                ) -> torch.Tensor:  # predicted features [T, H]
+        """Append each segment's m new entries to its cache and run them; entry
+        i of a segment sees the cache up to itself (causal) unless ``visible``
+        gives the segment a mask (token trees: the request's entries and the
+        node's ancestors, ``proposers.eagle.tree_draft``)."""
         x = self.fuse(token_emb, hidden)
         q, k, v = self._qkv(self.input_norm(x), positions)
         outs, row = [], 0
-        for cache, m in segments:
+        for s, (cache, m) in enumerate(segments):
             keys, values = cache.append(k[row: row + m], v[row: row + m])
-            outs.append(self._attend(q[row: row + m], keys, values))
+            outs.append(self._attend(q[row: row + m], keys, values, visible[s] if visible is not None else None))
             row += m
         return self._finish(x, torch.cat(outs).flatten(-2))

@@ -1,21 +1,30 @@
 """EAGLE proposer: an autoregressive one-layer head on the target's hidden states.
 
 The head's cache follows the target's hidden states, prompt chunks included,
-whenever the request is about to draft. At commit it receives
-the target's hidden state at every position the step computed (every row of
-each prefill chunk, ``Scores.prompt_hidden``, and the kept rows of each
-decode) with the token that follows each position; those entries wait as
-*pending* and enter the head's cache in a later ``propose``, in one head
-forward for the whole batch: when the request speculates, or once it holds
-``MAX_PENDING`` entries (so a long prompt enters chunk by chunk and memory
-stays bounded). A request planned no proposals (the adaptive draft-length
-policy at a large batch) costs the head nothing until it drafts again, and a
-batch that never speculates never runs the head. The last pending entry of a
-speculating decode predicts the target's next feature and so the first proposal; each further
-proposal feeds the predicted feature and the drawn token back in (one
-single-token head forward per step, batched over the decodes). Entries made
-from predicted features are rolled back at commit and recomputed from the
-target's real hidden states.
+whenever the request is about to draft. At commit it receives the target's
+hidden state at every position the step computed (every row of each prefill
+chunk, ``Scores.prompt_hidden``, and the kept rows of each decode) with the
+token that follows each position; those entries wait as *pending* and enter
+the head's cache only when the request next speculates: one batched head
+pass over everything the speculating decodes missed (at most
+``CATCH_UP_ROWS`` rows per request per head forward, which bounds the
+attention scores' memory). So a request held at k = 0 (the adaptive policy,
+or ``{"enabled": false}``) costs the head nothing: no head forward, and the
+engine does not call ``propose`` in a step where no decode speculates; its
+``commit`` only appends the step's hidden rows to the request's pending list.
+
+Why keep the target's hidden states rather than recompute them on resuming:
+keeping costs one [m, H] row copy per request per step and H values per
+position of memory (SmolLM2-135M in bfloat16: 1.1 KB per position, about 5%
+of the target's own K/V); recomputing them would need a target forward over
+every missed position each time speculation resumes (t(m)/t(1) target
+forwards), and the adaptive policy resumes often to test a request again.
+
+The last pending entry of a speculating decode predicts the target's next
+feature and so the first proposal; each further proposal feeds the predicted
+feature and the drawn token back in (one single-token head forward per step,
+batched over the decodes). Entries made from predicted features are rolled
+back at commit and recomputed from the target's real hidden states.
 
 A request whose state was dropped while it runs (a proposer fault) restarts
 its cache at the next position it gets hidden states for; a preempted
@@ -40,18 +49,23 @@ from safetensors.torch import load_file
 
 from speculant.interfaces import EngineConfigView, Proposals, Proposer, ProposerCapabilities, ProposerContext, Scores
 from speculant.interfaces.batch import RequestView, StepBatch
+from speculant.interfaces.data import AcceptedNodes
+from speculant.interfaces.tree import tree_settings
 from speculant.model.linear.backend import pack_linear_layers
 from speculant.model.linear.onednn import onednn_unavailable_reason
 from speculant.model.loading.files import read_text_config
 from speculant.proposers.drafting import DraftDraw, DraftSteps, draw_proposals
 from speculant.proposers.eagle.model import MODEL_TYPE, EagleHead, SeqKV
 from speculant.proposers.eagle.prefix_store import HeadKVStore, store_blocks, stored_prefix
+from speculant.proposers.eagle.tree_draft import RequestTree, build_proposals, draft_trees
 from speculant.sampling.acceptance import verifies_by_argmax
 
 OPTION = "speculative.proposer_options.path"
-# A request that does not speculate holds at most this many entries (token + [H] hidden
-# state each) pending at a propose; more enter its cache there: bounded memory per request.
-MAX_PENDING = 256
+# Catching up, a request's pending entries enter its head cache at most this many per head
+# forward (the attention scores of one forward are [heads, rows, cached positions]).
+CATCH_UP_ROWS = 512
+# Pending hidden rows are joined into one tensor once a request holds this many pieces.
+MAX_PIECES = 64
 
 
 class EagleOptions(BaseModel):
@@ -112,13 +126,27 @@ class SeqState:
     def next_position(self) -> int:
         return self.base + self.true_len + len(self.pending_tokens)
 
+    def queue(self, tokens: Sequence[int], hidden: torch.Tensor) -> None:  # hidden [m, H], a copy
+        self.pending_tokens += tokens
+        self.pending_hidden.append(hidden)
+        if len(self.pending_hidden) >= MAX_PIECES:  # one tensor, not a list growing by a row per step
+            self.pending_hidden = [torch.cat(self.pending_hidden)]
+
+    def take(self, n: int) -> tuple[list[int], torch.Tensor]:
+        """The first ``n`` pending entries (tokens, hidden [n, H]), removed from the queue."""
+        hidden = torch.cat(self.pending_hidden) if len(self.pending_hidden) > 1 else self.pending_hidden[0]
+        tokens, self.pending_tokens = self.pending_tokens[:n], self.pending_tokens[n:]
+        self.pending_hidden = [hidden[n:]] if self.pending_tokens else []
+        return tokens, hidden[:n]
+
 
 class EagleProposer(Proposer):
     name = "eagle"
     api_version = "3.0"
     capabilities = ProposerCapabilities(needs_target_hidden_states=True, needs_prompt_hidden_states=True,
                                         supports_chunked_prefill=True, draft_probs="full",
-                                        supports_prefix_caching=True)  # restore_prefix: its own block store
+                                        supports_prefix_caching=True,  # restore_prefix: its own block store
+                                        proposes_trees=True)  # top-k expansion of the head (tree_draft)
     Options = EagleOptions
     options: EagleOptions
     model_type = MODEL_TYPE
@@ -183,34 +211,39 @@ class EagleProposer(Proposer):
         self._draft_out = layers["out"] if "out" in layers else None
 
     # --- propose -------------------------------------------------------------
-    def _catch_up(self, batch: StepBatch, want_output: set[str]) -> dict[str, torch.Tensor]:
-        """Move pending entries into the caches of ``want_output`` (the
-        speculating decodes) and of batch requests holding ``MAX_PENDING``
-        entries (one head forward); returns the last entry's predicted feature
-        [H] for ``want_output``."""
-        states = [(rid, st) for rid, st in ((e.request.request_id, self._state.get(e.request.request_id))
-                                            for e in batch.entries)
-                  if st is not None and st.pending_tokens
-                  and (rid in want_output or len(st.pending_tokens) >= MAX_PENDING)]
-        if not states:
-            return {}
+    def _catch_up(self, batch: StepBatch, speculating: list[str]) -> dict[str, torch.Tensor]:
+        """Move the pending entries of the ``speculating`` decodes into their
+        head caches, batched over them, ``CATCH_UP_ROWS`` rows of each per head
+        forward; returns each one's last entry's predicted feature [H]."""
+        states = [(rid, st) for rid in speculating
+                  if (st := self._state.get(rid)) is not None and st.pending_tokens]
+        requests = {e.request.request_id: e.request for e in batch.entries}
+        features: dict[str, torch.Tensor] = {}
+        while states:
+            features.update(self._extend(states, requests))
+            states = [(rid, st) for rid, st in states if st.pending_tokens]
+        return features
+
+    def _extend(self, states: list[tuple[str, SeqState]],
+                requests: dict[str, RequestView]) -> dict[str, torch.Tensor]:
+        """One head forward over up to ``CATCH_UP_ROWS`` pending entries of each
+        of ``states``; the last row's predicted feature [H] of each."""
         device = self.context.target.device
         tokens, positions, hidden, segments = [], [], [], []
         for _, st in states:
-            m = len(st.pending_tokens)
-            start = st.base + st.true_len
-            tokens += st.pending_tokens
+            ids, rows = st.take(CATCH_UP_ROWS)
+            start, m = st.base + st.true_len, len(ids)
+            tokens += ids
             positions.append(torch.arange(start, start + m))
-            hidden += st.pending_hidden
+            hidden.append(rows)
             st.kv.truncate(st.true_len)
             segments.append((st.kv, m))
             st.true_len += m
-            st.pending_tokens, st.pending_hidden = [], []
-        ids = torch.tensor(tokens, dtype=torch.long, device=device)
-        emb = self.context.target.input_embedding(ids)
-        feats = self.head.extend(emb, torch.cat(hidden).to(emb.dtype), torch.cat(positions).to(device), segments)
-        requests = {e.request.request_id: e.request for e in batch.entries}
-        new_hidden, row = torch.cat(hidden), 0
+        ids_t = torch.tensor(tokens, dtype=torch.long, device=device)
+        emb = self.context.target.input_embedding(ids_t)
+        new_hidden = torch.cat(hidden)
+        feats = self.head.extend(emb, new_hidden.to(emb.dtype), torch.cat(positions).to(device), segments)
+        row = 0
         for (rid, st), (_, m), pos in zip(states, segments, positions):  # all from the target's hidden states
             req = requests[rid]
             st.stored = store_blocks(self.prefix_store, req.block_hashes, req.token_ids, st.kv.k[:st.true_len],
@@ -218,7 +251,7 @@ class EagleProposer(Proposer):
                                      int(pos[0]), new_hidden[row: row + m])
             row += m
         ends = torch.tensor([m for _, m in segments]).cumsum(0) - 1
-        return {rid: feats[int(end)] for (rid, _), end in zip(states, ends) if rid in want_output}
+        return {rid: feats[int(end)] for (rid, _), end in zip(states, ends)}
 
     def restore_prefix(self, request: RequestView, num_cached_tokens: int) -> int:
         """Rebuild ``request``'s head cache from the stored blocks its sequence
@@ -255,12 +288,15 @@ class EagleProposer(Proposer):
     @torch.inference_mode()
     def propose(self, batch: StepBatch) -> Proposals:
         speculating = [i for i, d in enumerate(batch.decodes) if d.num_spec_tokens > 0]
-        features = self._catch_up(batch, {batch.decodes[i].request.request_id for i in speculating})
+        features = self._catch_up(batch, [batch.decodes[i].request.request_id for i in speculating])
         steps = DraftSteps(len(batch.decodes), self.context.target.device)
         rows = [i for i in speculating if batch.decodes[i].request.request_id in features]
         if not rows:
             return steps.build()
         feats = torch.stack([features[batch.decodes[i].request.request_id] for i in rows])  # [n, H]
+        width, depth = tree_settings(self.context)
+        if width > 1:
+            return self._propose_trees(batch, rows, feats, width, depth)
         threshold = self.options.confidence_threshold
         for step in range(max(batch.decodes[i].num_spec_tokens for i in rows)):
             requests = [batch.decodes[i].request for i in rows]
@@ -280,6 +316,27 @@ class EagleProposer(Proposer):
                                      [(st.kv, 1) for st in states])
         return steps.build()
 
+    def _propose_trees(self, batch: StepBatch, rows: list[int],
+                       feats: torch.Tensor,  # [len(rows), H] each row's feature after its catch-up
+                       width: int, depth: int) -> Proposals:
+        """Token trees from the head (``tree_draft``): decode ``rows`` get up to their
+        ``num_spec_tokens`` nodes, ``width`` children per node, ``depth`` levels."""
+        trees = {}
+        for i in rows:
+            d = batch.decodes[i]
+            st = self._state[d.request.request_id]
+            trees[i] = RequestTree(d.request, st.kv, st.base + st.kv.length, d.num_spec_tokens)
+        target = self.context.target
+        draft_trees(self.head, target.input_embedding, self._vocab_logits, target.vocab_size, list(trees.values()),
+                    feats, width, depth)
+        return build_proposals(trees, len(batch.decodes), target.device)
+
+    def _vocab_logits(self, features: torch.Tensor,  # [F, H]
+                      ) -> tuple[torch.Tensor, torch.Tensor | None]:  # [F, Vd], the draft vocabulary's ids or None
+        if self._draft_ids is None or self._draft_out is None:
+            return self.context.target.output_embedding(features), None
+        return self._draft_out(features), self._draft_ids
+
     # --- commit --------------------------------------------------------------
     def _add(self, request_id: str, start: int, hidden: torch.Tensor,  # [m, H] target rows at start..
              token_ids: Sequence[int]) -> None:
@@ -292,10 +349,9 @@ class EagleProposer(Proposer):
         if st is None or st.next_position != start:  # new, or restarted after its state was dropped
             kv = SeqKV(self.head.kv_heads, self.head.head_dim, self.context.target.dtype, self.context.target.device)
             st = self._state[request_id] = SeqState(kv=kv, base=start)
-        st.pending_tokens += following
-        st.pending_hidden.append(hidden[:len(following)].clone())  # not a view of the whole forward
+        st.queue(following, hidden[:len(following)].clone())  # a copy, not a view of the whole forward
 
-    def commit(self, batch: StepBatch, num_accepted: list[int], scores: Scores) -> None:
+    def commit(self, batch: StepBatch, num_accepted: AcceptedNodes, scores: Scores) -> None:
         assert scores.prompt_hidden is not None and scores.decode_hidden is not None, \
             "eagle proposer committed without hidden states"
         row = 0
@@ -306,10 +362,12 @@ class EagleProposer(Proposer):
                 self._add(p.request.request_id, p.start, scores.prompt_hidden[row: row + n], p.request.token_ids)
             row += n
         first_rows = scores.cu_num_logits[:-1].tolist()
-        for d, first, a in zip(batch.decodes, first_rows, num_accepted):
-            if d.request.params.speculation.enabled:
-                self._add(d.request.request_id, d.start, scores.decode_hidden[first: first + a + 1],
-                          d.request.token_ids)
+        for d, first, path in zip(batch.decodes, first_rows, num_accepted.nodes):
+            if d.request.params.speculation.enabled:  # the root's row, then the accepted path's (a tree's too)
+                kept = [first] + [first + 1 + j for j in path]
+                hidden = scores.decode_hidden[first: first + len(kept)] if path == list(range(len(path))) \
+                    else scores.decode_hidden[torch.tensor(kept, device=scores.decode_hidden.device)]
+                self._add(d.request.request_id, d.start, hidden, d.request.token_ids)
 
     def free(self, request_id: str) -> None:
         self._state.pop(request_id, None)

@@ -17,6 +17,14 @@
 
 /* ggml type ids (the GGUF file's tensor types) */
 enum { QT_Q4_0 = 2, QT_Q4_1 = 3, QT_Q5_0 = 6, QT_Q8_0 = 8, QT_Q4_K = 12, QT_Q5_K = 13, QT_Q6_K = 14 };
+/* Q4_K and Q6_K repacked at load into groups of 16 weight rows (quant_repack.c): our own type ids */
+enum { QT_X16 = 64, QT_Q4_K_X16 = QT_X16 + QT_Q4_K, QT_Q6_K_X16 = QT_X16 + QT_Q6_K, QT_MAX = QT_Q6_K_X16 };
+#define XROWS 16 /* weight rows per repacked group */
+/* byte offsets inside a repacked group tile (the layouts are described in quant_repack.c); tiles and
+ * the code vectors inside them start on 64-byte lines (a load that crosses one costs two), and the
+ * kernels read a tile front to back */
+enum { K4_D = 0, K4_DMIN = 32, K4_SC = 64, K4_M = 192, K4_QS = 320, K4_TILE = 2368 };
+enum { K6_SC = 0, K6_D = 256, K6_G = 320, K6_TILE = 3392 };  /* K6_G: group g's codes at K6_G + 192 g */
 /* instruction paths of the dot products */
 enum { QISA_SCALAR = 0, QISA_AVX2 = 1, QISA_AVX512_VNNI = 2, QISA_NEON = 3, QISA_NEON_DOTPROD = 4, QISA_COUNT = 5 };
 #define QTILE 256
@@ -29,6 +37,8 @@ typedef struct {
     int block_elems;  /* weights per block: 32 or 256 */
     int block_bytes;  /* bytes per block in the file */
     int max_code;     /* largest u: 255 needs 32-bit products (no 16-bit pair sums) */
+    int group_rows;   /* 1: rows one after another (the file's layout); XROWS: repacked groups, where
+                       * block_bytes is a group tile's bytes / XROWS and a group holds K / 256 tiles */
 } qformat;
 
 /* quant_dispatch.c: the path the dot products take now (a QISA_* value) */
@@ -44,6 +54,30 @@ void speculant_qdecode(int type, const uint8_t *row, int64_t k0, int n, uint8_t 
                        int simd);
 
 float speculant_half_to_float(uint16_t h);
+
+/* Q4_K / Q5_K: the 6-bit scale and min of sub-block j (of 8) packed in 12 bytes */
+static inline void speculant_scale_min_k4(int j, const uint8_t *s, int *sc, int *m)
+{
+    if (j < 4) {
+        *sc = s[j] & 63;
+        *m = s[j + 4] & 63;
+    } else {
+        *sc = (s[j + 4] & 0xf) | ((s[j - 4] >> 6) << 4);
+        *m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+    }
+}
+
+/* quant_repack.c: weight row `n` of a repacked matrix (groups of XROWS rows at `w`, K wide), weights
+ * [k0, k0 + n) decoded like speculant_qdecode (the same bytes and floats as the file's row) */
+void speculant_qdecode_x16(int type, const uint8_t *w, int64_t K, int64_t row, int64_t k0, int n, uint8_t *u,
+                           float *ws, float *wb);
+
+/* quant_x16_avx512_vnni.c (a path file; NULL where not built): one repacked group of XROWS weight rows
+ * (K a multiple of 256) against R activation rows in natural order: sums[r * XROWS + l] = the dot
+ * product of weight row l with activation row r */
+__attribute__((weak)) void speculant_qgroup_x16_vnni(int type, const uint8_t *group, int64_t K, int64_t R,
+                                                    const int8_t *xq, const float *xd, const int16_t *xn,
+                                                    float *sums);
 
 /* One decoded tile of a weight row, and the activation codes it meets (quant_linear.c). */
 typedef struct {

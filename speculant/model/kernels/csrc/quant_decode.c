@@ -14,13 +14,14 @@
 #endif
 
 static const qformat FORMATS[] = {
-    [QT_Q4_0] = {32, 18, 15},   [QT_Q4_1] = {32, 20, 15},   [QT_Q5_0] = {32, 22, 31}, [QT_Q8_0] = {32, 34, 255},
-    [QT_Q4_K] = {256, 144, 15}, [QT_Q5_K] = {256, 176, 31}, [QT_Q6_K] = {256, 210, 63},
+    [QT_Q4_0] = {32, 18, 15, 1},   [QT_Q4_1] = {32, 20, 15, 1},   [QT_Q5_0] = {32, 22, 31, 1},
+    [QT_Q8_0] = {32, 34, 255, 1},  [QT_Q4_K] = {256, 144, 15, 1}, [QT_Q5_K] = {256, 176, 31, 1},
+    [QT_Q6_K] = {256, 210, 63, 1}, [QT_Q4_K_X16] = {256, 148, 15, XROWS}, [QT_Q6_K_X16] = {256, 212, 63, XROWS},
 };
 
 const qformat *speculant_qformat(int type)
 {
-    if (type < 0 || type > QT_Q6_K || FORMATS[type].block_elems == 0)
+    if (type < 0 || type > QT_MAX || FORMATS[type].block_elems == 0)
         return 0;
     return &FORMATS[type];
 }
@@ -47,18 +48,6 @@ float speculant_half_to_float(uint16_t h)
 static float half_at(const uint8_t *p)
 {
     return speculant_half_to_float((uint16_t)(p[0] | p[1] << 8));
-}
-
-/* Q4_K / Q5_K: the 6-bit scale and min of sub-block j (of 8) packed in 12 bytes */
-static void scale_min_k4(int j, const uint8_t *s, int *sc, int *m)
-{
-    if (j < 4) {
-        *sc = s[j] & 63;
-        *m = s[j + 4] & 63;
-    } else {
-        *sc = (s[j + 4] & 0xf) | ((s[j - 4] >> 6) << 4);
-        *m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
-    }
 }
 
 /* scales of one 32-weight block (2 groups): ws = d, wb = offset */
@@ -93,7 +82,7 @@ static void k4_scales(const uint8_t *b, float *ws, float *wb)
     float d = half_at(b), dmin = half_at(b + 2);
     for (int j = 0; j < 8; j++) {
         int sc, m;
-        scale_min_k4(j, b + 4, &sc, &m);
+        speculant_scale_min_k4(j, b + 4, &sc, &m);
         ws[2 * j] = ws[2 * j + 1] = d * (float)sc;
         wb[2 * j] = wb[2 * j + 1] = -dmin * (float)m;
     }
@@ -252,7 +241,10 @@ int speculant_qdequant_rows(int type, const uint8_t *w, int64_t N, int64_t K, co
         float ws[QTILE / QGROUP], wb[QTILE / QGROUP];
         for (int64_t k0 = 0; k0 < K; k0 += QTILE) {
             int n = K - k0 < QTILE ? (int)(K - k0) : QTILE;
-            speculant_qdecode(type, w + ids[i] * row_bytes, k0, n, u, ws, wb, 0);
+            if (f->group_rows > 1)
+                speculant_qdecode_x16(type, w, K, ids[i], k0, n, u, ws, wb);
+            else
+                speculant_qdecode(type, w + ids[i] * row_bytes, k0, n, u, ws, wb, 0);
             for (int j = 0; j < n; j++)
                 out[i * K + k0 + j] = ws[j / QGROUP] * (float)u[j] + wb[j / QGROUP];
         }

@@ -148,11 +148,13 @@ static void dot_tile(int isa, const qtile *t, const qact *a, float *accv)
 #define ROW_CHUNK 64  /* activation rows per pass over the weights (64 rows of K = 8960: 560 KiB) */
 #define ACC_LANES 17  /* 16 vector lanes + one scalar tail */
 
-/* sums[r] = dot(weight row, activation row r) for r < R; acc: R * ACC_LANES floats of scratch */
-static void weight_row(int type, const qformat *f, int isa, const uint8_t *row, int64_t K, int64_t R,
+/* sums[r] = dot(weight row n of the matrix at w, activation row r) for r < R; acc: R * ACC_LANES floats
+ * of scratch. A repacked matrix (group_rows > 1) is read one row at a time here, by the reference decoder. */
+static void weight_row(int type, const qformat *f, int isa, const uint8_t *w, int64_t n, int64_t K, int64_t R,
                        const int8_t *xq, const int8_t *xq4, const float *xd, const float *xs, const int16_t *xn,
                        int block, float *acc, float *sums)
 {
+    const uint8_t *row = w + n * (K / f->block_elems * f->block_bytes);
 #if HAVE_QUANT_X86
     if (isa == QISA_AVX512_VNNI && block == QTILE && (type == QT_Q4_K || type == QT_Q6_K) && speculant_qrow_k_vnni) {
         speculant_qrow_k_vnni(type, row, K, R, type == QT_Q4_K ? xq4 : xq, xd, xn, sums);
@@ -163,9 +165,12 @@ static void weight_row(int type, const qformat *f, int isa, const uint8_t *row, 
     float ws[QTILE / QGROUP], wb[QTILE / QGROUP];
     memset(acc, 0, sizeof(float) * (size_t)(R * ACC_LANES));
     for (int64_t k0 = 0; k0 < K; k0 += QTILE) {
-        int n = K - k0 < QTILE ? (int)(K - k0) : QTILE;
-        speculant_qdecode(type, row, k0, n, u, ws, wb, isa != QISA_SCALAR);
-        qtile t = {u, ws, wb, n, f->max_code > 127};
+        int cnt = K - k0 < QTILE ? (int)(K - k0) : QTILE;
+        if (f->group_rows > 1)
+            speculant_qdecode_x16(type, w, K, n, k0, cnt, u, ws, wb);
+        else
+            speculant_qdecode(type, row, k0, cnt, u, ws, wb, isa != QISA_SCALAR);
+        qtile t = {u, ws, wb, cnt, f->max_code > 127};
         for (int64_t r = 0; r < R; r++) {
             qact a = {xq + r * K + k0, xd + (r * K + k0) / QGROUP, xs + (r * K + k0) / QGROUP,
                       xn + (r * K + k0) / QGROUP};
@@ -178,6 +183,24 @@ static void weight_row(int type, const qformat *f, int isa, const uint8_t *row, 
             sum += acc[r * ACC_LANES + l];
         sums[r] = sum;
     }
+}
+
+/* y[row, col] from a dot product: + bias, then float32, bfloat16, or bfloat16 added to res */
+static inline void store_out(float sum, float bias, int dtype, const void *res, void *y, int64_t at)
+{
+    sum += bias;
+    if (!dtype)
+        ((float *)y)[at] = sum;
+    else if (res)
+        ((uint16_t *)y)[at] = round_bf16(widen(((const uint16_t *)res)[at]) + widen(round_bf16(sum)));
+    else
+        ((uint16_t *)y)[at] = round_bf16(sum);
+}
+
+/* the work units of a matrix: its repacked groups where the group kernel runs, else its rows */
+static int64_t units_of(const qformat *f, int64_t N, int by_group)
+{
+    return by_group && f->group_rows > 1 ? (N + XROWS - 1) / XROWS : N;
 }
 
 /* the block of activation codes for a call over `n_mats` matrices: 256 where every matrix is a
@@ -211,10 +234,11 @@ void speculant_qlinear_team(int n_mats, const int *types, const uint8_t *const *
                             int dtype, const void *res, void *y, int64_t ldy, void *scratch)
 {
     const int isa = speculant_qlinear_isa();
+    const int by_group = HAVE_QUANT_X86 && isa == QISA_AVX512_VNNI && speculant_qgroup_x16_vnni != 0;
     const int64_t ng = K / QGROUP;
     int64_t total = 0;
     for (int m = 0; m < n_mats; m++)
-        total += Ns[m];
+        total += units_of(speculant_qformat(types[m]), Ns[m], by_group);
     float *xd = scratch, *xs = xd + R * ng;
     int16_t *xn = (int16_t *)(xs + R * ng);
     int8_t *xq = (int8_t *)(xn + R * ng), *xq4 = xq + R * K;  /* xq4: in Q4_K's order (VNNI rows) */
@@ -226,30 +250,35 @@ void speculant_qlinear_team(int n_mats, const int *types, const uint8_t *const *
         if (block == QTILE)
             speculant_q4k_order(xq + r * K, K, xq4 + r * K);
     }
-    float acc[ROW_CHUNK * ACC_LANES] __attribute__((aligned(64))), sums[ROW_CHUNK];
+    float acc[ROW_CHUNK * ACC_LANES] __attribute__((aligned(64))), sums[ROW_CHUNK * XROWS];
     /* rows in chunks whose activations stay in L2 while every weight row passes over them */
     for (int64_t r0 = 0; r0 < R; r0 += ROW_CHUNK) {
         int64_t nr = R - r0 < ROW_CHUNK ? R - r0 : ROW_CHUNK;
 #pragma omp for schedule(static)
-        for (int64_t col = 0; col < total; col++) {
+        for (int64_t unit = 0; unit < total; unit++) {
             int m = 0;
-            int64_t n = col;
-            while (n >= Ns[m])
-                n -= Ns[m++];
-            const qformat *f = speculant_qformat(types[m]);
-            int64_t row_bytes = K / f->block_elems * f->block_bytes;
-            weight_row(types[m], f, isa, ws[m] + n * row_bytes, K, nr, xq + r0 * K, xq4 + r0 * K, xd + r0 * ng,
-                       xs + r0 * ng, xn + r0 * ng, block, acc, sums);
-            for (int64_t r = 0; r < nr; r++) {
-                float sum = sums[r] + (biases[m] ? biases[m][n] : 0.0f);
-                int64_t at = (r0 + r) * ldy + col;
-                if (!dtype)
-                    ((float *)y)[at] = sum;
-                else if (res)
-                    ((uint16_t *)y)[at] = round_bf16(widen(((const uint16_t *)res)[at]) + widen(round_bf16(sum)));
-                else
-                    ((uint16_t *)y)[at] = round_bf16(sum);
+            int64_t n = unit, col0 = 0;  /* col0: matrix m's first column of y */
+            const qformat *f = speculant_qformat(types[0]);
+            while (n >= units_of(f, Ns[m], by_group)) {
+                n -= units_of(f, Ns[m], by_group);
+                col0 += Ns[m++];
+                f = speculant_qformat(types[m]);
             }
+#if HAVE_QUANT_X86
+            if (by_group && f->group_rows > 1) {  /* XROWS weight rows at once */
+                const uint8_t *group = ws[m] + n * (K / QTILE) * f->block_bytes * XROWS;
+                speculant_qgroup_x16_vnni(types[m], group, K, nr, xq + r0 * K, xd + r0 * ng, xn + r0 * ng, sums);
+                for (int l = 0; l < XROWS && n * XROWS + l < Ns[m]; l++)
+                    for (int64_t r = 0; r < nr; r++)
+                        store_out(sums[r * XROWS + l], biases[m] ? biases[m][n * XROWS + l] : 0.0f, dtype, res, y,
+                                  (r0 + r) * ldy + col0 + n * XROWS + l);
+                continue;
+            }
+#endif
+            weight_row(types[m], f, isa, ws[m], n, K, nr, xq + r0 * K, xq4 + r0 * K, xd + r0 * ng, xs + r0 * ng,
+                       xn + r0 * ng, block, acc, sums);
+            for (int64_t r = 0; r < nr; r++)
+                store_out(sums[r], biases[m] ? biases[m][n] : 0.0f, dtype, res, y, (r0 + r) * ldy + col0 + n);
         }
     }
 }
