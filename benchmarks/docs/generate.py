@@ -25,6 +25,7 @@ from .isa_tables import isa_compare, isa_compare_avx2, isa_step_profile
 from .quant_tables import quant_1p5b
 from .random_tables import random_llama
 from .ray_tables import ray_breakdown, ray_scaling, ray_split
+from .real_size_tables import agreement, concurrency, long_prompt_cold_start, real_size_rows, smollm2_q4_1
 from .spec_cost_tables import spec_cost
 from .structured_tables import structured, structured_headline
 from .tables import (
@@ -86,6 +87,11 @@ BLOCKS: dict[str, Table] = {
     "isa-compare-avx2": isa_compare_avx2,
     "isa-step-profile": isa_step_profile,
     "quant-1.5b": quant_1p5b,
+    "real-size-1.5b": real_size_rows,
+    "long-prompt-1.5b": long_prompt_cold_start,
+    "agreement-1.5b": agreement,
+    "smollm2-q4-1": smollm2_q4_1,
+    "concurrency-1.5b": concurrency,
     "ray-scaling": ray_scaling,
     "ray-breakdown": ray_breakdown,
     "ray-split": ray_split,

@@ -30,7 +30,7 @@ def missing_reason() -> str | None:
     return None
 
 
-def _generate(llm: Any, prompt: list[int], max_tokens: int) -> tuple[list[int], float, float, list[float]]:
+def generate_alone(llm: Any, prompt: list[int], max_tokens: int) -> tuple[list[int], float, float, list[float]]:
     """One request alone: (tokens, seconds, time to first token, gaps after it)."""
     llm.reset()
     tokens: list[int] = []
@@ -75,10 +75,10 @@ def run_llamacpp(files: list[str], prompts: list[list[int]], *, max_tokens: int,
         if llm.n_vocab() < max(max(p) for p in prompts) + 1:
             rows.append({**base, "status": f"error: {path}'s vocabulary ({llm.n_vocab()}) is not the target's"})
             continue
-        _generate(llm, prompts[0][::-1], 4)  # untimed warm-up on a prompt outside the timed set
+        generate_alone(llm, prompts[0][::-1], 4)  # untimed warm-up on a prompt outside the timed set
         rates, decode_rates, ttfts, gaps, token_ids = [], [], [], [], []
         for _ in range(repeats):
-            runs = [_generate(llm, p, max_tokens) for p in prompts]
+            runs = [generate_alone(llm, p, max_tokens) for p in prompts]
             token_ids = [r[0] for r in runs]
             n = sum(len(t) for t in token_ids)
             rates.append(rate(n, sum(r[1] for r in runs)))

@@ -17,7 +17,9 @@ sys.path.insert(0, str(BENCHMARKS))
 import harness  # noqa: E402
 
 HELPERS = {"harness.py", "bench_models.py", "oracle_proposer.py", "repeated_tasks.py", "spec_replay.py",
-           "fetch_gguf_parts.py"}  # fetch_gguf_parts: fetches a model for the benchmarks, measures nothing
+           "fetch_gguf_parts.py", "llamacpp_rows.py"}
+# fetch_gguf_parts: fetches a model for the benchmarks, measures nothing; llamacpp_rows: llama.cpp's rows for
+# the scripts that run them under the harness's rounds (real_size_rows, long_prompt_rows, llamacpp_agreement)
 OWN_HELPERS = {"environment", "git_commit", "cpu_name", "cpu_model", "write_json", "smollm2_path", "time_calls",
                "alternating_runs", "measure_read_bandwidth", "percentile", "pct", "wait_for_quiet"}
 

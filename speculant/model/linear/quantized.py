@@ -141,9 +141,10 @@ class QuantLinear(nn.Module):
     bias_f32: torch.Tensor | None  # [out_features]
 
     def __init__(self, blocks: torch.Tensor, type_id: int, in_features: int, bias: torch.Tensor | None,
-                 dtype: torch.dtype, out_features: int | None = None) -> None:
+                 dtype: torch.dtype, out_features: int | None = None, out_dtype: torch.dtype | None = None) -> None:
         # blocks: [out_features, row_bytes] uint8, the file's bytes (or a repacked layout's
-        # storage_shape, with out_features given); bias: [out_features] or None
+        # storage_shape, with out_features given); bias: [out_features] or None.
+        # out_dtype: the output's dtype (None: the input's); the output layer keeps float32 logits
         super().__init__()
         fmt = STORAGE_FORMATS[type_id]
         if in_features % fmt.block_elems or in_features % 32:
@@ -162,6 +163,7 @@ class QuantLinear(nn.Module):
         self.register_buffer("bias_f32", None if bias is None else bias.detach().float().contiguous(),
                              persistent=False)
         self.compute_dtype = dtype
+        self.out_dtype = out_dtype
         lib = load_kernel()
         if lib is None:
             raise RuntimeError(quant_kernel_unavailable_reason())
@@ -194,7 +196,8 @@ class SiblingsCall:
 
     def __init__(self, layers: list[QuantLinear]) -> None:
         first = layers[0]
-        if any(m.in_features != first.in_features or m.compute_dtype != first.compute_dtype for m in layers):
+        if any(m.in_features != first.in_features or m.compute_dtype != first.compute_dtype
+               or m.out_dtype != first.out_dtype for m in layers):
             raise ValueError("sibling quantized layers must read the same input width and dtype")
         n = self.num = len(layers)
         self.owners = [(m.blocks, m.bias_f32) for m in layers]  # what the pointers below point into
@@ -202,7 +205,7 @@ class SiblingsCall:
         self.weights = (ctypes.c_void_p * n)(*[m.blocks.data_ptr() for m in layers])
         self.outs = (ctypes.c_int64 * n)(*[m.out_features for m in layers])
         self.biases = (ctypes.c_void_p * n)(*[None if m.bias_f32 is None else m.bias_f32.data_ptr() for m in layers])
-        self.width, self.dtype = first.in_features, first.compute_dtype
+        self.width, self.dtype, self.out_dtype = first.in_features, first.compute_dtype, first.out_dtype
         self.total = sum(m.out_features for m in layers)
         self.kernel, self.code = first._lib.speculant_qlinear_multi, _DTYPE_CODES[first.compute_dtype]
 
@@ -223,7 +226,7 @@ class SiblingsCall:
             if code != 0:
                 raise RuntimeError(f"quantized linear kernel failed with code {code} "
                                    f"({'out of memory' if code == -2 else 'bad arguments'})")
-        return out.reshape(*lead, self.total).to(x.dtype)
+        return out.reshape(*lead, self.total).to(self.out_dtype or x.dtype)
 
 
 class QuantEmbedding(nn.Module):

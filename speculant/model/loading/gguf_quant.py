@@ -30,6 +30,7 @@ from torch import nn
 
 from speculant.model.linear import quantized
 from speculant.model.linear.quantized import QUANT_FORMATS, QuantEmbedding, QuantFormat, QuantLinear, stored_blocks
+from speculant.model.loading.gguf_tensors import GGUFTensors
 
 logger = logging.getLogger(__name__)
 QUANTIZATIONS = ("gguf", "dequantize")
@@ -109,7 +110,7 @@ def keep_quantized(model: Any, source: Path, dtype: torch.dtype) -> QuantReport:
         report.notice = f"every tensor stays dequantized: {why}"
         logger.warning("model.quantization = 'gguf': %s", report.notice)
         return report
-    reader = gguf.GGUFReader(source)
+    reader = GGUFTensors(source)  # not gguf.GGUFReader: it parses the tokenizer arrays too (15 s at 1.5B)
     arch_name = reader.fields["general.architecture"].contents()
     cfg = model.config.get_text_config()
     arch = {v: k for k, v in gguf.MODEL_ARCH_NAMES.items()}.get(arch_name)
@@ -146,8 +147,12 @@ def keep_quantized(model: Any, source: Path, dtype: torch.dtype) -> QuantReport:
             shared[tensor.name] = stored_blocks(file_blocks, fmt, module.in_features)
             report.quantized_bytes += shared[tensor.name][0].numel()
         blocks, layout = shared[tensor.name]
-        _replace(model, module_name, QuantLinear(blocks, layout.type_id, module.in_features, module.bias, dtype,
-                                                 module.out_features))
+        # the output layer keeps its float32 accumulations: rounded to bfloat16, near-equal logits tie
+        # (one step is 0.125 at a logit of 20) and greedy decoding would pick the lower token id
+        head = module is out_emb
+        _replace(model, module_name, QuantLinear(blocks, layout.type_id, module.in_features, module.bias,
+                                                 torch.float32 if head else dtype, module.out_features,
+                                                 torch.float32 if head else None))
         report.num_quantized += 1
         report.formats[fmt.name] = report.formats.get(fmt.name, 0) + 1
     _quantize_embedding(model, tensors, shared, dtype, report)

@@ -88,6 +88,22 @@ def test_resident_weights_stay_within_the_file_size(quant_llm, quant_path):
     assert total <= 1.15 * quant_path.stat().st_size
 
 
+def test_the_output_layer_keeps_float32_logits_in_a_bfloat16_model(quant_path):
+    """In bfloat16 near-equal logits tie (7 of 16 splits from llama.cpp at 1.5B were exact ties), so the
+    output layer returns float32: 8-bit activations times the file's weights within float32 error."""
+    llm = LLM(str(quant_path), block_size=4, max_num_batched_tokens=32, max_num_seqs=1, dtype="bfloat16")
+    model = _runner(llm).model
+    head = model.get_output_embeddings()
+    assert isinstance(head, QuantLinear) and model.dtype == torch.bfloat16
+    dense = _runner(LLM(str(quant_path), block_size=4, quantization="dequantize", dtype="float32")).model
+    w = dense.get_output_embeddings().weight.double().numpy()
+    x = torch.randn(5, HIDDEN, generator=torch.Generator().manual_seed(2)).bfloat16()  # [5, hidden] final states
+    got = head(x)
+    assert got.dtype == torch.float32
+    ref = quantize_activations(x.float().numpy(), activation_block(head.format.block_elems)) @ w.T
+    assert np.abs(got.double().numpy() - ref).max() <= 1e-5 * np.abs(ref).max()
+
+
 @pytest.fixture(scope="module")
 def prompts(default_llm):
     """PROMPTS plus the first random prompt whose greedy continuation repeats an earlier token
@@ -157,3 +173,21 @@ def test_bad_quantization_value_is_refused():
     with pytest.raises(ConfigError) as err:
         build_config({"model": {"path": "x", "quantization": "int4"}})
     assert "model.quantization" in str(err.value) and "'gguf'" in str(err.value) and "'dequantize'" in str(err.value)
+
+
+def test_the_tensor_reader_matches_gguf_py(quant_path, tmp_path):
+    """``GGUFTensors`` (which skips the tokenizer arrays) gives gguf-py's tensors, bytes and scalar fields."""
+    import gguf
+
+    from speculant.model.loading.gguf_tensors import GGUFTensors
+
+    ours, theirs = GGUFTensors(quant_path), gguf.GGUFReader(quant_path)
+    assert [(t.name, t.tensor_type) for t in ours.tensors] == [(t.name, t.tensor_type) for t in theirs.tensors]
+    for a, b in zip(ours.tensors, theirs.tensors):
+        assert a.data.shape == b.data.shape and np.array_equal(a.data, b.data), a.name
+    assert ours.fields["general.architecture"].contents() == theirs.fields["general.architecture"].contents()
+    assert "tokenizer.ggml.tokens" not in ours.fields  # arrays are stepped over
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"GGML" + bytes(60))
+    with pytest.raises(ValueError, match=r"bad.gguf: not a GGUF file \(its first bytes are b'GGML', not b'GGUF'\)"):
+        GGUFTensors(bad)
