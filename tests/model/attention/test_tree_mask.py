@@ -192,6 +192,40 @@ def test_a_chain_as_a_tree_gives_the_causal_bits(kernel_paths):
         assert torch.equal(chain.run(CpuKernelAttentionBackend()), tree_out), path
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("path", ["scalar", "avx2", "avx512_bf16"])
+@settings(**{**SETTINGS, "max_examples": 400})
+@given(prefix=st.integers(1, 70), parents=trees(), block_size=st.sampled_from([1, 4, 16]),
+       num_kv_heads=st.sampled_from([4, 2, 1]), seed=st.integers(0, 2 ** 16))
+def test_a_tree_node_gives_the_bits_of_the_decode_of_its_path(kernel_paths, path, dtype, prefix, parents,
+                                                                block_size, num_kv_heads, seed):
+    """Greedy speculation is exact only if each tree node's attention is the decode's at that position:
+    the node's keys (prefix, ancestors, itself) laid out contiguously as a plain decode sees them, and
+    the kernel gives the same bits, whatever siblings sat between them in the tree's slots."""
+    if path not in runnable_isas(load_kernel()):
+        pytest.skip(f"this CPU does not run the {path} path")
+    kernel_paths(path)
+    case = Case({"trees": [(prefix, parents)], "block_size": block_size, "num_kv_heads": num_kv_heads,
+                 "causal": False, "seed": seed}, dtype)
+    tree_out = case.run(CpuKernelAttentionBackend())  # writes the tree's K/V into its slots
+    span, bs = case.spans[0], block_size
+    tree_keys, tree_values = case.key_cache.flatten(0, 1), case.value_cache.flatten(0, 1)
+    for i, seen in enumerate(case.visible[0]):  # seen: the slots node i sees, itself last
+        blocks = -(-len(seen) // bs)
+        key_cache = torch.zeros((blocks, bs, num_kv_heads, HEAD_DIM), dtype=dtype)
+        value_cache = torch.zeros_like(key_cache)
+        for pos, p in enumerate(seen[:-1]):  # the path's keys at consecutive positions
+            slot = span.block_table[p // bs] * bs + p % bs
+            key_cache.flatten(0, 1)[pos] = tree_keys[slot]
+            value_cache.flatten(0, 1)[pos] = tree_values[slot]
+        backend = CpuKernelAttentionBackend()
+        decode = SpanTensors.build([PagedSpan(list(range(blocks)), len(seen) - 1, [0], [0])], bs,
+                                   torch.device("cpu"))
+        got = backend.forward(case.query[i: i + 1], case.key[i: i + 1], case.value[i: i + 1], key_cache,
+                              value_cache, backend.build_metadata(decode), HEAD_DIM ** -0.5)
+        assert torch.equal(got[0], tree_out[i]), f"{path} {dtype}: node {i} of {parents} differs from its decode"
+
+
 @pytest.mark.parametrize("span, message", [
     (PagedSpan([0, 1], 2, [5, 6], [1], positions=[2, 4]), r"positions\[1\] = 4 lies outside 2..3"),
     (PagedSpan([0, 1], 2, [5, 6], [1], positions=[2]), "positions has 1 entries for 2 tokens"),

@@ -18,9 +18,12 @@
  * the group a task takes. Key and value rows are found through one offset per
  * key, filled once per task by walking the block table (no division per key).
  *
- * A tree span's mask (paged_attention.c) clears the lanes of keys a row does
- * not see in the max, the exponentials and so the weighted sum (p = 0 is left
- * out), as the portable task does.
+ * A tree span's row (paged_attention.c's mask) takes the keys it sees, the
+ * prefix and then its ancestors and itself in slot order, as one contiguous
+ * list of key offsets: the 16-key blocks then hold the same keys in the same
+ * lanes as the decode of the accepted path at that position, so a tree node
+ * gives the decode's bits (a masked lane would move the later keys to other
+ * lanes and change the sum's rounding).
  *
  * Returns 0, -1 when the scratch allocation failed, -2 where this task is not one
  * this path takes (head_dim over MAX_D): the caller runs the portable task.
@@ -131,18 +134,23 @@ weighted_values(const int vecs, const float *p, int64_t visible, const uint16_t 
                                  (__m256i)_mm512_cvtneps_pbh(acc[c]));
 }
 
-/* lanes of the keys j0 .. j0 + valid - 1 that query token i sees: all of them for a causal span (the
- * caller stops at the token's own key), else the prefix and the keys its tree mask row sets */
-static inline __mmask16 seen_lanes(const uint8_t *mask, int64_t n_query, int64_t start, int64_t i, int64_t j0,
-                                   int64_t valid)
+/* the key offsets row r of query token i sees, in order, into `row_offsets`; returns their count: keys
+ * 0 .. start + i for a causal span (`offsets` itself), else the prefix, then the tree keys its mask row
+ * sets (its ancestors and itself, parents before children) */
+static inline int64_t seen_keys(const int64_t *offsets, const uint8_t *mask, int64_t n_query, int64_t start,
+                                int64_t i, int64_t *row_offsets, const int64_t **seen)
 {
-    __mmask16 m = (__mmask16)((1u << valid) - 1);
-    if (!mask || j0 + valid <= start)
-        return m;
-    for (int64_t u = 0; u < valid; u++)
-        if (j0 + u >= start && !mask[i * n_query + j0 + u - start])
-            m &= (__mmask16)~(1u << u);
-    return m;
+    if (!mask) {
+        *seen = offsets;
+        return start + i + 1;
+    }
+    memcpy(row_offsets, offsets, sizeof(int64_t) * (size_t)start);
+    int64_t count = start;
+    for (int64_t c = 0; c <= i; c++)
+        if (mask[i * n_query + c])
+            row_offsets[count++] = offsets[start + c];
+    *seen = row_offsets;
+    return count;
 }
 
 TARGET int speculant_attend_task_bf16(const uint16_t *q, const uint16_t *k_cache, const uint16_t *v_cache,
@@ -157,15 +165,15 @@ TARGET int speculant_attend_task_bf16(const uint16_t *q, const uint16_t *k_cache
     const int64_t G = H / H_kv, R = n_query * gn, n = start + n_query;
     const int64_t n_pad = (n + KEYS - 1) / KEYS * KEYS, chunks = (D + 31) / 32, vecs = (D + 15) / 16;
     /* scores [R, n_pad] (floats) | the task's query rows [R, D] (read before out is written) | key row
-     * offsets [n] */
+     * offsets [n] | a tree row's own key offsets [n] */
     float *scores = aligned_alloc(64, sizeof(float) * (size_t)(R * n_pad) + 64);
-    uint16_t *qrows = malloc(sizeof(uint16_t) * (size_t)(R * D) + sizeof(int64_t) * (size_t)n + 8);
+    uint16_t *qrows = malloc(sizeof(uint16_t) * (size_t)(R * D) + sizeof(int64_t) * (size_t)(2 * n) + 8);
     if (!scores || !qrows) {
         free(scores);
         free(qrows);
         return -1;
     }
-    int64_t *offsets = (int64_t *)(void *)(qrows + (R * D + 3) / 4 * 4);
+    int64_t *offsets = (int64_t *)(void *)(qrows + (R * D + 3) / 4 * 4), *row_offsets = offsets + n;
     key_offsets(offsets, n, table, block_size, H_kv, kv_head, D);
     for (int64_t i = 0; i < n_query; i++)
         memcpy(qrows + i * gn * D, q + ((row0 + i) * H + kv_head * G + g0) * D, sizeof(uint16_t) * (size_t)(gn * D));
@@ -174,7 +182,8 @@ TARGET int speculant_attend_task_bf16(const uint16_t *q, const uint16_t *k_cache
 
     for (int64_t r = 0; r < R; r++) {
         const uint16_t *qr = qrows + r * D;
-        const int64_t visible = start + r / gn + 1;     /* keys 0 .. visible - 1 */
+        const int64_t *seen;                            /* the row's keys, in order */
+        const int64_t visible = seen_keys(offsets, mask, n_query, start, r / gn, row_offsets, &seen);
         float *row = scores + r * n_pad;
         __m512 mx = _mm512_set1_ps(-INFINITY);
         __m512bh qv[MAX_D / 32];
@@ -183,12 +192,12 @@ TARGET int speculant_attend_task_bf16(const uint16_t *q, const uint16_t *k_cache
         for (int64_t j0 = 0; j0 < visible; j0 += KEYS) {
             __m512 dots;
             switch (chunks) {   /* a constant count keeps the query in registers */
-            case 2: dots = score_tile(2, qv, k_cache, offsets, j0, visible, tail32); break;
-            case 4: dots = score_tile(4, qv, k_cache, offsets, j0, visible, tail32); break;
-            default: dots = score_tile((int)chunks, qv, k_cache, offsets, j0, visible, tail32); break;
+            case 2: dots = score_tile(2, qv, k_cache, seen, j0, visible, tail32); break;
+            case 4: dots = score_tile(4, qv, k_cache, seen, j0, visible, tail32); break;
+            default: dots = score_tile((int)chunks, qv, k_cache, seen, j0, visible, tail32); break;
             }
             const int64_t valid = visible - j0 < KEYS ? visible - j0 : KEYS;
-            const __mmask16 vm = seen_lanes(mask, n_query, start, r / gn, j0, valid);
+            const __mmask16 vm = (__mmask16)((1u << valid) - 1);
             __m512 s = _mm512_mul_ps(dots, vscale);
             _mm512_store_ps(row + j0, s);
             mx = _mm512_mask_max_ps(mx, vm, mx, s);
@@ -197,7 +206,7 @@ TARGET int speculant_attend_task_bf16(const uint16_t *q, const uint16_t *k_cache
         __m512 sum = _mm512_setzero_ps();
         for (int64_t j0 = 0; j0 < visible; j0 += KEYS) {
             const int64_t valid = visible - j0 < KEYS ? visible - j0 : KEYS;
-            const __mmask16 vm = seen_lanes(mask, n_query, start, r / gn, j0, valid);
+            const __mmask16 vm = (__mmask16)((1u << valid) - 1);
             __m512 e = _mm512_maskz_mov_ps(vm, exp_nonpositive(_mm512_sub_ps(_mm512_load_ps(row + j0), m)));
             _mm512_store_ps(row + j0, e);
             sum = _mm512_add_ps(sum, e);
@@ -216,11 +225,12 @@ TARGET int speculant_attend_task_bf16(const uint16_t *q, const uint16_t *k_cache
         const int64_t i = r / gn, g = g0 + r % gn;
         uint16_t *o = out + ((row0 + i) * H + kv_head * G + g) * D;
         const float *p = scores + r * n_pad;
-        const int64_t visible = start + i + 1;
+        const int64_t *seen;
+        const int64_t visible = seen_keys(offsets, mask, n_query, start, i, row_offsets, &seen);
         switch (vecs) {     /* a constant count keeps the accumulators in registers */
-        case 4: weighted_values(4, p, visible, v_cache, offsets, tail16, o); break;
-        case 8: weighted_values(8, p, visible, v_cache, offsets, tail16, o); break;
-        default: weighted_values((int)vecs, p, visible, v_cache, offsets, tail16, o); break;
+        case 4: weighted_values(4, p, visible, v_cache, seen, tail16, o); break;
+        case 8: weighted_values(8, p, visible, v_cache, seen, tail16, o); break;
+        default: weighted_values((int)vecs, p, visible, v_cache, seen, tail16, o); break;
         }
     }
     free(scores);
