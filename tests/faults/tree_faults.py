@@ -24,7 +24,7 @@ TREE_FAULTS = {
     "repeated_siblings": (True, "siblings must propose distinct tokens"),
     "parents_shape": (False, "parents must be an integer tensor shaped like token_ids"),
     "float_parents": (False, "parents must be an integer tensor shaped like token_ids"),
-    "probs_with_parents": (False, "set probs with parents"),
+    "tree_probs_shape": (False, "probs must be None or a float tensor"),  # trees may carry probs, one row per node
 }
 
 
@@ -77,7 +77,7 @@ def spoil(out: Proposals, kind: str, batch, vocab: int, width: int) -> tuple[Pro
             return Proposals(ids, cu, parents=par[:-1]), None
         if kind == "float_parents":
             return Proposals(ids, cu, parents=par.float()), None
-        one_hot = torch.nn.functional.one_hot(ids, vocab).float()  # [T, V]: a proper distribution, but with a tree
+        one_hot = torch.nn.functional.one_hot(ids, vocab).float()[:-1]  # [T - 1, V]: a node without its row
         return Proposals(ids, cu, one_hot, par), None
     need = width + 1 if kind == "too_wide" else 2
     budgets = batch.num_spec_tokens
