@@ -101,7 +101,29 @@ def long_prompt_cold_start(results: Path) -> list[str]:
                 "| measure | Speculant | llama.cpp | Speculant / llama.cpp, per round |", "|---|---|---|---|",
                 "| process start to exit after the first token, s | " + " | ".join(_ours_theirs(s["to_exit_s"]))
                 + " |"]
+        if "to_first_token_s" in s:
+            out += ["| process start to the first token, s (llama.cpp: to its exit) | "
+                    + " | ".join(_ours_theirs(s["to_first_token_s"])) + " |"]
+        out += _cold_stages(cold)
     return out
+
+
+def _cold_stages(cold: dict) -> list[str]:
+    """Our cold start by stage (seconds from the process's start, medians), skeleton and full load."""
+    runs = {name: rs for name, rs in cold["runs"].items() if rs and "stages_s" in rs[0]}
+    if not runs:
+        return []
+    labels = {"speculant": "skeleton load (default)", "speculant_full": "full load (dense conversion read first)"}
+    stages = list(next(iter(runs.values()))[0]["stages_s"])
+    rows = []
+    for name, rs in runs.items():
+        med = [_num(sorted(r["stages_s"][k] for r in rs)[len(rs) // 2], 2) for k in stages]
+        first = _num(sorted(r["to_first_token_s"] for r in rs)[len(rs) // 2], 2)
+        rows.append(f"| {labels.get(name, name)} | " + " | ".join(med[1:]) + f" | {first} |")
+    return ["", "Where our cold start goes: seconds from the process's start to the end of each stage, median "
+                "per stage (`import speculant` imports transformers' modeling code):", "",
+            "| load | " + " | ".join(k.replace("_", " ") for k in stages[1:]) + " | first token |",
+            "|---" * len(stages) + "|---|", *rows]
 
 
 def agreement(results: Path) -> list[str]:
