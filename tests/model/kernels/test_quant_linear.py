@@ -77,6 +77,26 @@ def test_rows_do_not_depend_on_the_batch(fmt, repack, isa):
     assert torch.equal(layer(x[5:12]), batched[5:12])
 
 
+@pytest.mark.parametrize(("fmt", "repack"), LAYOUTS, ids=LAYOUT_IDS)
+def test_rows_do_not_depend_on_the_thread_count(fmt, repack, isa):
+    # the team shares each row's activation blocks out among its threads: a row's blocks are
+    # quantized by whichever thread gets them, and the output must keep every bit for 1..3 threads
+    k = 1280 if fmt.block_elems == 256 else 352  # 5 tiles of 256 / 11 blocks of 32: uneven shares
+    layer, _, _ = _layer(fmt, 37, k, seed=4, bias=True, dtype=torch.bfloat16, repack=repack)
+    x = torch.randn(3, k, generator=torch.Generator().manual_seed(6)).bfloat16()
+    before = torch.get_num_threads()
+    try:
+        outs = []
+        for threads in (1, 2, 3):
+            torch.set_num_threads(threads)
+            outs.append((layer(x[:1]), layer(x)))
+    finally:
+        torch.set_num_threads(before)
+    for one, three in outs:
+        assert torch.equal(one, outs[0][0]) and torch.equal(three, outs[0][1])
+        assert torch.equal(three[:1], one)
+
+
 @pytest.mark.parametrize("repack", [False, True], ids=["file", "x16"])
 def test_every_path_agrees_with_the_scalar_reference(repack):
     fmt = QUANT_FORMATS[12]

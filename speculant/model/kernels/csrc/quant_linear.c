@@ -95,34 +95,34 @@ QUANT_VNNI_TARGET static void dot_vnni(const qtile *t, const qact *a, float *acc
 }
 #endif
 
-/* Quantize one row of x (dtype 0 float32, 1 bfloat16) per block of `block` (32, or 256 for
- * layers that are all K-quants): q[K] codes, and per group of 16 d[] = the block's scale,
- * s[] = scale * the group's code sum, n[] = that sum as an integer. */
-static void quantize_row(const void *x, int dtype, int64_t K, int block, int8_t *q, float *d, float *s, int16_t *n)
+/* Quantize block b0 / block of one row of x (dtype 0 float32, 1 bfloat16; blocks of `block` = 32,
+ * or 256 for layers that are all K-quants): q[b0 .. b0 + block) codes, and per group of 16 d[] = the
+ * block's scale, s[] = scale * the group's code sum, n[] = that sum as an integer. Blocks are
+ * independent, so a row may be quantized by several threads, a block each, with the same bits. */
+static void quantize_block(const void *x, int dtype, int64_t b0, int block, int8_t *q, float *d, float *s,
+                           int16_t *n)
 {
     float v[QTILE];
-    for (int64_t b0 = 0; b0 < K; b0 += block) {
-        float amax = 0.0f;
-        for (int i = 0; i < block; i++) {
-            v[i] = dtype ? widen(((const uint16_t *)x)[b0 + i]) : ((const float *)x)[b0 + i];
-            float m = v[i] < 0 ? -v[i] : v[i];
-            amax = m > amax ? m : amax;
+    float amax = 0.0f;
+    for (int i = 0; i < block; i++) {
+        v[i] = dtype ? widen(((const uint16_t *)x)[b0 + i]) : ((const float *)x)[b0 + i];
+        float m = v[i] < 0 ? -v[i] : v[i];
+        amax = m > amax ? m : amax;
+    }
+    float scale = amax / 127.0f, inv = amax > 0 ? 127.0f / amax : 0.0f;
+    for (int g = 0; g < block / QGROUP; g++) {
+        int32_t sum = 0;
+        for (int i = g * QGROUP; i < (g + 1) * QGROUP; i++) {
+            float r = v[i] * inv;
+            int c = (int)(r + (r >= 0 ? 0.5f : -0.5f));
+            c = c > 127 ? 127 : c < -127 ? -127 : c;
+            q[b0 + i] = (int8_t)c;
+            sum += c;
         }
-        float scale = amax / 127.0f, inv = amax > 0 ? 127.0f / amax : 0.0f;
-        for (int g = 0; g < block / QGROUP; g++) {
-            int32_t sum = 0;
-            for (int i = g * QGROUP; i < (g + 1) * QGROUP; i++) {
-                float r = v[i] * inv;
-                int c = (int)(r + (r >= 0 ? 0.5f : -0.5f));
-                c = c > 127 ? 127 : c < -127 ? -127 : c;
-                q[b0 + i] = (int8_t)c;
-                sum += c;
-            }
-            int64_t at = (b0 + g * QGROUP) / QGROUP;
-            d[at] = scale;
-            s[at] = scale * (float)sum;
-            n[at] = (int16_t)sum;
-        }
+        int64_t at = (b0 + g * QGROUP) / QGROUP;
+        d[at] = scale;
+        s[at] = scale * (float)sum;
+        n[at] = (int16_t)sum;
     }
 }
 
@@ -243,12 +243,16 @@ void speculant_qlinear_team(int n_mats, const int *types, const uint8_t *const *
     int16_t *xn = (int16_t *)(xs + R * ng);
     int8_t *xq = (int8_t *)(xn + R * ng), *xq4 = xq + R * K;  /* xq4: in Q4_K's order (VNNI rows) */
     const size_t esize = dtype ? 2 : 4;
+    /* one block of one row per iteration: a decode's single row is shared by the team rather than
+     * quantized by one thread while the others wait at the barrier */
+    const int64_t nb = K / block;
 #pragma omp for schedule(static)
-    for (int64_t r = 0; r < R; r++) {
-        quantize_row((const char *)x + (size_t)(r * ldx) * esize, dtype, K, block, xq + r * K, xd + r * ng,
-                     xs + r * ng, xn + r * ng);
-        if (block == QTILE)
-            speculant_q4k_order(xq + r * K, K, xq4 + r * K);
+    for (int64_t rb = 0; rb < R * nb; rb++) {
+        const int64_t r = rb / nb, b0 = rb % nb * block;
+        quantize_block((const char *)x + (size_t)(r * ldx) * esize, dtype, b0, block, xq + r * K, xd + r * ng,
+                       xs + r * ng, xn + r * ng);
+        if (block == QTILE)  /* a whole number of Q4_K's 128-code runs */
+            speculant_q4k_order(xq + r * K + b0, QTILE, xq4 + r * K + b0);
     }
     float acc[ROW_CHUNK * ACC_LANES] __attribute__((aligned(64))), sums[ROW_CHUNK * XROWS];
     /* rows in chunks whose activations stay in L2 while every weight row passes over them */
