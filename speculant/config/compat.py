@@ -184,7 +184,8 @@ def config_problems(config: EngineConfig, registry: Registry | None = None, *, s
     if not (proposer and scorer and acceptance and backend):
         return problems + _load_error_note(True, load_errors)
     return problems + combination_reasons(proposer, scorer, acceptance, backend, enable_chunked_prefill=chunked,
-                                          num_speculative_tokens=spec.num_speculative_tokens, sampling=sampling,
+                                          num_speculative_tokens=resolve_num_speculative_tokens(spec, proposer),
+                                          sampling=sampling,
                                           tree_width=spec.tree_width)
 
 
@@ -227,14 +228,35 @@ def data_problems(data: dict[str, Any], registry: Registry | None = None) -> lis
     return config_problems(config, registry, check_proposer=False)
 
 
+def resolve_num_speculative_tokens(spec: SpeculativeConfig, proposer: type | None) -> int:
+    """``spec.num_speculative_tokens`` as the engine runs it: left unset, its
+    policy's default lowered to ``proposer``'s ``max_num_speculative_tokens``
+    where that is smaller; set, as given (the combination rules refuse a value
+    above the proposer's maximum)."""
+    k = spec.num_speculative_tokens
+    limit = getattr(getattr(proposer, "capabilities", None), "max_num_speculative_tokens", None)
+    if "num_speculative_tokens" in spec.model_fields_set or limit is None:
+        return k
+    return min(k, limit)
+
+
 def validate_config(config: EngineConfig, registry: Registry | None = None, *,
                     source: str = "<config>") -> EngineConfig:
-    """Return ``config`` if ``config_problems`` finds nothing, else raise
-    ``ConfigError(source, problems)`` listing all of them."""
+    """``config`` if ``config_problems`` finds nothing, else raise
+    ``ConfigError(source, problems)`` listing all of them. An unset
+    ``num_speculative_tokens`` comes back resolved for the proposer
+    (``resolve_num_speculative_tokens``)."""
     problems = config_problems(config, registry)
     if problems:
         raise ConfigError(source, problems)
-    return config
+    spec = config.speculative
+    if spec.proposer is None or "num_speculative_tokens" in spec.model_fields_set:
+        return config
+    registry = registry if registry is not None else default_plugins().registry
+    k = resolve_num_speculative_tokens(spec, registry.get("proposer", spec.proposer))
+    if k == spec.num_speculative_tokens:
+        return config
+    return config.model_copy(update={"speculative": spec.model_copy(update={"num_speculative_tokens": k})})
 
 
 def parse_config(data: dict[str, Any], source: str = "<arguments>", registry: Registry | None = None) -> EngineConfig:
