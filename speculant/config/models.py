@@ -213,7 +213,7 @@ class SpeculativeConfig(StrictModel):
     (the default, which picks each step's k up to it, so a high ceiling costs
     nothing where drafts do not pay), 4 under ``"fixed"`` (every decode drafts all
     k). An unset value above the proposer's ``max_num_speculative_tokens`` is
-    lowered to it (``config.compat.resolve_num_speculative_tokens``); a value set
+    lowered to it (``config.compat.resolved_config``); a value set
     above it is refused. ``SamplingParams.speculative`` may lower it per request."""
     tree_width: int = Field(default=1, ge=1, le=16)
     """Most children per node of a decode's token tree (1: chains, the default).
