@@ -17,6 +17,8 @@ static const qformat FORMATS[] = {
     [QT_Q4_0] = {32, 18, 15, 1},   [QT_Q4_1] = {32, 20, 15, 1},   [QT_Q5_0] = {32, 22, 31, 1},
     [QT_Q8_0] = {32, 34, 255, 1},  [QT_Q4_K] = {256, 144, 15, 1}, [QT_Q5_K] = {256, 176, 31, 1},
     [QT_Q6_K] = {256, 210, 63, 1}, [QT_Q4_K_X16] = {256, 148, 15, XROWS}, [QT_Q6_K_X16] = {256, 212, 63, XROWS},
+    [QT_Q4_0_X16] = {32, 18, 15, XROWS}, [QT_Q4_1_X16] = {32, 20, 15, XROWS}, [QT_Q5_0_X16] = {32, 22, 31, XROWS},
+    [QT_Q8_0_X16] = {32, 34, 255, XROWS},
 };
 
 const qformat *speculant_qformat(int type)
