@@ -17,8 +17,8 @@ gives each row the bits a one-row decode gives it.
 with their block sizes. A tensor of any other type is dequantized at load
 (``loading/gguf_quant.py``), never refused. Every format runs the scalar
 reference and the AVX2 and AVX-512 VNNI dot products over decoded tiles
-(``csrc/quant_linear.c``; Q4_0, Q4_1, Q8_0, Q4_K and Q6_K tiles decoded with
-AVX2, Q5_0 and Q5_K with scalar code); Q4_K and Q6_K also have integer-only
+(``csrc/quant_linear.c``; Q4_0, Q4_1, Q5_0, Q8_0, Q4_K and Q6_K tiles decoded with
+AVX2, Q5_K with scalar code); Q4_K and Q6_K also have integer-only
 AVX-512 VNNI kernels: per file row (``csrc/quant_avx512_vnni.c``) and per repacked
 group of 16 rows (``csrc/quant_x16_avx512_vnni.c``), and so do the repacked blocks of
 32 (``csrc/quant_x16_b32_avx512_vnni.c``); other paths read a repacked group row by

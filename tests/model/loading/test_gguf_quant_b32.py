@@ -26,16 +26,20 @@ GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
 PROMPTS = [[5, 6, 7, 8, 5, 6, 7, 8, 5, 6, 7], [300, 12, 44], list(range(40, 57)), [9, 9, 9, 9]]
 
 
-@pytest.fixture(scope="module")
-def target_path(tmp_path_factory, tokenizer_dir):
-    return write_tiny_gguf(tmp_path_factory.mktemp("b32") / "tiny-b32.gguf", tokenizer_dir, hidden=HIDDEN,
-                           types=TYPES)
+DRAFT_TYPES = {**TYPES, "attn_q": "Q8_0", "ffn_gate": "Q5_0"}
 
 
 @pytest.fixture(scope="module")
-def draft_path(tmp_path_factory, tokenizer_dir):
-    return write_tiny_gguf(tmp_path_factory.mktemp("b32d") / "tiny-b32-draft.gguf", tokenizer_dir, hidden=HIDDEN,
-                           seed=5, types={**TYPES, "attn_q": "Q8_0", "ffn_gate": "Q5_0"})
+def files(tmp_path_factory, tokenizer_dir):
+    """The target's and the draft's GGUF paths (the draft from another seed, other types in two roles)."""
+    folder = tmp_path_factory.mktemp("b32")
+    return [write_tiny_gguf(folder / f"{name}.gguf", tokenizer_dir, hidden=HIDDEN, seed=seed, types=types)
+            for name, seed, types in (("target", 0, TYPES), ("draft", 5, DRAFT_TYPES))]
+
+
+@pytest.fixture(scope="module")
+def target_path(files):
+    return files[0]
 
 
 @pytest.fixture(scope="module")
@@ -67,10 +71,11 @@ def test_every_layer_is_kept_in_its_block_format_and_computes_the_file_weights(t
 
 
 @pytest.mark.parametrize("proposer", ["ngram", "draft_model"])
-def test_speculative_greedy_equals_no_speculation(plain_llm, target_path, draft_path, proposer):
+def test_speculative_greedy_equals_no_speculation(plain_llm, files, proposer):
     """Verify rows get the bits a one-row decode gets (the group kernels are row-invariant), so
     speculation changes no token; the draft model is a block-of-32 file too."""
     base = [o.outputs[0].token_ids for o in plain_llm.generate(PROMPTS, GREEDY, use_tqdm=False)]
+    target_path, draft_path = files
     options = {"ngram": {"min_n": 1, "max_n": 3}, "draft_model": {"model": str(draft_path)}}[proposer]
     llm = LLM(str(target_path), block_size=4, max_num_batched_tokens=32, max_num_seqs=4,
               speculative={"proposer": proposer, "proposer_options": options, "num_speculative_tokens": 4})
