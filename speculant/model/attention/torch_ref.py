@@ -70,9 +70,9 @@ class TorchAttentionBackend(AttentionBackend):
             mask, tree = None, False
             if q > 1 and mask_offsets is not None and mask_offsets[b] >= 0:
                 assert spans.tree_masks is not None
-                tree = spans.tree_masks[mask_offsets[b]: mask_offsets[b] + q * q].view(q, q).bool()  # [q, q]
-                prefix = torch.ones(q, start, dtype=torch.bool, device=tree.device)
-                mask, tree = torch.cat([prefix, tree], dim=1), True  # [q, seq_len]
+                ancestors = spans.tree_masks[mask_offsets[b]: mask_offsets[b] + q * q].view(q, q).bool()  # [q, q]
+                prefix = torch.ones(q, start, dtype=torch.bool, device=ancestors.device)
+                mask, tree = torch.cat([prefix, ancestors], dim=1), True  # [q, seq_len]
             elif q > 1:
                 key_pos = torch.arange(seq_len, device=spans.positions.device)
                 q_pos = torch.arange(start, seq_len, device=spans.positions.device)
