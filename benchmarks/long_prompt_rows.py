@@ -4,7 +4,9 @@ alternating rounds (issue 51).
 ``--part long``: one chat request of ``--prompt-tokens`` tokens (a repository file under an edit instruction)
 then ``--max-tokens`` greedy tokens: TTFT, prefill rate, request rate (ours: default configuration, prefix
 caching off; llama.cpp: the sdist's bindings). ``--part cold``: a fresh process to its exit after one token,
-the conversion cached (ours: ``python -c`` with ``LLM(model=FILE)``; llama.cpp: ``llama-completion -n 1``).
+the conversion cached (ours: ``python -c`` with ``LLM(model=FILE)``, with the time of each import and of the
+engine's build; llama.cpp: ``llama-completion -n 1``, whose exit stands for its first token); ``--full-load`` adds
+our load before the skeleton (``loading/skeleton.py``): the whole dense conversion read, then kept quantized.
 """
 
 from __future__ import annotations
@@ -25,11 +27,26 @@ SOURCE = "speculant/engine/llm_engine.py"
 INSTRUCTION = "Add type hints to every function in this Python module and change nothing else:\n\n```python\n"
 COLD_CHILD = """
 import sys, time
+stages = [time.time()]
+import torch
+stages.append(time.time())
+import transformers
+stages.append(time.time())
 from speculant import LLM, SamplingParams
+stages.append(time.time())
+if sys.argv[3] == "full":  # the load before the skeleton: the dense conversion, then keep_quantized
+    import speculant.model.runner as runner
+    from speculant.model.loading.skeleton import SkeletonMiss
+    def full(*args, **kwargs):
+        raise SkeletonMiss("the benchmark's full-load row")
+    runner.load_kept_quantized = full
 llm = LLM(model=sys.argv[1], max_num_seqs=1)
+stages.append(time.time())
 out = llm.generate([sys.argv[2]], SamplingParams(temperature=0, max_tokens=1), use_tqdm=False)
 print("FIRST_TOKEN", time.time(), out[0].outputs[0].token_ids, flush=True)
+print("STAGES", *stages, flush=True)
 """
+STAGES = ("python_start", "import_torch", "import_transformers", "import_speculant", "engine_built")
 
 
 def long_prompt(tok, n_tokens: int) -> tuple[str, list[int]]:
@@ -86,8 +103,8 @@ def run_cold(args, bench, path: str, tok) -> dict[str, Any]:
 
     def run_one(name: str) -> dict[str, Any]:
         with tempfile.TemporaryDirectory() as tmp:
-            if name == "speculant":
-                cmd = [sys.executable, "-c", COLD_CHILD, path, text]
+            if name.startswith("speculant"):
+                cmd = [sys.executable, "-c", COLD_CHILD, path, text, "full" if name.endswith("full") else "skeleton"]
             else:
                 Path(tmp, "p.txt").write_text(text, encoding="utf-8")
                 cmd = [str(Path(args.llama_bin) / "llama-completion"), "-m", path, "-f", str(Path(tmp, "p.txt")),
@@ -98,13 +115,19 @@ def run_cold(args, bench, path: str, tok) -> dict[str, Any]:
             end = time.time()
         if out.returncode != 0:
             raise RuntimeError(f"{cmd[0]} exited {out.returncode}: {out.stderr[-1500:]}")
-        first = next((float(line.split()[1]) for line in out.stdout.splitlines() if line.startswith("FIRST_TOKEN")),
-                     None)
-        return {"to_exit_s": end - t0, "to_first_token_s": None if first is None else first - t0}
+        lines = {line.split()[0]: line.split(maxsplit=1)[1] for line in out.stdout.splitlines()
+                 if line.startswith(("FIRST_TOKEN", "STAGES"))}
+        first = float(lines["FIRST_TOKEN"].split()[0]) if "FIRST_TOKEN" in lines else None
+        # llama-completion prints no time of its first token: its exit (load, first token, teardown) stands in
+        res: dict[str, Any] = {"to_exit_s": end - t0, "to_first_token_s": end - t0 if first is None else first - t0}
+        if "STAGES" in lines:  # seconds from the parent's start of the process to each stage
+            res["stages_s"] = {k: round(float(v) - t0, 3) for k, v in zip(STAGES, lines["STAGES"].split())}
+            res["first_token"] = lines["FIRST_TOKEN"].split(maxsplit=1)[1]
+        return res
 
-    runs = harness.rounds(["speculant", "llama.cpp"], args.repeats, run_one,
-                          lambda r: f"{r['to_exit_s']:.2f} s to exit")
-    return {"runs": runs, "summary": summarize(runs, ("to_exit_s",))}
+    names = ["speculant", "llama.cpp"] + (["speculant_full"] if args.full_load else [])
+    runs = harness.rounds(names, args.repeats, run_one, lambda r: f"{r['to_exit_s']:.2f} s to exit")
+    return {"runs": runs, "summary": summarize(runs, ("to_exit_s", "to_first_token_s"))}
 
 
 def summarize(runs: dict[str, list[dict[str, Any]]], keys: tuple[str, ...]) -> dict[str, Any]:
@@ -127,6 +150,8 @@ def main() -> None:
     ap.add_argument("--model", default="qwen-1.5b-q4km", help="a fetch_gguf_parts name or a .gguf path")
     ap.add_argument("--prompt-tokens", type=int, default=1500)
     ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--full-load", action="store_true",
+                    help="cold part: add the row that reads the whole dense conversion before keeping it quantized")
     ap.add_argument("--llama-py", default=LLAMA_PY)
     ap.add_argument("--llama-bin", default=LLAMA_BIN)
     args = ap.parse_args()

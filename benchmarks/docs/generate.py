@@ -25,7 +25,14 @@ from .isa_tables import isa_compare, isa_compare_avx2, isa_step_profile
 from .quant_tables import quant_1p5b
 from .random_tables import random_llama
 from .ray_tables import ray_breakdown, ray_scaling, ray_split
-from .real_size_tables import agreement, concurrency, long_prompt_cold_start, real_size_rows, smollm2_q4_1
+from .real_size_tables import (
+    agreement,
+    concurrency,
+    long_prompt_cold_start,
+    real_size_rows,
+    smollm2_q4_1,
+    step_profile,
+)
 from .spec_cost_tables import spec_cost
 from .structured_tables import structured, structured_headline
 from .tables import (
@@ -92,6 +99,7 @@ BLOCKS: dict[str, Table] = {
     "agreement-1.5b": agreement,
     "smollm2-q4-1": smollm2_q4_1,
     "concurrency-1.5b": concurrency,
+    "step-profile-1.5b": step_profile,
     "ray-scaling": ray_scaling,
     "ray-breakdown": ray_breakdown,
     "ray-split": ray_split,

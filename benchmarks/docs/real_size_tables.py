@@ -101,7 +101,29 @@ def long_prompt_cold_start(results: Path) -> list[str]:
                 "| measure | Speculant | llama.cpp | Speculant / llama.cpp, per round |", "|---|---|---|---|",
                 "| process start to exit after the first token, s | " + " | ".join(_ours_theirs(s["to_exit_s"]))
                 + " |"]
+        if "to_first_token_s" in s:
+            out += ["| process start to the first token, s (llama.cpp: to its exit) | "
+                    + " | ".join(_ours_theirs(s["to_first_token_s"])) + " |"]
+        out += _cold_stages(cold)
     return out
+
+
+def _cold_stages(cold: dict) -> list[str]:
+    """Our cold start by stage (seconds from the process's start, medians), skeleton and full load."""
+    runs = {name: rs for name, rs in cold["runs"].items() if rs and "stages_s" in rs[0]}
+    if not runs:
+        return []
+    labels = {"speculant": "skeleton load (default)", "speculant_full": "full load (dense conversion read first)"}
+    stages = list(next(iter(runs.values()))[0]["stages_s"])
+    rows = []
+    for name, rs in runs.items():
+        med = [_num(sorted(r["stages_s"][k] for r in rs)[len(rs) // 2], 2) for k in stages]
+        first = _num(sorted(r["to_first_token_s"] for r in rs)[len(rs) // 2], 2)
+        rows.append(f"| {labels.get(name, name)} | " + " | ".join(med[1:]) + f" | {first} |")
+    return ["", "Where our cold start goes: seconds from the process's start to the end of each stage, median "
+                "per stage (`import speculant` imports transformers' modeling code):", "",
+            "| load | " + " | ".join(k.replace("_", " ") for k in stages[1:]) + " | first token |",
+            "|---" * len(stages) + "|---|", *rows]
 
 
 def agreement(results: Path) -> list[str]:
@@ -128,7 +150,7 @@ def concurrency(results: Path) -> list[str]:
     if data is None:
         return []
     s, o = data["summary"], data["options"]
-    return [f"`real_size_concurrency.py` (commit 8f79bbc, removed: tree size): one engine (quantized, no "
+    return [f"`real_size_concurrency.py`: one engine (quantized, no "
             f"speculation, no prefix caching), edit prompts (chat, "
             f"{data['prompt_tokens']} tokens), {o['max_tokens']} new tokens each, greedy, prefill included, "
             f"{o['threads']} threads; median of {o['repeats']} alternating rounds (min–max); measured on "
@@ -139,3 +161,22 @@ def concurrency(results: Path) -> list[str]:
             f"| {o['requests']} requests at once | {_num(s['concurrent']['median'], 2)} "
             f"({_num(s['concurrent']['min'], 2)}–{_num(s['concurrent']['max'], 2)}) |", "",
             f"Concurrent over batch 1, per round: {_spread(s['ratio'])}."]
+
+
+def step_profile(results: Path) -> list[str]:
+    """Qwen2.5-Coder-1.5B Q4_K_M kept quantized: where a step's time goes"""
+    data = _load(results, "quant_step_profile.json")
+    if data is None:
+        return []
+    o, rows = data["options"], data["rows"]
+    labels = {"decode_1": "1 decode (context 120)", "decode_32": "32 decodes (contexts 60–308)",
+              "prefill_512": "a 512-token prefill chunk"}
+    return [f"`quant_step_profile.py`: one engine step through `ModelRunner.forward` ({data['fast_forward']}), "
+            "then its parts timed alone on the step's shapes: every quantized linear layer but the output layer "
+            "(one call per matrix, so a little above the fused step's), the output layer on the rows with logits; "
+            "the rest is attention, norms, rotary, activations and Python. Milliseconds, median of "
+            f"{o['repeats']} calls, {o['threads']} threads; measured on {measured_on(data)}, load "
+            f"{data['environment'].get('load_avg')}:", "",
+            "| step | tokens | step, ms | quant GEMM | output layer | rest |", "|---|---|---|---|---|---|",
+            *(f"| {labels.get(name, name)} | {r['tokens']} | {_num(r['step_ms'], 1)} | {_num(r['quant_gemm_ms'], 1)} | "
+              f"{_num(r['output_layer_ms'], 1)} | {_num(r['rest_ms'], 1)} |" for name, r in rows.items())]

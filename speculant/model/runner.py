@@ -10,7 +10,9 @@ only at the requested offsets.
 from __future__ import annotations
 
 import logging
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -30,7 +32,12 @@ from speculant.model.kernels.build import kernel_report
 from speculant.model.linear.backend import pack_linear_layers
 from speculant.model.linear.huge_pages import place_packed_weights
 from speculant.model.linear.merged import merge_sibling_linears
-from speculant.model.loading.gguf_quant import QuantReport, keep_quantized, release_freed_memory
+from speculant.model.loading.gguf_quant import (
+    QuantReport,
+    keep_quantized,
+    load_kept_quantized,
+    release_freed_memory,
+)
 from speculant.model.loading.gguf_source import gguf_source_file, resolve_model_source
 from speculant.model.loading.hf_model import (
     eos_token_ids,
@@ -39,8 +46,12 @@ from speculant.model.loading.hf_model import (
     require_device,
     unsupported_model_error,
 )
+from speculant.model.loading.skeleton import SkeletonMiss
 from speculant.model.resources import total_memory_bytes
 from speculant.model.seam_selftest import SeamSelfTestError, SelfTestResult, seam_self_test
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 logger = logging.getLogger(__name__)
 
@@ -84,13 +95,14 @@ class ModelRunner:
         self.block_size = cache_cfg.block_size
         # a GGUF checkpoint becomes its cached HF directory (gguf_source.py); a directory stays as it is
         source = resolve_model_source(model_cfg.path, model_cfg.gguf_file, model_cfg.dtype, option=path_option)
-        self.model, self.max_model_len = load_hf_model(
-            source, model_cfg.dtype, self.device, model_cfg.max_model_len,
-            option=path_option, random_seed=model_cfg.seed if model_cfg.load_format == "dummy" else None)
-        self.tokenizer = load_tokenizer(model_cfg.tokenizer or source, option=tokenizer_option)
+        # the tokenizer's JSON parsing (Python, 1.2 s at 1.5B) runs beside the weights' copy and repack
+        # (C, the GIL released); an error of either is raised, the model's first
+        with ThreadPoolExecutor(1, thread_name_prefix="speculant-tokenizer") as pool:
+            tokenizer = pool.submit(load_tokenizer, model_cfg.tokenizer or source, option=tokenizer_option)
+            self.model, self.max_model_len, self.quant_report = self._load(model_cfg, source, path_option)
+            self.tokenizer = tokenizer.result()
         self.eos_token_ids = eos_token_ids(self.model, self.tokenizer)
-        self.vocab_size = self.model.get_output_embeddings().weight.shape[0]
-        self.quant_report = self._keep_quantized(model_cfg, path_option)
+        self.vocab_size = self.model.get_output_embeddings().out_features
         self.norms_fused, self.norms_kept = fuse_rms_norms(self.model)
         self.linear_report = self._pack_linears(model_cfg.linear_backend, model_cfg.linear_dense_max_rows)
         self._captured_hidden: torch.Tensor | None = None
@@ -114,17 +126,32 @@ class ModelRunner:
         self.graphs_off_reason = self._setup_graphs(model_cfg.cuda_graphs, path_option)
 
     # --- setup -----------------------------------------------------------
-    def _keep_quantized(self, model_cfg: ModelConfig, option: str) -> QuantReport | None:
-        """``model.quantization = "gguf"``: a GGUF checkpoint's quantized layers stay in their blocks."""
+    def _load(self, model_cfg: ModelConfig, source: str,
+              option: str) -> tuple[PreTrainedModel, int, QuantReport | None]:
+        """The model, its max_model_len and, under ``model.quantization = "gguf"``, what was kept
+        quantized: a GGUF checkpoint's quantized layers stay in their blocks, the model built as a
+        skeleton so their dense weights are never read (``loading/skeleton.py``), else in full first."""
         gguf_file = gguf_source_file(model_cfg.path, model_cfg.gguf_file, option)
-        if (gguf_file is None or model_cfg.quantization != "gguf" or model_cfg.load_format == "dummy"
-                or self.device.type != "cpu" or self.model.dtype not in (torch.float32, torch.bfloat16)):
-            return None
+        quantize = (gguf_file is not None and model_cfg.quantization == "gguf" and model_cfg.load_format != "dummy"
+                    and self.device.type == "cpu" and model_cfg.dtype in ("float32", "bfloat16"))
+        if quantize and gguf_file is not None:
+            try:
+                model, max_len, report = load_kept_quantized(source, gguf_file, model_cfg.dtype, self.device,
+                                                             model_cfg.max_model_len, option)
+            except SkeletonMiss as miss:
+                logger.info("%s: reading the whole conversion before keeping it quantized (%s)", option, miss)
+            else:
+                logger.info("%s: %s", option, report.describe())
+                return model, max_len, report
+        model, max_len = load_hf_model(source, model_cfg.dtype, self.device, model_cfg.max_model_len, option=option,
+                                       random_seed=model_cfg.seed if model_cfg.load_format == "dummy" else None)
+        if not quantize or gguf_file is None:
+            return model, max_len, None
         with torch.inference_mode():
-            report = keep_quantized(self.model, gguf_file, self.model.dtype)
+            report = keep_quantized(model, gguf_file, model.dtype)
         release_freed_memory()
         logger.info("%s: %s", option, report.describe())
-        return report
+        return model, max_len, report
 
     def _pack_linears(self, backend: str, dense_max_rows: int | None):
         if dense_max_rows is None:

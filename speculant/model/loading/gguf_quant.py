@@ -20,6 +20,8 @@ from __future__ import annotations
 import ctypes
 import gc
 import logging
+import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,6 +33,8 @@ from torch import nn
 from speculant.model.linear import quantized
 from speculant.model.linear.quantized import QUANT_FORMATS, QuantEmbedding, QuantFormat, QuantLinear, stored_blocks
 from speculant.model.loading.gguf_tensors import GGUFTensors
+from speculant.model.loading.hf_model import load_hf_model
+from speculant.model.loading.skeleton import CheckpointTensors, materialise
 
 logger = logging.getLogger(__name__)
 QUANTIZATIONS = ("gguf", "dequantize")
@@ -79,15 +83,24 @@ def _row_orders(name: str, rows: int, cfg) -> list[np.ndarray | None]:
     return orders
 
 
-def _matching_order(blocks: np.ndarray, type_name: str, k: int, dense: torch.Tensor,
+RowReader = Callable[[str, torch.Tensor, np.ndarray], torch.Tensor]
+"""(qualified parameter name, the parameter, row indices) -> those rows of the converted weight, [S, K]."""
+
+
+def rows_of_parameter(name: str, weight: torch.Tensor, rows: np.ndarray) -> torch.Tensor:
+    """The default ``RowReader``: the rows of the weight the model holds."""
+    return weight[torch.from_numpy(rows)]
+
+
+def _matching_order(blocks: np.ndarray, type_name: str, k: int, name: str, dense: torch.Tensor, read: RowReader,
                     orders: list[np.ndarray | None]) -> tuple[bool, np.ndarray | None]:
-    """The row order under which sampled block rows dequantize to ``dense`` ([N, K])."""
+    """The row order under which sampled block rows dequantize to ``dense`` ([N, K]), read by ``read``."""
     import gguf
 
     qtype = gguf.GGMLQuantizationType[type_name]
     n = dense.shape[0]
     sample = np.unique(np.linspace(0, n - 1, SAMPLE_ROWS).astype(np.int64))
-    want = dense[torch.from_numpy(sample)].float().numpy()
+    want = read(name, dense, sample).float().numpy()
     tol = 2.0**-7 * (np.abs(want).max() + 1e-30) if dense.dtype != torch.float32 else 1e-6 * np.abs(want).max()
     for order in orders:
         src = sample if order is None else order[sample]
@@ -101,8 +114,10 @@ def _tensor_name(map_, module_name: str) -> str | None:
     return map_.get_name(module_name)
 
 
-def keep_quantized(model: Any, source: Path, dtype: torch.dtype) -> QuantReport:
-    """Swap ``model``'s linear layers (and input embedding) for quantized ones over ``source``'s blocks."""
+def keep_quantized(model: Any, source: Path, dtype: torch.dtype, read: RowReader = rows_of_parameter) -> QuantReport:
+    """Swap ``model``'s linear layers (and input embedding) for quantized ones over ``source``'s blocks.
+    The layout check reads sampled rows of each converted weight through ``read`` (the weights may
+    still be on the meta device, ``loading/skeleton.py``); nothing else of a replaced weight is read."""
     import gguf
 
     report = QuantReport()
@@ -137,14 +152,12 @@ def keep_quantized(model: Any, source: Path, dtype: torch.dtype) -> QuantReport:
             continue
         if tensor.name not in shared:
             raw = np.asarray(tensor.data)
-            ok, order = _matching_order(raw, fmt.name, module.in_features, module.weight,
-                                        _row_orders(tensor.name, module.out_features, cfg))
+            ok, order = _matching_order(raw, fmt.name, module.in_features, f"{module_name}.weight", module.weight,
+                                        read, _row_orders(tensor.name, module.out_features, cfg))
             if not ok:
                 report.dequantized.setdefault("rows do not match the converted weight", []).append(tensor.name)
                 continue
-            # a copy (the file may change), repacked where the kernel's path reads that faster
-            file_blocks = torch.from_numpy(np.array(raw if order is None else raw[order]))
-            shared[tensor.name] = stored_blocks(file_blocks, fmt, module.in_features)
+            shared[tensor.name] = _kept_blocks(raw if order is None else raw[order], fmt, module.in_features)
             report.quantized_bytes += shared[tensor.name][0].numel()
         blocks, layout = shared[tensor.name]
         # the output layer keeps its float32 accumulations: rounded to bfloat16, near-equal logits tie
@@ -155,7 +168,7 @@ def keep_quantized(model: Any, source: Path, dtype: torch.dtype) -> QuantReport:
                                                  torch.float32 if head else None))
         report.num_quantized += 1
         report.formats[fmt.name] = report.formats.get(fmt.name, 0) + 1
-    _quantize_embedding(model, tensors, shared, dtype, report)
+    _quantize_embedding(model, tensors, shared, dtype, report, read)
     if report.dequantized:
         parts = [f"{len(v)} tensor(s) dequantized because {k} (e.g. {v[0]})" for k, v in report.dequantized.items()]
         report.notice = "; ".join(parts)
@@ -163,8 +176,19 @@ def keep_quantized(model: Any, source: Path, dtype: torch.dtype) -> QuantReport:
     return report
 
 
+def _kept_blocks(raw: np.ndarray, fmt: QuantFormat, in_features: int) -> tuple[torch.Tensor, QuantFormat]:
+    """The layer's own copy of ``raw`` ([out, row_bytes], maybe the mapped file, which may change), repacked
+    where the kernel's path reads that faster: the repack reads the mapping and writes the copy, so the
+    file's bytes are copied once either way (a copy first cost 1 s of a 1.5B model's cold start)."""
+    with warnings.catch_warnings():  # read-only mapping: only read here, and copied before it is kept
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        view = torch.from_numpy(raw)
+    blocks, layout = stored_blocks(view, fmt, in_features)
+    return (blocks.clone() if blocks is view else blocks), layout
+
+
 def _quantize_embedding(model: Any, tensors: dict, shared: dict[str, tuple[torch.Tensor, QuantFormat]],
-                        dtype: torch.dtype, report: QuantReport) -> None:
+                        dtype: torch.dtype, report: QuantReport, read: RowReader) -> None:
     embed = model.get_input_embeddings()
     tensor = tensors.get("token_embd.weight")
     if type(embed) is not nn.Embedding or tensor is None:
@@ -177,7 +201,8 @@ def _quantize_embedding(model: Any, tensors: dict, shared: dict[str, tuple[torch
     blocks, layout = shared.get(tensor.name, (None, fmt))  # a tied output projection's blocks, maybe repacked
     if blocks is None:
         raw = np.asarray(tensor.data)
-        ok, _ = _matching_order(raw, fmt.name, embed.embedding_dim, embed.weight, [None])
+        name = next(n for n, m in model.named_modules() if m is embed)
+        ok, _ = _matching_order(raw, fmt.name, embed.embedding_dim, f"{name}.weight", embed.weight, read, [None])
         if not ok:
             report.dequantized.setdefault("rows do not match the converted weight", []).append(tensor.name)
             return
@@ -185,6 +210,22 @@ def _quantize_embedding(model: Any, tensors: dict, shared: dict[str, tuple[torch
         report.quantized_bytes += blocks.numel()
     model.set_input_embeddings(QuantEmbedding(blocks, layout.type_id, embed.embedding_dim, dtype, embed.padding_idx,
                                               embed.num_embeddings))
+
+
+def load_kept_quantized(model_dir: str, gguf_file: Path, dtype: str, device: torch.device,
+                        max_model_len: int | None, option: str) -> tuple[Any, int, QuantReport]:
+    """The model of the conversion ``model_dir`` with ``gguf_file``'s quantized layers kept in their
+    blocks, built as a skeleton (``loading/skeleton.py``): the dense weights that ``keep_quantized``
+    replaces are never read. Raises ``SkeletonMiss`` where a parameter has no tensor of its name."""
+    model, max_model_len = load_hf_model(model_dir, dtype, device, max_model_len, option=option, skeleton=True)
+    tensors = CheckpointTensors(Path(model_dir))
+    materialise(model, tensors, skip_weights_of=(nn.Linear, nn.Embedding))
+    with torch.inference_mode():
+        report = keep_quantized(model, gguf_file, model.dtype, tensors.rows)
+    materialise(model, tensors)
+    model.to(device)  # type: ignore[arg-type]  # (transformers types PreTrainedModel.to oddly: hf_model.py)
+    model.requires_grad_(False)
+    return model, max_model_len, report
 
 
 def release_freed_memory() -> None:

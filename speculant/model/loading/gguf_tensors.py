@@ -16,6 +16,7 @@ import numpy as np
 
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
 _STRING, _ARRAY = 8, 9
+_U64 = struct.Struct("<Q")
 _FLOATS = {"F32": np.float32, "F16": np.float16}
 
 
@@ -55,10 +56,11 @@ class _Cursor:
             return self.string()
         if kind == _ARRAY:
             item, count = self.take("<I"), self.take("<Q")
-            if item == _STRING:
+            if item == _STRING:  # each string: its 8-byte length, then its bytes (a tokenizer: 150k of them)
+                buf, pos, length = self.buf, self.pos, _U64.unpack_from
                 for _ in range(count):
-                    n = self.take("<Q")  # not `pos += take()`: that reads pos before take moves it
-                    self.pos += n
+                    pos += 8 + length(buf, pos)[0]
+                self.pos = pos
             elif item == _ARRAY:
                 for _ in range(count):
                     self.value(_ARRAY)

@@ -11,6 +11,7 @@ from transformers import MODEL_FOR_CAUSAL_LM_MAPPING, AutoConfig, AutoModelForCa
 
 from speculant.model.attention.hf_seam import register_seam
 from speculant.model.loading.files import SafetensorError, UnsupportedModelError, check_weight_files, weight_load_error
+from speculant.model.loading.skeleton import parameters_on_meta
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -105,13 +106,9 @@ def default_max_model_len(config: PretrainedConfig) -> int:
     return 2048
 
 
-def load_hf_model(path: str, dtype: str, device: torch.device, max_model_len: int | None,
-                  option: str = "model.path", random_seed: int | None = None) -> tuple[PreTrainedModel, int]:
-    """Load the model with our attention; return it and the resolved max_model_len.
-    With ``random_seed`` (``model.load_format = "dummy"``) the weights are not
-    read: the model is built from config.json with seeded random weights,
-    allocated directly on ``device``."""
-    model_dir = check_model_dir(path, option)
+def checked_config(model_dir: Path, path: str, max_model_len: int | None,
+                   option: str = "model.path") -> tuple[PretrainedConfig, int]:
+    """``model_dir``'s config and the resolved max_model_len, refusing what our attention does not implement."""
     config = AutoConfig.from_pretrained(model_dir)
     limit = default_max_model_len(config)
     if max_model_len is None:
@@ -123,11 +120,29 @@ def load_hf_model(path: str, dtype: str, device: torch.device, max_model_len: in
     if problems:
         config._name_or_path = path
         raise unsupported_model_error(option, config, problems)
+    return config, max_model_len
+
+
+def load_hf_model(path: str, dtype: str, device: torch.device, max_model_len: int | None,
+                  option: str = "model.path", random_seed: int | None = None,
+                  skeleton: bool = False) -> tuple[PreTrainedModel, int]:
+    """Load the model with our attention; return it and the resolved max_model_len.
+    With ``random_seed`` (``model.load_format = "dummy"``) the weights are not
+    read: the model is built from config.json with seeded random weights,
+    allocated directly on ``device``. With ``skeleton`` nothing is read either: every
+    parameter is on the meta device, buffers are real (``loading/skeleton.py`` fills it in)."""
+    model_dir = check_model_dir(path, option)
+    config, max_model_len = checked_config(model_dir, path, max_model_len, option)
     seam = register_seam()
     if random_seed is not None:
         return _random_model(config, dtype, device, seam, random_seed), max_model_len
     check_weight_files(model_dir, option)
     try:
+        if skeleton:
+            with parameters_on_meta():
+                model = AutoModelForCausalLM.from_config(config, dtype=_DTYPES[dtype], attn_implementation=seam)
+            model.eval()
+            return model, max_model_len
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=_DTYPES[dtype], attn_implementation=seam)
     except SafetensorError as exc:
         raise weight_load_error(exc, model_dir, option) from exc
