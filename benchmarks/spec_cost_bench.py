@@ -10,7 +10,7 @@ Workloads (``--workload``):
   first layers (``smollm2_draft.py``, built at bench time into the cache).
 * ``edits``: code edits at temperature 0 (4 edit tasks of ``repeated_tasks.py``),
   one at a time: the proposer at fixed k = 2, 4, 8 and adaptive (the default,
-  k = 4, and k = 8). Tokens must equal no speculation's (checked).
+  k <= 8, and k <= 4). Tokens must equal no speculation's (checked).
 * ``mixed``: 32 requests at once, half edits at temperature 0 and half open
   chat at temperature 1: all off, all on (fixed k), the adaptive default, and
   the adaptive default with the chat half sending ``{"enabled": false}``. The
@@ -71,15 +71,16 @@ def configs(workload: str, names: list[str]) -> dict[str, dict[str, Any] | None]
         for name in names:
             p = proposer(name)
             out[f"{name}_fixed_k4"] = {**p, "num_speculative_tokens": 4, "draft_length": FIXED}
-            out[f"{name}_adaptive"] = {**p}  # the default: adaptive, k = 4
+            out[f"{name}_adaptive"] = {**p}  # the default: adaptive, k <= 8
         return out
     (name,) = names
     p = proposer(name)
     if workload == "edits":
         return {"none": None, **{f"{name}_fixed_k{k}": {**p, "num_speculative_tokens": k, "draft_length": FIXED}
                                  for k in (2, 4, 8)},
-                f"{name}_adaptive": {**p}, f"{name}_adaptive_k8": {**p, "num_speculative_tokens": 8}}
-    return {"all_off": None, f"{name}_fixed_k4": {**p, "draft_length": FIXED}, f"{name}_adaptive": {**p},
+                f"{name}_adaptive": {**p}, f"{name}_adaptive_k4": {**p, "num_speculative_tokens": 4}}
+    return {"all_off": None, f"{name}_fixed_k4": {**p, "num_speculative_tokens": 4, "draft_length": FIXED},
+            f"{name}_adaptive": {**p},
             f"{name}_adaptive_chat_off": {**p}}
 
 

@@ -55,7 +55,8 @@ def run_one(llm, convs, params) -> dict[str, Any]:
     return {"tok_per_s": sum(len(t) for t in tokens) / seconds, "tokens": tokens,
             "hist": m.get("accepted_length_histogram", []), "num_draft_tokens": m.get("num_draft_tokens", 0),
             "num_accepted_tokens": m.get("num_accepted_tokens", 0),
-            "tree": {k: m[k] for k in ("mean_planned_tree_nodes", "planned_branching_fraction") if k in m},
+            "tree": {k: m[k] for k in ("mean_planned_tree_nodes", "planned_branching_fraction",
+                                       "mean_verified_tree_nodes", "verified_branching_fraction") if k in m},
             "cost_curve": m.get("cost_curve")}
 
 

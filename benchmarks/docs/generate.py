@@ -51,7 +51,7 @@ from .tables import (
     smollm2_batch1,
     smollm2_headline,
 )
-from .tree_tables import trees
+from .tree_tables import tree_step_profile, trees
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -105,6 +105,7 @@ BLOCKS: dict[str, Table] = {
     "ray-split": ray_split,
     "engine-loop-gate": engine_loop_gate,
     "trees": trees,
+    "tree-step-profile": tree_step_profile,
 }
 """Block name -> the function that renders it. docs/benchmarks.md holds a
 ``tables`` block that gathers every block but the headline, each under its

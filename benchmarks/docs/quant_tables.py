@@ -12,6 +12,8 @@ BF16 = "verify_rows_qwen15b_bf16.json"
 Q4K = "verify_rows_qwen15b_q4k.json"
 LLAMACPP = "quant_decode_qwen15b_q4km.json"
 KERNEL = "quant_kernel_rows.json"
+KERNEL_B32 = "quant_kernel_rows_b32.json"
+"""The blocks of 32 (the 0.5B draft's Q5_0 and Q8_0, SmolLM2's Q4_1) in the file's layout and repacked."""
 
 
 def quant_1p5b(results: Path) -> list[str]:
@@ -57,12 +59,12 @@ def quant_1p5b(results: Path) -> list[str]:
                 f"Ours / llama.cpp, per round: {_x(cmp['ratio_median'])} ({_x(cmp['ratio_min'])}-"
                 f"{_x(cmp['ratio_max'])}). Layers: {cmp.get('quantized_layers')}; forward path: "
                 f"{cmp.get('forward_path')}."]
-    return out + kernel_rows(results)
+    return out + kernel_rows(results) + kernel_rows(results, KERNEL_B32)
 
 
-def kernel_rows(results: Path) -> list[str]:
-    """The quantized kernel alone: t(n)/t(1) of one call of n rows, per format and shape."""
-    data = _load(results, KERNEL)
+def kernel_rows(results: Path, name: str = KERNEL) -> list[str]:
+    """The quantized kernel alone: t(n)/t(1) of one call of n rows, per format (``_X16``: repacked) and shape."""
+    data = _load(results, name)
     if data is None:
         return []
     cells = {(r["format"], r["shape"], r["rows"]): r for r in data["rows"]}

@@ -42,10 +42,24 @@ def smollm2_q4_1(results: Path) -> list[str]:
                        "\"dequantize\"`), the others keep its Q4_1 blocks (the default).")
 
 
+def _nearest_plain_digests(runs: list[tuple[str, dict]], data: dict) -> dict[str, str]:
+    """The no-speculation rows' digests for ``data``'s rows: of the run measured nearest in time (its own
+    first), so a run on other kernels (whose bits differ) is not the reference."""
+    def when(d: dict) -> float:
+        from datetime import datetime
+
+        stamp = d["environment"].get("date_utc")
+        return datetime.fromisoformat(stamp).timestamp() if stamp else 0.0
+
+    out: dict[str, str] = {}
+    for _, d in sorted(runs, key=lambda run: -abs(when(run[1]) - when(data)) if run[1] is not data else 1.0):
+        out.update({r["row"]: r["digest"] for r in d["rows"] if r["row"] in ("no_spec", "no_spec_dq")})
+    return out
+
+
 def _rows_table(runs: list[tuple[str, dict]], note: str) -> list[str]:
     if not runs:
         return []
-    plain_digests = {r["row"]: r["digest"] for _, d in runs for r in d["rows"] if r["row"] in ("no_spec", "no_spec_dq")}
     first = runs[0][1]
     o = first["options"]
     out = [f"{first['target']}, {o['prompts']} edit prompts (chat, {first['prompt_tokens']} prompt tokens) × "
@@ -56,6 +70,7 @@ def _rows_table(runs: list[tuple[str, dict]], note: str) -> list[str]:
            "", "| run | row | tok/s (min–max) | vs llama.cpp plain, per round (min–max) | tokens per step | "
                "acceptance | output = no speculation |", "|---|---|---|---|---|---|---|"]
     for name, data in runs:
+        plain_digests = _nearest_plain_digests(runs, data)
         for r in data["rows"]:
             acc, row = r.get("acceptance"), r["row"].removesuffix("_dq")
             label = NAMES.get(row, row) + (", *dequantized*" if r["row"].endswith("_dq") else "")

@@ -179,12 +179,15 @@ def config_problems(config: EngineConfig, registry: Registry | None = None, *, s
                          repr(spec.acceptance), problems)
     proposer_opts = _options(proposer, spec.proposer_options, "speculative.proposer_options", "proposer", problems)
     _options(acceptance, spec.acceptance_options, "speculative.acceptance_options", "acceptance", problems)
+    config = resolved_config(config, proposer, proposer_opts)  # an unset k within the proposer's limit
+    spec = config.speculative
     if proposer is not None and proposer_opts is not None and check_proposer:
         problems += proposer.validate_against(proposer_opts, config)
     if not (proposer and scorer and acceptance and backend):
         return problems + _load_error_note(True, load_errors)
     return problems + combination_reasons(proposer, scorer, acceptance, backend, enable_chunked_prefill=chunked,
-                                          num_speculative_tokens=spec.num_speculative_tokens, sampling=sampling,
+                                          num_speculative_tokens=spec.num_speculative_tokens,
+                                          sampling=sampling,
                                           tree_width=spec.tree_width)
 
 
@@ -227,14 +230,37 @@ def data_problems(data: dict[str, Any], registry: Registry | None = None) -> lis
     return config_problems(config, registry, check_proposer=False)
 
 
+def resolved_config(config: EngineConfig, proposer: type[Any] | None, options: BaseModel | None) -> EngineConfig:
+    """``config`` with ``speculative.num_speculative_tokens`` as the engine runs it:
+    left unset, its policy's default lowered to what ``proposer`` can give with
+    ``options`` (``Proposer.max_tokens_for``: its ``max_num_speculative_tokens``, or
+    e.g. the number of Medusa heads it loads) where that is smaller; set, as given
+    (the combination rules and the proposer refuse a value above its maximum)."""
+    spec = config.speculative
+    if proposer is None or "num_speculative_tokens" in spec.model_fields_set:
+        return config
+    limit = proposer.max_tokens_for(options, config) if options is not None else \
+        proposer.capabilities.max_num_speculative_tokens
+    if limit is None or limit >= spec.num_speculative_tokens:
+        return config
+    return config.model_copy(update={"speculative": spec.model_copy(update={"num_speculative_tokens": limit})})
+
+
 def validate_config(config: EngineConfig, registry: Registry | None = None, *,
                     source: str = "<config>") -> EngineConfig:
-    """Return ``config`` if ``config_problems`` finds nothing, else raise
-    ``ConfigError(source, problems)`` listing all of them."""
+    """``config`` if ``config_problems`` finds nothing, else raise
+    ``ConfigError(source, problems)`` listing all of them. An unset
+    ``num_speculative_tokens`` comes back resolved for the proposer
+    (``resolved_config``)."""
     problems = config_problems(config, registry)
     if problems:
         raise ConfigError(source, problems)
-    return config
+    spec = config.speculative
+    if spec.proposer is None or "num_speculative_tokens" in spec.model_fields_set:
+        return config
+    registry = registry if registry is not None else default_plugins().registry
+    proposer = registry.get("proposer", spec.proposer)
+    return resolved_config(config, proposer, _options(proposer, spec.proposer_options, "", "", []))
 
 
 def parse_config(data: dict[str, Any], source: str = "<arguments>", registry: Registry | None = None) -> EngineConfig:

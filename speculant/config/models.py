@@ -151,6 +151,12 @@ class SchedulerConfig(StrictModel):
     """Split prompts longer than the remaining budget across steps."""
 
 
+ADAPTIVE_DEFAULT_K = 8
+"""``speculative.num_speculative_tokens`` left unset under the adaptive policy (a ceiling)."""
+FIXED_DEFAULT_K = 4
+"""``speculative.num_speculative_tokens`` left unset under the fixed policy (every decode's k)."""
+
+
 class FixedDraftLengthConfig(StrictModel):
     """Every decode may get ``num_speculative_tokens`` proposals each step (the
     scheduler still trims them to the token budget and the request's room)."""
@@ -201,8 +207,14 @@ class SpeculativeConfig(StrictModel):
     """Registered acceptance method name."""
     acceptance_options: dict[str, Any] = Field(default_factory=dict)
     """Options validated against the chosen acceptance method's options model."""
-    num_speculative_tokens: int = Field(default=4, ge=1, le=64)
-    """k: proposals per decode per step (with token trees: the deepest level)."""
+    num_speculative_tokens: int = Field(default=ADAPTIVE_DEFAULT_K, ge=1, le=64)
+    """k: the most proposals per decode per step (with token trees: the deepest level).
+    Left unset, it follows the policy: 8 under ``draft_length.policy = "adaptive"``
+    (the default, which picks each step's k up to it, so a high ceiling costs
+    nothing where drafts do not pay), 4 under ``"fixed"`` (every decode drafts all
+    k). An unset value above the proposer's ``max_num_speculative_tokens`` is
+    lowered to it (``config.compat.resolved_config``); a value set
+    above it is refused. ``SamplingParams.speculative`` may lower it per request."""
     tree_width: int = Field(default=1, ge=1, le=16)
     """Most children per node of a decode's token tree (1: chains, the default).
     Above 1, a proposer that declares ``proposes_trees`` may propose several
@@ -216,6 +228,12 @@ class SpeculativeConfig(StrictModel):
     """How many of the k proposals each decode gets per step: ``{policy = "adaptive", ...}``
     (the default, ``AdaptiveDraftLengthConfig``: only where they are expected to
     pay) or ``{policy = "fixed"}`` (all k)."""
+
+    @model_validator(mode="after")
+    def _policy_default_k(self) -> SpeculativeConfig:
+        if "num_speculative_tokens" not in self.model_fields_set and self.draft_length.policy == "fixed":
+            self.__dict__["num_speculative_tokens"] = FIXED_DEFAULT_K  # still unset: a default, not a choice
+        return self
 
     @property
     def enabled(self) -> bool:

@@ -20,10 +20,22 @@ outweighs it entirely (a request whose drafts are always rejected gets an
 estimate near 0, not a floor). A position never reached inherits its
 predecessor's rate: a request whose drafts are kept whole extends them, one
 with a geometric record gets the geometric gains. Counts decay by ``decay``
-each time a step reaches the position. A step that verified nothing (k = 0,
-or the proposer had nothing to offer) decays every count and restores the
-prior weight by the same factor, moving the estimate back toward the prior, so
-a request held off is tried again once the prior would pay.
+each time a step reaches the position. A step in which the request was not
+asked for proposals (k = 0) decays every count and restores the prior weight
+by the same factor, moving the estimate back toward the prior, so a request
+held off is tried again once the prior would pay.
+
+"Nothing to offer" is counted apart from rejection. A step that asked for
+proposals and got none (n-gram found no match, suffix no confident
+continuation) reached no position, so it leaves the positions' counts alone;
+it lowers the *offer rate* instead, P(the proposer offers | asked), from
+decayed counts of asks (``OFFER_DECAY``, ``OFFER_DRIFT``) with a prior of 1
+worth ``PRIOR_WEIGHT`` asks. Every
+gain is scaled by the offer rate; the policy scales the drafts' rows by it
+too and prices each ask at what an empty one costs (the search, the checks;
+``CostModel.ask_cost``), so a proposer that keeps having nothing is asked
+less, and steps without an ask restore the offer prior's weight like the
+positions', so it is asked again later.
 """
 
 from __future__ import annotations
@@ -32,6 +44,13 @@ from dataclasses import dataclass, field
 
 PRIOR_WEIGHT = 2.0
 """Observations a position's prior (its predecessor's rate) is worth before any."""
+OFFER_DECAY = 0.9
+"""Weight of the past in the offer rate per ask (about ten asks tell a rare offer from none)."""
+OFFER_DRIFT = 0.99
+"""Weight of the past in the offer rate per step without an ask. Slower than per ask: a
+request held off drifts back at a tenth of the rate asks lower it, so a proposer that
+offers less often than the policy's bar is asked in about a fifth of the steps, not in
+most of them (they would meet halfway), and still soon after its text starts to repeat."""
 
 
 @dataclass
@@ -41,6 +60,9 @@ class PositionAcceptance:
     reached: list[float] = field(default_factory=list)  # [j - 1]: decayed steps that reached position j
     accepted: list[float] = field(default_factory=list)  # [j - 1]: of those, decayed steps that accepted it
     weight: list[float] = field(default_factory=list)  # [j - 1]: what the prior is still worth there
+    asked: float = 0.0  # decayed steps that asked for proposals
+    offered: float = 0.0  # of those, decayed steps in which the proposer offered at least one
+    offer_weight: float = PRIOR_WEIGHT  # what the offer prior (it offers) is still worth
 
     def observe(self, drafted: int, accepted: int) -> None:
         """One verify step: ``drafted`` proposals, the first ``accepted`` of them kept."""
@@ -55,12 +77,28 @@ class PositionAcceptance:
             self.reached[j] = self.decay * self.reached[j] + 1.0
             self.accepted[j] = self.decay * self.accepted[j] + (j < accepted)
             self.weight[j] *= self.decay
+        self._ask(offered=True)
+
+    def nothing_offered(self) -> None:
+        """A step that asked for proposals and got none: no position was reached."""
+        self._ask(offered=False)
+
+    def _ask(self, offered: bool) -> None:
+        self.asked = OFFER_DECAY * self.asked + 1.0
+        self.offered = OFFER_DECAY * self.offered + offered
+        self.offer_weight *= OFFER_DECAY
+
+    def offer_rate(self) -> float:
+        """P(the proposer offers at least one proposal | asked)."""
+        return (self.offered + self.offer_weight) / (self.asked + self.offer_weight)
 
     def drift(self) -> None:
-        """A step without verification: every count decays and the prior regains weight."""
+        """A step without an ask: every count decays and the priors regain weight."""
         self.reached = [self.decay * x for x in self.reached]
         self.accepted = [self.decay * x for x in self.accepted]
         self.weight = [self.decay * w + (1.0 - self.decay) * PRIOR_WEIGHT for w in self.weight]
+        self.asked, self.offered = OFFER_DRIFT * self.asked, OFFER_DRIFT * self.offered
+        self.offer_weight = OFFER_DRIFT * self.offer_weight + (1.0 - OFFER_DRIFT) * PRIOR_WEIGHT
 
     def rates(self, k: int) -> list[float]:
         """P(accept position j | reached it) for j = 1 .. ``k``."""
@@ -72,8 +110,9 @@ class PositionAcceptance:
         return out
 
     def gains(self, k: int) -> list[float]:
-        """The expected tokens each of the first ``k`` proposals adds (non-increasing)."""
-        out, run = [], 1.0
+        """The expected tokens each of the first ``k`` proposals adds (non-increasing),
+        the chance that the proposer offers any included."""
+        out, run = [], self.offer_rate()
         for rate in self.rates(k):
             run *= rate
             out.append(run)

@@ -177,7 +177,10 @@ class CostModel:
     """The figures the adaptive policy prices a step with: ``curve`` and the cost
     per drafted token outside the target's forward (``draft_token_cost``, in
     one-row forwards): the proposer's time plus what verifying the extra rows
-    adds to acceptance (filtering and sampling their distributions).
+    adds to acceptance (filtering and sampling their distributions); and the
+    cost of asking a decode for proposals that it did not get (``ask_cost``:
+    the proposer's time in steps of decodes alone that drafted nothing, per
+    decode asked; an n-gram search that found no match).
 
     A measured curve (``source`` set) is checked against live step timings
     (``cost_watch``) and measured again at an idle point when they show it was
@@ -190,6 +193,8 @@ class CostModel:
         self._learnt = 0.0
         self._samples = 0
         self._accept_per_row: float | None = None  # acceptance seconds per decode in steps without proposals
+        self._ask_cost = 0.0  # learnt ask_cost
+        self._ask_samples = 0
         self.learn_rate = learn_rate
         self.source = source
         self.origin = origin
@@ -200,11 +205,19 @@ class CostModel:
     def draft_token_cost(self) -> float:
         return self.fixed_draft_cost if self.fixed_draft_cost is not None else self._learnt
 
-    def observe_step(self, propose_s: float, accept_s: float, num_decodes: int, num_drafted: int) -> None:
+    @property
+    def ask_cost(self) -> float:
+        """One-row forwards an ask for proposals costs when it gets none (0 with a configured draft cost)."""
+        return self._ask_cost if self.fixed_draft_cost is None else 0.0
+
+    def observe_step(self, propose_s: float, accept_s: float, num_decodes: int, num_drafted: int,
+                     num_asked: int = 0) -> None:
         """A step's proposer and acceptance seconds, with ``num_decodes`` decodes
         verifying ``num_drafted`` proposals. Steps without proposals price a
-        decode's own acceptance; steps with them, the rest per drafted token
-        (nothing is learnt without a measured one-row time, or with a configured figure)."""
+        decode's own acceptance, and, when ``num_asked`` decodes were asked (pass 0
+        for a step with prefill chunks, which a proposer may follow), an empty ask;
+        steps with them, the rest per drafted token (nothing is learnt without a
+        measured one-row time, or with a configured figure)."""
         t1 = self.curve.t1_s
         if self.fixed_draft_cost is not None or not t1 or num_decodes <= 0:
             return
@@ -212,6 +225,10 @@ class CostModel:
             row = accept_s / num_decodes
             self._accept_per_row = row if self._accept_per_row is None else \
                 self._accept_per_row + self.learn_rate * (row - self._accept_per_row)
+            if num_asked > 0:
+                self._ask_samples += 1
+                w = max(self.learn_rate, 1.0 / self._ask_samples)
+                self._ask_cost += w * (min(10.0, propose_s / num_asked / t1) - self._ask_cost)
             return
         extra = max(0.0, accept_s - (self._accept_per_row or 0.0) * num_decodes)
         sample = min(10.0, (propose_s + extra) / num_drafted / t1)
@@ -256,4 +273,5 @@ class CostModel:
         return {"cost_curve": self.curve.as_dict(), "cost_curve_origin": self.origin,
                 "cost_curve_live_ratio": self.watch.last_ratio, "cost_remeasurements": self.num_remeasurements,
                 "draft_token_cost": self.draft_token_cost,
+                "ask_cost": self.ask_cost,
                 "draft_token_cost_source": "config" if self.fixed_draft_cost is not None else "measured"}

@@ -26,7 +26,10 @@ The batch's cost is priced by a ``CostModel`` (``cost_model.py``): a target
 forward over T tokens costs ``t(T)/t(1)`` (the measured curve; a configured
 ``token_cost`` c makes it ``(1 - c) + c * T``), plus ``d = draft_token_cost``
 per proposal. Without speculation n decodes yield n tokens at cost ``t(n)/t(1)``.
-Proposals are taken in order of decreasing gain (so each request's first
+A request's gains and its drafts' rows are scaled by its offer
+rate (the chance its proposer offers anything when asked), and asking it
+costs ``a = ask_cost`` (what an ask that gets nothing costs, learnt from the
+step timings). Proposals are taken in order of decreasing gain (so each request's first
 positions before its later ones), and the step keeps the longest prefix of that
 order that maximises the step's expected tokens per unit of cost, (n + sum of
 gains) / cost: for a lone decode, the k that maximises (1 + G_1 + ... + G_k) /
@@ -38,9 +41,13 @@ as decodes grow the forward's fixed part is shared by more tokens and the bar
 rises towards 1: the step's total drafts shrink with the batch, to none when no
 prefix of proposals is expected to pay. Under the model, a step with
 speculation is never expected to be slower per token than without. A step in
-which a request drafts nothing moves its estimate back toward the prior by
-``acceptance_decay``, so a request held at k = 0 is tried again once the prior
-would pay (small batches), and stays at 0 where even the prior would not (large ones).
+which a request was not asked for proposals moves its estimate back toward the
+prior by ``acceptance_decay``, so a request held at k = 0 is tried again once
+the prior would pay (small batches), and stays at 0 where even the prior would
+not (large ones). A step that asked and got nothing (no n-gram match, no
+confident suffix) is neither a rejection nor a step off: it lowers the
+request's offer rate, which scales its gains, so a proposer that keeps having
+nothing is asked less (``acceptance_estimate``).
 
 Per request (``SamplingParams.speculative``), a request may lower its own
 ceiling, turn speculation off (0 always) or opt out of the policy
@@ -134,6 +141,7 @@ class _Acceptance:
     positions: PositionAcceptance
     drafted: int = 0  # request.spec_stats.num_draft_tokens when last read
     accepted: int = 0
+    unoffered: int = 0  # request.spec_stats.num_unoffered_steps when last read
 
 
 class AdaptiveDraftLength(DraftLengthPolicy):
@@ -164,31 +172,41 @@ class AdaptiveDraftLength(DraftLengthPolicy):
         drafted, accepted = stats.num_draft_tokens - state.drafted, stats.num_accepted_tokens - state.accepted
         if drafted > 0:  # one verify step per engine step, so this is the last step's record
             state.positions.observe(drafted, accepted)
-        else:  # nothing verified: drift back toward the prior
+        elif stats.num_unoffered_steps > state.unoffered:  # asked, nothing offered: not a rejection
+            state.positions.nothing_offered()
+        else:  # not asked: drift back toward the prior
             state.positions.drift()
         state.drafted, state.accepted = stats.num_draft_tokens, stats.num_accepted_tokens
+        state.unoffered = stats.num_unoffered_steps
         return state.positions
 
     def lengths(self, decoding: list[Request], ceilings: dict[str, int], fixed: dict[str, int],
                 fixed_requests: Sequence[Request] = ()) -> dict[str, int]:
-        gains = [self.estimate(r).gains(ceilings[r.request_id]) for r in decoding]
+        estimates = [self.estimate(r) for r in decoding]
+        gains = [e.gains(ceilings[r.request_id]) for e, r in zip(estimates, decoding)]
+        offers = [e.offer_rate() for e in estimates]
         held = [self.estimate(r).gains(fixed[r.request_id]) for r in fixed_requests]  # each folded in once a step
         if not decoding:
             return {}
         lengths = {r.request_id: 0 for r in decoding}
-        curve, d = self.cost.curve, self.cost.draft_token_cost
-        tokens = len(decoding) + len(fixed) + sum(fixed.values())  # the forward's rows before any adaptive draft
+        curve, d, ask = self.cost.curve, self.cost.draft_token_cost, self.cost.ask_cost
+        # the forward's rows before any adaptive draft; an adaptive draft adds a row (and a drafted
+        # token) as often as its proposer offers, and a request's first one adds an ask
+        tokens = float(len(decoding) + len(fixed) + sum(fixed.values()))
         gain = float(len(decoding) + len(fixed)) + sum(sum(g) for g in held)
-        drafts = sum(fixed.values())
+        drafts, asks = float(sum(fixed.values())), 0
         candidates = sorted(((g, i) for i, gs in enumerate(gains) for g in gs),
                             key=lambda c: -c[0])  # stable: a request's positions in order, ties to earlier arrivals
         cost = curve.cost(tokens) + d * drafts
         best, best_ratio = 0, gain / cost
-        for n, (p, _) in enumerate(candidates, 1):
+        asked = [False] * len(decoding)
+        for n, (p, i) in enumerate(candidates, 1):
             if gain + p * (len(candidates) - n + 1) <= best_ratio * cost:
                 break  # even if every remaining draft were as good and free, no longer prefix could win
-            gain, tokens, drafts = gain + p, tokens + 1, drafts + 1
-            cost = curve.cost(tokens) + d * drafts
+            gain, tokens, drafts = gain + p, tokens + offers[i], drafts + offers[i]
+            asks += not asked[i]
+            asked[i] = True
+            cost = curve.cost(tokens) + d * drafts + ask * asks
             if gain > best_ratio * cost:
                 best, best_ratio = n, gain / cost
         for _, i in candidates[:best]:

@@ -54,7 +54,7 @@ class LLMEngine:
         """Check ``config`` (the one ``validate_config`` of its path; a
         ``ConfigError`` names ``source``), then load. ``registry`` defaults to
         the loaded plugins'."""
-        self.config = validate_config(config, registry, source=source)
+        config = self.config = validate_config(config, registry, source=source)  # an unset k resolved
         registry = registry if registry is not None else default_plugins().registry
         backend: AttentionBackend = resolve_backend(config, registry)
         limits = GraphLimits(config.scheduler.max_num_batched_tokens, config.scheduler.max_num_seqs)
@@ -306,7 +306,8 @@ class LLMEngine:
             apply(plan)  # plain assignments: cannot fail halfway
         drafted = account_step(batch, run.plans, run.times.propose_s, proposer is not None)
         if self.cost is not None:
-            self.cost.observe_step(run.times.propose_s, run.times.accept_s, len(batch.decodes), drafted)
+            asked = 0 if batch.prefills else sum(1 for d in batch.decodes if d.num_spec_tokens)
+            self.cost.observe_step(run.times.propose_s, run.times.accept_s, len(batch.decodes), drafted, asked)
             if not batch.prefills and not run.fallback:  # one forward of decodes alone: checks the curve
                 # its rows: each decode's token and the proposals verified (a budget may go unused:
                 # a proposer that found fewer, a tree cut to its planned shape)

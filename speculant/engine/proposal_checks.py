@@ -112,6 +112,8 @@ def check_proposals(out: object, batch: StepBatch, vocab: int,
     if problem is not None:
         return CheckedProposals(Proposals.empty(n, device), [problem], list(range(n)), structural=True)
     assert isinstance(out, Proposals)  # _structure_problem returned None: it is one
+    if out.num_draft_tokens == 0:  # nothing offered (cu is all zeros): nothing else to check
+        return CheckedProposals(Proposals.empty(n, device), [], [])
     ids, cu, probs = out.token_ids.long(), out.cu_num_draft_tokens.long(), out.probs
     lens = cu.diff()  # [n], non-negative (structure)
     rows = torch.repeat_interleave(torch.arange(n, device=ids.device), lens, output_size=ids.shape[0])  # [T]

@@ -32,6 +32,7 @@ class SpecStats:
     drafted_per_position: list[int] = field(default_factory=list)
     accepted_histogram: list[int] = field(default_factory=list)  # [a]: verify steps that accepted a proposals
     num_off_steps: int = 0  # decode steps without proposals (k = 0: policy, setting, budget or proposer)
+    num_unoffered_steps: int = 0  # of those, steps that asked the proposer (k > 0) and got none
     propose_s: float = 0.0  # this request's share of the proposer's time
 
     @property
@@ -63,6 +64,7 @@ class SpecStats:
         self.num_accepted_tokens += other.num_accepted_tokens
         self.num_emitted_tokens += other.num_emitted_tokens
         self.num_off_steps += other.num_off_steps
+        self.num_unoffered_steps += other.num_unoffered_steps
         self.propose_s += other.propose_s
         for mine, theirs in ((self.accepted_per_position, other.accepted_per_position),
                              (self.drafted_per_position, other.drafted_per_position),
@@ -84,6 +86,7 @@ class SpecStats:
             ],
             "accepted_length_histogram": list(self.accepted_histogram),
             "num_off_steps": self.num_off_steps,
+            "num_unoffered_steps": self.num_unoffered_steps,
             "propose_s": self.propose_s,
         }
 

@@ -3,7 +3,9 @@ speculation cost and did, beyond the verify counters ``commit.apply`` records.
 
 - A decode that verified no proposals (its k was 0: the draft-length policy, its
   own ``SamplingParams.speculative``, the budget, or a proposer that had none)
-  counts one step with speculation off.
+  counts one step with speculation off; one that was asked for proposals
+  (k > 0 after scheduling) and got none also counts as unoffered, which the
+  adaptive policy tells apart from a rejection (``acceptance_estimate``).
 - The proposer's time in the step is shared among the requests it worked for:
   in proportion to the tokens drafted for each decode, or, in a step that drafted
   nothing (a stateful proposer following prefill chunks), equally among the
@@ -33,6 +35,7 @@ def account_step(batch: StepBatch, plans: Sequence[Plan], propose_s: float, spec
         stats = p.entry.request.spec_stats
         if id(p.entry) in decodes and p.outcome.num_drafted == 0:
             stats.num_off_steps += 1
+            stats.num_unoffered_steps += p.entry.num_spec_tokens > 0
         if total:
             stats.propose_s += propose_s * drafted.get(id(p.entry), 0) / total
         elif p.entry.request.params.speculation.enabled:

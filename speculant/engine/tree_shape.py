@@ -8,18 +8,36 @@ best continuation first).
 
 Per request and per (depth d, rank r): decayed counts (``acceptance_decay``
 per step) of rank-r children offered under a node the target reached and of
-those accepted, with a prior worth two observations: ``prior_acceptance`` at
-depth 1, halved per rank, and deeper the level above's estimate (a level not
-reached yet inherits what shallower ones showed). Their ratio q(d, r) is the
-chance such a child is accepted once its parent is; a node's gain is the
-product of q along its path. Trees are planned best first and, across the
-batch, nodes are added by decreasing gain while each raises the step's
-expected tokens per unit of cost (``draft_length``'s rule for chain
-positions): a flat curve buys cheap low-gain siblings (wide trees), a steep
-one only high-gain first children (chains, by themselves).
+those accepted, with a prior worth two observations. The prior is the same
+cell of the *pool*, one record over every request's trees (``POOL_DECAY`` per
+tree): a new request starts from what the requests before it showed, rather
+than from a guess it must first unlearn over its few steps (at decay 0.8 a
+request's own record remembers about five). The pool's own prior is
+``prior_acceptance`` at depth 1, halved per rank, and deeper the level above's
+estimate (a level not reached yet inherits what shallower ones showed). The
+ratio q(d, r) is the chance such a child is accepted once its parent is; a
+node's gain is the product of q along its path.
 
-The proposer is asked for its whole tree; ``prune`` keeps each decode's
-planned rank paths, ``observe`` reads the accepted path after the step.
+Planning (``lengths``, before the proposer runs) decides who drafts and how
+many nodes the scheduler reserves: the best-first tree under the table, with
+nodes added across the batch by decreasing gain, the prefix that maximises
+the step's expected tokens per unit of cost (``best_prefix``, the rule
+``draft_length`` uses for chain positions). A flat curve buys cheap low-gain
+siblings (wide trees), a steep one only high-gain first children (chains, by
+themselves).
+
+The proposer is then asked for its whole tree, and ``prune`` picks, by the
+same rule, among the nodes it actually offers: a suffix or n-gram tree often
+has no sibling where the plan hoped for one, and a plan of rank paths would
+leave those rows unused and the first branch short. The first branch alone
+(the chain) is priced too, and the tree is verified only where it is
+expected to beat its own chain. ``observe`` reads the accepted path after
+the step.
+
+What a step costs outside the forward (proposer, acceptance, compaction,
+Python; ``benchmarks/tree_step_profile.py``) is about a tenth of a step at
+SmolLM2 bs = 1 and mostly grows with the drafts, which the cost model's
+``draft_token_cost`` already prices per node.
 """
 
 from __future__ import annotations
@@ -40,6 +58,9 @@ from speculant.interfaces.tree import children
 
 RankPath = tuple[int, ...]
 MAX_Q = 0.99  # a child never looks as likely as its parent: best-first order puts parents first
+POOL_DECAY = 0.95
+"""Weight of the past in the engine-wide record per observation (each verified tree of any
+request, and each step in which nobody verified one): about the last twenty trees count."""
 PRIOR_WEIGHT = 2.0
 """Observations a cell's prior is worth. It does not fade with them: a cell sees few
 observations (one per step at most, and only where its parent was reached), and one
@@ -68,29 +89,34 @@ class BranchRecord:
     taken: list[list[float]]
     prior: float  # the chance a depth-1 first child is accepted, before any verify
     verified: list[int] | None = None  # parents of the tree verified this step (after ``prune``)
+    pool: BranchRecord | None = None  # the engine's record over every request: this one's prior
 
     @classmethod
-    def empty(cls, depth: int, width: int, acceptance: float) -> BranchRecord:
-        return cls([[0.0] * width for _ in range(depth)], [[0.0] * width for _ in range(depth)], acceptance)
+    def empty(cls, depth: int, width: int, acceptance: float, pool: BranchRecord | None = None) -> BranchRecord:
+        return cls([[0.0] * width for _ in range(depth)], [[0.0] * width for _ in range(depth)], acceptance,
+                   pool=pool)
 
     def table(self) -> list[list[float]]:
         """q[d - 1][r]: the chance a rank-r child at depth d is accepted once its parent is.
-        A cell's prior is the cell one level up (the depth-1 prior halves per rank), so a
-        level never offered yet inherits what the shallower ones showed."""
+        A cell's prior is the pool's cell where the record has a pool (what every request
+        showed there); otherwise the cell one level up (the depth-1 prior halves per rank),
+        so a level never offered yet inherits what the shallower ones showed."""
         out: list[list[float]] = []
         m = PRIOR_WEIGHT
+        shared = self.pool.table() if self.pool is not None else None
         for d, (offered, taken) in enumerate(zip(self.offered, self.taken)):
             row = []
             for r, (o, t) in enumerate(zip(offered, taken)):
-                base = out[d - 1][r] if d else self.prior * 0.5 ** r
+                base = shared[d][r] if shared is not None else out[d - 1][r] if d else self.prior * 0.5 ** r
                 row.append(min((t + m * base) / (o + m), MAX_Q))
             out.append(row)
         return out
 
     def drift(self, decay: float) -> None:
         """The counts fade by ``decay`` (every step: a step that verified nothing moves the
-        estimates back toward the prior, so a request held at no nodes is tried again once
-        the prior would pay)."""
+        estimates back toward the prior, the pool's, which itself fades toward
+        ``prior_acceptance`` while nobody verifies, so a request held at no nodes is tried
+        again once the prior would pay)."""
         for row in (*self.offered, *self.taken):
             row[:] = [decay * v for v in row]
 
@@ -125,6 +151,38 @@ def best_first(record: BranchRecord, limit: int, width: int, depth: int) -> list
     return out
 
 
+
+def node_gains(q: Sequence[Sequence[float]], parents: Sequence[int]) -> tuple[list[float], list[RankPath]]:
+    """Each node's gain (the product of q along its rank path; 0 outside the table)
+    and its rank path, for an offered tree (topological order)."""
+    paths = rank_paths(parents)
+    gains: list[float] = []
+    for p, path in zip(parents, paths):
+        d, r = len(path), path[-1]
+        cell = q[d - 1][r] if d <= len(q) and r < len(q[d - 1]) else 0.0
+        gains.append((gains[p] if p >= 0 else 1.0) * cell)
+    return gains, paths
+
+
+def best_prefix(gains: Sequence[float], rows: int, gain: float, drafts: int, cost: CostModel) -> tuple[int, float]:
+    """How many of ``gains`` (non-increasing) to add to a step of ``rows`` forward rows
+    that expects ``gain`` tokens from ``drafts`` drafted nodes: the prefix that maximises
+    expected tokens per unit of cost (t(rows)/t(1) plus ``draft_token_cost`` per node).
+    A node that does not pay alone is taken when the ones after it make the whole worth
+    more (a flat stretch of the curve, nearly sure nodes behind a doubtful one).
+    Returns (that length, its ratio)."""
+    curve, d = cost.curve, cost.draft_token_cost
+    base = curve.cost(rows) + d * drafts
+    best, best_ratio, total = 0, gain / base if base > 0 else 0.0, gain
+    for n, g in enumerate(gains, 1):
+        if total + g * (len(gains) - n + 1) <= best_ratio * (curve.cost(rows + n - 1) + d * (drafts + n - 1)):
+            break  # even if every remaining node were this good and free, no longer prefix could win
+        total += g
+        ratio = total / (curve.cost(rows + n) + d * (drafts + n))
+        if ratio > best_ratio:
+            best, best_ratio = n, ratio
+    return best, best_ratio
+
 class AdaptiveTreeShapes(DraftLengthPolicy):
     """Tree shape per request from the cost curve and branch acceptance (module docstring)."""
 
@@ -139,6 +197,7 @@ class AdaptiveTreeShapes(DraftLengthPolicy):
             CostCurve.linear(self.config.token_cost if self.config.token_cost is not None else 0.05),
             self.config.draft_token_cost if self.config.draft_token_cost is not None else 0.0)
         self._records: dict[str, BranchRecord] = {}
+        self.pool = BranchRecord.empty(self.depth, self.width, self.config.prior_acceptance)  # every request's
         self.shapes: dict[str, frozenset[RankPath]] = {}  # this step's plan, per request
 
     def reset_metrics(self) -> None:
@@ -146,62 +205,99 @@ class AdaptiveTreeShapes(DraftLengthPolicy):
         self.num_planned_nodes = 0  # nodes of the planned shapes, summed
         self.num_planned_trees = 0  # shapes planned with at least one node
         self.num_planned_branching = 0  # of them, shapes wider than a chain
+        self.num_verified_nodes = 0  # nodes ``prune`` kept of the offered trees, summed
+        self.num_verified_trees = 0  # trees it kept at least one node of
+        self.num_verified_branching = 0  # of them, trees wider than a chain
 
     def record(self, request_id: str) -> BranchRecord:
         rec = self._records.get(request_id)
         if rec is None:
-            rec = self._records[request_id] = BranchRecord.empty(self.depth, self.width, self.config.prior_acceptance)
+            rec = self._records[request_id] = BranchRecord.empty(self.depth, self.width, self.config.prior_acceptance,
+                                                                 self.pool)
         return rec
 
     def lengths(self, decoding: list[Request], ceilings: dict[str, int], fixed: dict[str, int],
                 fixed_requests: Sequence[Request] = ()) -> dict[str, int]:
-        curve, d = self.cost.curve, self.cost.draft_token_cost
-        tokens = len(decoding) + len(fixed) + sum(fixed.values())  # the forward's rows before any planned node
+        rows = len(decoding) + len(fixed) + sum(fixed.values())  # the forward's rows before any planned node
         gain = float(len(decoding) + len(fixed)) + sum(
             g for r in fixed_requests
             for g, _ in best_first(self.record(r.request_id), fixed[r.request_id], self.width, self.depth))
-        cost = curve.cost(tokens) + d * sum(fixed.values())
         candidates = [(g, i, path) for i, r in enumerate(decoding)
                       for g, path in best_first(self.record(r.request_id), ceilings[r.request_id], self.width,
                                                 self.depth)]
         candidates.sort(key=lambda c: -c[0])  # stable: a request's parents stay before its children
+        n, _ = best_prefix([c[0] for c in candidates], rows, gain, sum(fixed.values()), self.cost)
         chosen: dict[str, list[RankPath]] = {r.request_id: [] for r in decoding}
-        for g, i, path in candidates:
-            step_cost = curve.cost(tokens + 1) - curve.cost(tokens) + d
-            if g * cost <= step_cost * gain:  # this node would not pay, nor would any after it
-                break
+        for _, i, path in candidates[:n]:
             chosen[decoding[i].request_id].append(path)
-            gain, cost, tokens = gain + g, cost + step_cost, tokens + 1
         self.shapes = {rid: frozenset(paths) for rid, paths in chosen.items()}
         for paths in chosen.values():
             if paths:
                 self.num_planned_trees += 1
                 self.num_planned_nodes += len(paths)
                 self.num_planned_branching += any(p[-1] > 0 for p in paths)
-        # the proposer gets its whole budget; ``prune`` keeps the planned shape of it
+        # the proposer gets its whole budget; ``prune`` picks the nodes that pay from the tree it offers
         return {rid: ceilings[rid] if chosen[rid] else 0 for rid in chosen}
 
     def prune(self, batch: StepBatch, proposals: Proposals) -> Proposals:
-        """``proposals`` with each planned decode's tree cut to its planned rank paths
-        (decodes without a plan, whose drafts are fixed, keep theirs)."""
+        """``proposals`` with each planned decode's tree cut to the nodes that pay
+        (``choose``); decodes without a plan, whose drafts are fixed, keep theirs."""
         rows = proposals.to_lists()
         parents = proposals.parents_lists() or [list(range(-1, len(r) - 1)) for r in rows]
+        planned = [self.shapes.get(e.request.request_id) is not None for e in batch.decodes]
+        kept = self.choose(batch, parents, planned)
         cu = proposals.cu_num_draft_tokens.tolist()
         flat_kept: list[int] = []  # indices into proposals.token_ids (and probs) of the nodes kept
         lens, keep_parents = [], []
-        for i, (entry, par) in enumerate(zip(batch.decodes, parents)):
-            shape = self.shapes.get(entry.request.request_id)
-            kept = list(range(len(par))) if shape is None else \
-                [j for j, path in enumerate(rank_paths(par)) if path in shape]
-            index = {j: n for n, j in enumerate(kept)}  # kept is closed under parents: shapes are best first
-            keep_parents += [index[par[j]] if par[j] >= 0 else -1 for j in kept]
-            flat_kept += [cu[i] + j for j in kept]
-            lens.append(len(kept))
+        for i, (nodes, par) in enumerate(zip(kept, parents)):
+            index = {j: n for n, j in enumerate(nodes)}  # nodes are closed under parents (``choose``)
+            keep_parents += [index[par[j]] if par[j] >= 0 else -1 for j in nodes]
+            flat_kept += [cu[i] + j for j in nodes]
+            lens.append(len(nodes))
+            if planned[i] and nodes:
+                self.num_verified_trees += 1
+                self.num_verified_nodes += len(nodes)
+                self.num_verified_branching += len(nodes) > len({par[j] for j in nodes})
         device = proposals.device
         at = torch.tensor(flat_kept, dtype=torch.long, device=device)
         return Proposals(proposals.token_ids[at], torch.tensor([0] + lens, dtype=torch.long, device=device).cumsum(0),
                          proposals.probs[at] if proposals.probs is not None else None,
                          torch.tensor(keep_parents, dtype=torch.long, device=device))
+
+    def choose(self, batch: StepBatch, parents: Sequence[Sequence[int]], planned: Sequence[bool]) -> list[list[int]]:
+        """Per decode, the nodes of its offered tree to verify (ascending, closed under parents).
+
+        Each node's gain is the product of q along its rank path in the offered tree;
+        across the planned decodes nodes are taken by decreasing gain, the prefix that
+        maximises the step's expected tokens per unit of cost (``best_prefix``). The
+        same rule over first children alone gives the chain a chain policy would
+        verify; the tree is kept only where it is expected to beat that chain, so a
+        tree never plans worse than its own first branch."""
+        rows, gain = len(batch.decodes), float(len(batch.decodes))
+        drafts = 0
+        every: list[tuple[float, int, int]] = []  # (gain, decode, node), node order within a decode
+        chain: list[tuple[float, int, int]] = []
+        out: list[list[int]] = []
+        for i, (entry, par) in enumerate(zip(batch.decodes, parents)):
+            gains, paths = node_gains(self.record(entry.request.request_id).table(), par)
+            if not planned[i]:  # fixed drafts: verified whole, priced first
+                out.append(list(range(len(par))))
+                rows, drafts, gain = rows + len(par), drafts + len(par), gain + sum(gains)
+                continue
+            out.append([])
+            for j, (g, path) in enumerate(zip(gains, paths)):
+                every.append((g, i, j))
+                if not any(path):
+                    chain.append((g, i, j))
+        best: tuple[float, list[tuple[float, int, int]]] = (-1.0, [])
+        for cands in (chain, every):  # the chain first: a tree must beat it, not tie
+            cands.sort(key=lambda c: -c[0])  # stable: parents before children (a child's gain is lower)
+            n, ratio = best_prefix([c[0] for c in cands], rows, gain, drafts, self.cost)
+            if ratio > best[0]:
+                best = (ratio, cands[:n])
+        for _, i, j in best[1]:
+            out[i].append(j)
+        return [sorted(nodes) for nodes in out]
 
     def verified(self, batch: StepBatch, proposals: Proposals) -> None:
         """Note the trees the target verifies this step (after ``prune`` and any cut to chains)."""
@@ -214,6 +310,7 @@ class AdaptiveTreeShapes(DraftLengthPolicy):
     def observe(self, batch: StepBatch, paths: Sequence[Sequence[int]] | None) -> None:
         """Fold in each decode's accepted path (None: the step was not verified as planned)."""
         decay = self.config.acceptance_decay
+        pooled = False
         for i, entry in enumerate(batch.decodes):
             rec = self._records.get(entry.request.request_id)
             if rec is None:
@@ -221,9 +318,13 @@ class AdaptiveTreeShapes(DraftLengthPolicy):
             if rec.verified:
                 if paths is not None:
                     rec.observe(rec.verified, paths[i], decay)
+                    self.pool.observe(rec.verified, paths[i], POOL_DECAY)
+                    pooled = True
             elif entry.request.request_id in self.shapes:  # planned, but nothing was verified
                 rec.drift(decay)
             rec.verified = None
+        if not pooled and any(e.request.request_id in self.shapes for e in batch.decodes):
+            self.pool.drift(POOL_DECAY)  # nobody verified: the pool, too, fades back toward the prior
 
     def free(self, request_id: str) -> None:
         self._records.pop(request_id, None)
@@ -231,9 +332,12 @@ class AdaptiveTreeShapes(DraftLengthPolicy):
 
     def metrics(self) -> dict:
         n = self.num_planned_trees
+        v = self.num_verified_trees
         return {**super().metrics(), "tree_policy": "adaptive_shape",
                 "mean_planned_tree_nodes": self.num_planned_nodes / n if n else 0.0,
-                "planned_branching_fraction": self.num_planned_branching / n if n else 0.0}
+                "planned_branching_fraction": self.num_planned_branching / n if n else 0.0,
+                "mean_verified_tree_nodes": self.num_verified_nodes / v if v else 0.0,
+                "verified_branching_fraction": self.num_verified_branching / v if v else 0.0}
 
 
 def build_policy(spec: SpeculativeConfig, cost: CostModel | None = None) -> DraftLengthPolicy:

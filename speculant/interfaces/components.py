@@ -160,6 +160,13 @@ class Proposer(ABC):
         default has none."""
         return []
 
+    @classmethod
+    def max_tokens_for(cls, options: Any, config: EngineConfigView) -> int | None:
+        """The most proposals per decode this proposer can give with ``options``
+        (None: no limit). An unset ``speculative.num_speculative_tokens`` is
+        lowered to it; the default is ``capabilities.max_num_speculative_tokens``."""
+        return cls.capabilities.max_num_speculative_tokens
+
 
 class Scorer(ABC):
     """Runs the target once over a step's batch, proposals appended to its decodes."""

@@ -81,6 +81,8 @@ class Proposals:
     @classmethod
     def from_lists(cls, rows: list[list[int]], device: torch.device | str = "cpu") -> Proposals:
         flat = [t for r in rows for t in r]
+        if not flat:  # nothing to offer (the common n-gram step): no tensors built from lists
+            return cls.empty(len(rows), device)
         lens = torch.tensor([0] + [len(r) for r in rows], dtype=torch.long)
         return cls(token_ids=torch.tensor(flat, dtype=torch.long, device=device),
                    cu_num_draft_tokens=lens.cumsum(0).to(device))

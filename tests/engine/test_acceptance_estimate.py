@@ -11,7 +11,7 @@ import pytest
 
 from speculant.config.models import SpeculativeConfig
 from speculant.config.sampling_params import SamplingParams
-from speculant.engine.acceptance_estimate import PositionAcceptance
+from speculant.engine.acceptance_estimate import OFFER_DECAY, OFFER_DRIFT, PositionAcceptance
 from speculant.engine.cost_model import CostCurve, CostModel
 from speculant.engine.draft_length import AdaptiveDraftLength
 from speculant.engine.request import Request, RequestStatus
@@ -80,6 +80,42 @@ def test_evidence_outweighs_the_prior_and_drift_brings_it_back():
     for _ in range(60):
         est.drift()
     assert est.rates(4) == pytest.approx([0.5] * 4, abs=0.01)
+
+
+def test_nothing_offered_is_not_a_rejection_but_lowers_the_offer_rate():
+    est = record([(4, 4), (4, 1)], decay=0.5, prior=0.5)
+    rates = est.rates(4)
+    est.nothing_offered()  # asked, got nothing: no position reached
+    assert est.rates(4) == pytest.approx(rates)
+    # three asks, decayed by OFFER_DECAY each, the last one empty; the prior (1) worth 2 at first
+    f = OFFER_DECAY
+    asked, offered, weight = f * f + f + 1, f * f + f, 2 * f ** 3
+    offer = (offered + weight) / (asked + weight)
+    assert est.offer_rate() == pytest.approx(offer)
+    gains, run = [], offer
+    for r in rates:
+        run *= r
+        gains.append(run)
+    assert est.gains(4) == pytest.approx(gains)
+    # a step not asked ages the record by OFFER_DRIFT and restores the prior's weight, as for the positions
+    g = OFFER_DRIFT
+    est.drift()
+    weight = g * weight + (1 - g) * 2
+    assert est.offer_rate() == pytest.approx((g * offered + weight) / (g * asked + weight))
+    assert est.rates(4) != pytest.approx(rates)  # positions drift only on steps not asked
+
+
+def test_a_proposer_that_never_offers_is_asked_less_and_again_after_drift():
+    est = PositionAcceptance(0.5, 0.8)
+    for _ in range(40):
+        est.nothing_offered()
+    assert est.offer_rate() < 0.01 and est.rates(1) == [0.5]
+    for _ in range(100):  # 1% of the way back per step without an ask
+        est.drift()
+    assert 0.1 < est.offer_rate() < 0.9
+    for _ in range(900):
+        est.drift()
+    assert est.offer_rate() == pytest.approx(1.0, abs=0.001)
 
 
 def test_a_record_accepting_more_than_it_drafted_is_refused():

@@ -9,6 +9,7 @@ import pytest
 from speculant.config.compat import parse_config
 from speculant.config.models import ConfigError, SpeculativeConfig
 from speculant.config.sampling_params import SamplingParams
+from speculant.engine.cost_model import CostCurve, CostModel
 from speculant.engine.draft_length import AdaptiveDraftLength, FixedDraftLength, build_draft_length_policy
 from speculant.engine.request import Request, RequestStatus
 
@@ -70,6 +71,33 @@ def test_adaptive_k_falls_with_rejections_and_rises_with_acceptance():
         verify(req, max(ks[-1], 1), max(ks[-1], 1))
         ks.append(policy.plan([req])["r"])
     assert ks[-1] == 6, ks
+
+
+def asks_of_a_proposer_with_nothing(policy: AdaptiveDraftLength, steps: int) -> list[int]:
+    """The k planned each step for a request whose proposer never offers anything."""
+    req, ks = decoding("r"), []
+    for _ in range(steps):
+        ks.append(policy.plan([req])["r"])
+        req.spec_stats.num_off_steps += 1
+        req.spec_stats.num_unoffered_steps += ks[-1] > 0  # asked (k > 0), got nothing
+    assert policy.estimate(req).rates(4) == pytest.approx([0.5] * 4)  # no position reached: not a rejection
+    return ks
+
+
+def test_adaptive_asks_a_proposer_that_keeps_offering_nothing_less_and_again_later():
+    """n-gram on open chat: an empty ask costs its search (ask_cost, learnt from
+    step timings), so the request is held off once its offer rate is low, and
+    tried again as steps without an ask restore the offer prior."""
+    cost = CostModel(CostCurve((1, 2), (1.0, 1.05), t1_s=0.01))
+    cost.observe_step(propose_s=0.0005, accept_s=0.0, num_decodes=1, num_drafted=0, num_asked=1)
+    assert cost.ask_cost == pytest.approx(0.05)
+    ks = asks_of_a_proposer_with_nothing(AdaptiveDraftLength(spec(4, prior_acceptance=0.5), cost), 100)
+    first_off = ks.index(0)
+    assert ks[0] > 0 and 4 <= first_off <= 20, ks
+    assert 3 <= sum(k > 0 for k in ks[50:]) <= 15, ks  # asked again now and then, in few of the steps
+    # asks that cost nothing (a configured cost model): the request stays asked, as before
+    free = AdaptiveDraftLength(spec(4, prior_acceptance=0.5, token_cost=0.05, draft_token_cost=0.0))
+    assert 0 not in asks_of_a_proposer_with_nothing(free, 100)
 
 
 def plan_for(n: int, rate: float, token_cost: float, k: int = 4) -> dict[str, int]:

@@ -11,7 +11,15 @@ from speculant.config.sampling_params import SamplingParams
 from speculant.engine.batch import ScheduledRequest, StepBatch
 from speculant.engine.cost_model import CostCurve, CostModel
 from speculant.engine.request import Request, RequestStatus
-from speculant.engine.tree_shape import AdaptiveTreeShapes, BranchRecord, best_first, build_policy, rank_paths
+from speculant.engine.tree_shape import (
+    AdaptiveTreeShapes,
+    BranchRecord,
+    best_first,
+    best_prefix,
+    build_policy,
+    node_gains,
+    rank_paths,
+)
 from speculant.interfaces import Proposals
 
 FLAT = CostCurve((1, 2, 4, 8, 16, 32), (1.0, 1.0, 1.01, 1.02, 1.04, 1.08))  # a forward that streams its weights
@@ -101,6 +109,24 @@ def test_observed_branch_acceptance_moves_the_plan_to_that_branch():
     assert {(1,), (1, 0), (1, 0, 0)} <= after, after
 
 
+def test_a_new_request_starts_from_what_earlier_requests_showed():
+    """The pool: after one request's 8-node chains were accepted whole, the next request's
+    first plan is that deep chain, where a fresh policy's prior gives a short one."""
+    curve = CostCurve((1, 2, 4, 8, 16), (1.0, 1.13, 1.23, 1.59, 2.38))  # SmolLM2 bf16, 2 threads
+    seen, fresh = policy(curve, width=2, nodes=8, depth=8), policy(curve, width=2, nodes=8, depth=8)
+    first, second = decoding("r0"), decoding("r1")
+    batch = StepBatch(decodes=[ScheduledRequest(first, 1, 8)])
+    for _ in range(12):
+        seen.plan([first])
+        seen.verified(batch, Proposals(torch.arange(8), torch.tensor([0, 8]), parents=torch.arange(-1, 7)))
+        seen.observe(batch, [list(range(8))])
+    seen.free("r0")
+    seen.plan([second])
+    fresh.plan([second])
+    assert planned(seen, "r1") == {(0,) * d for d in range(1, 9)}
+    assert len(planned(fresh, "r1")) < 8 and seen.record("r1").q(1, 0) > fresh.record("r1").q(1, 0) + 0.3
+
+
 def test_a_level_not_reached_yet_inherits_the_acceptance_above_it():
     rec = BranchRecord.empty(depth=6, width=2, acceptance=0.5)
     for _ in range(8):  # two-node chains, both accepted every time
@@ -150,6 +176,54 @@ def test_prune_keeps_the_planned_rank_paths_and_renumbers_parents():
     with_probs = p.prune(batch, Proposals(proposals.token_ids, proposals.cu_num_draft_tokens, probs,
                                           proposals.parents))
     assert torch.equal(with_probs.probs, probs[[0, 2, 6, 7, 8]])  # a draft's distributions follow its nodes
+
+
+def tree_proposals(tokens: list[list[int]], parents: list[list[int]]) -> Proposals:
+    out = Proposals.from_lists(tokens)
+    return Proposals(out.token_ids, out.cu_num_draft_tokens, parents=torch.tensor([q for ps in parents for q in ps]))
+
+
+def test_prune_keeps_the_depth_of_an_offered_chain_where_the_plan_hoped_for_siblings():
+    """A suffix tree with one occurrence is a chain: the rows the plan set aside for
+    siblings go to its depth instead of being left unused."""
+    p = policy(FLAT, nodes=8, depth=8, prior=0.9)
+    req = decoding("r0")
+    p.plan([req])
+    assert any(path[-1] > 0 for path in planned(p))  # the plan counted on siblings ...
+    assert max(len(path) for path in planned(p)) < 8
+    batch = StepBatch(decodes=[ScheduledRequest(req, 1, 8)])
+    pruned = p.prune(batch, tree_proposals([list(range(10, 18))], [list(range(-1, 7))]))
+    assert pruned.to_lists() == [list(range(10, 18))]  # ... the offered chain is verified whole
+    assert p.metrics()["mean_verified_tree_nodes"] == 8 and p.metrics()["verified_branching_fraction"] == 0
+
+
+@pytest.mark.parametrize("curve, branching", [(FLAT, True), (STEEP, False)])
+def test_a_tree_is_verified_only_where_it_beats_its_own_first_branch(curve, branching):
+    p = policy(curve, width=2, nodes=16, depth=6, prior=0.8)
+    req = decoding("r0")
+    p.plan([req])
+    parents = [-1, 0, 1, 2, -1, 4, 0]  # chain 0-3, a root sibling 4 with child 5, and node 6 under node 0
+    batch = StepBatch(decodes=[ScheduledRequest(req, 1, 7)])
+    kept = p.choose(batch, [parents], [True])[0]
+    gains, paths = node_gains(p.record("r0").table(), parents)
+    chain = [j for j in range(7) if not any(paths[j])]
+    n_chain, chain_ratio = best_prefix(sorted((gains[j] for j in chain), reverse=True), 1, 1.0, 0, p.cost)
+    n_all, all_ratio = best_prefix(sorted(gains, reverse=True), 1, 1.0, 0, p.cost)
+    assert (all_ratio > chain_ratio) == branching
+    assert kept == (sorted(j for j in range(7) if gains[j] >= sorted(gains, reverse=True)[n_all - 1])
+                    if branching else chain[:n_chain])
+    assert all(parents[j] < 0 or parents[j] in kept for j in kept)  # closed under parents
+
+
+def test_best_prefix_takes_a_doubtful_node_for_the_sure_ones_behind_it():
+    """All-or-nothing acceptance (a copied span): the first node alone does not pay on this
+    curve, the run behind it does; the best prefix is the whole run."""
+    cost = CostModel(CostCurve((1, 2, 10), (1.0, 1.3, 1.6)), 0.0)
+    gains = [0.25] + [0.25 * 0.99 ** k for k in range(1, 9)]
+    assert 1.25 / 1.3 < 1.0  # one node: worse than none
+    n, ratio = best_prefix(gains, 1, 1.0, 0, cost)
+    assert n == 9 and ratio == pytest.approx((1 + sum(gains)) / 1.6)
+    assert best_prefix(gains, 1, 1.0, 0, CostModel(CostCurve((1, 2, 10), (1.0, 1.3, 4.0)), 0.0))[0] == 0
 
 
 def test_the_engine_reports_tree_shapes_and_keeps_greedy_output(tmp_path, tokenizer_dir):

@@ -101,6 +101,14 @@ def test_more_tokens_than_heads_and_wrong_kind_are_refused(llama_dir, random_hea
         LLM(model=str(llama_dir), **NO_CHUNK, speculative=_spec("mlp_speculator", random_heads_dirs["medusa"]))
 
 
+def test_an_unset_k_is_lowered_to_the_number_of_heads(llama_dir, random_heads_dirs):
+    """The adaptive default's ceiling (8) is above these 4 heads: it is lowered, not refused."""
+    spec = {k: v for k, v in _spec("medusa", random_heads_dirs["medusa"]).items() if k != "num_speculative_tokens"}
+    llm = LLM(model=str(llama_dir), **NO_CHUNK, speculative=spec)
+    assert llm.engine.config.speculative.num_speculative_tokens == 4
+    assert all(_tokens(llm)) and llm.get_metrics()["num_draft_tokens"] > 0
+
+
 @pytest.mark.parametrize("kind", ["medusa", "mlp_speculator"])
 def test_self_distilled_heads_are_accepted_by_the_engine(tmp_path, markov_target, kind):
     script = _load_script()

@@ -274,3 +274,49 @@ def test_validate_config_raises_with_all_problems(registry):
     assert info.value.source == "engine.toml"
     assert len(info.value.problems) == 2
     assert str(info.value).startswith("invalid configuration in engine.toml:\n  - speculative.proposer = 'ngarm'")
+
+
+# ---- the default k: a ceiling of 8 under the adaptive policy, 4 under fixed ---------------------
+
+
+def test_an_unset_k_follows_the_policy_and_a_set_one_is_kept():
+    def k(**spec):
+        return EngineConfig.model_validate({"model": {"path": "m"}, "speculative": spec}).speculative \
+            .num_speculative_tokens
+
+    assert (k(), k(draft_length={"policy": "fixed"}), k(num_speculative_tokens=3)) == (8, 4, 3)
+    assert k(num_speculative_tokens=8, draft_length={"policy": "fixed"}) == 8
+
+
+@pytest.fixture
+def limited(make_class, make_registry):
+    class Heads(make_class("proposer", "t_three", max_num_speculative_tokens=5)):
+        @classmethod
+        def max_tokens_for(cls, options, config):
+            return 3  # e.g. the number of heads its checkpoint holds
+
+        @classmethod
+        def validate_against(cls, options, config):
+            k = config.speculative.num_speculative_tokens
+            return [] if k <= 3 else [f"speculative.num_speculative_tokens = {k}: the heads predict at most 3"]
+
+    return make_registry(proposer=[Heads, make_class("proposer", "t_five", max_num_speculative_tokens=5)],
+                         scorer=[make_class("scorer", "t_mqa")], acceptance=[make_class("acceptance", "t_exact")],
+                         attention_backend=[make_class("attention_backend", "torch")])
+
+
+@pytest.mark.parametrize("proposer,resolved", [("t_five", 5), ("t_three", 3)])
+def test_an_unset_k_is_lowered_to_what_the_proposer_can_give(limited, proposer, resolved):
+    cfg = config(proposer=proposer)
+    assert config_problems(cfg, limited) == []
+    assert validate_config(cfg, limited).speculative.num_speculative_tokens == resolved
+    assert validate_config(config(proposer=proposer, num_speculative_tokens=2), limited) \
+        .speculative.num_speculative_tokens == 2
+
+
+def test_a_set_k_above_the_proposer_maximum_is_still_refused(limited):
+    assert config_problems(config(proposer="t_five", num_speculative_tokens=8), limited) == [
+        "speculative.num_speculative_tokens = 8 is above the maximum of proposer 't_five' (5 tokens per step): "
+        "set speculative.num_speculative_tokens to at most 5"]
+    assert config_problems(config(proposer="t_three", num_speculative_tokens=4), limited) == [
+        "speculative.num_speculative_tokens = 4: the heads predict at most 3"]

@@ -4,12 +4,15 @@ One call per layer covers the whole batch: every token's K/V is written into
 the paged cache first (so batch-expansion siblings see each other), then each
 span attends over exactly its own visible blocks. Decodes (one query token)
 need no mask; a multi-token span over a cached prefix gets a bottom-right
-aligned causal mask, a tree span (``SpanTensors.tree_masks``) the prefix plus
-its ancestor mask. Attending span by span avoids padding every sequence to
-the longest one, which dominated batched decode time; grouped-query heads are
-handled by folding the group into the query rows of a batched matmul over
-H_kv, without repeating K/V (faster on CPU than SDPA's GQA path for short
-query runs).
+aligned causal mask. A tree span (``SpanTensors.tree_masks``: the prefix plus
+its ancestor mask) attends row by row, each node over its visible keys
+gathered in order, so every node gets the bits of the plain decode of its
+path (as the C kernel does); a masked row over the whole span sums its
+softmax and products over a different length, which changes the float bits.
+Attending span by span avoids padding every sequence to the longest one,
+which dominated batched decode time; grouped-query heads are handled by
+folding the group into the query rows of a batched matmul over H_kv, without
+repeating K/V (faster on CPU than SDPA's GQA path for short query runs).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ class SpanView:
     first_block: int | None  # set when those blocks are consecutive: read them as a view, no copy
     seq_len: int  # visible keys: positions 0 .. seq_len - 1
     mask: torch.Tensor | None  # [q, seq_len] bool, None for a single query token
+    tree: bool = False  # ``mask`` is a token tree's: each row attends alone over its visible keys
 
 
 @dataclass(slots=True)
@@ -63,12 +67,12 @@ class TorchAttentionBackend(AttentionBackend):
             if seq_len == 0:  # graph padding tokens: they see no key, their rows are zeros
                 views.append(SpanView(slice(cu[b], cu[b + 1]), spans.block_tables[b, :0], None, 0, None))
                 continue
-            mask = None
+            mask, tree = None, False
             if q > 1 and mask_offsets is not None and mask_offsets[b] >= 0:
                 assert spans.tree_masks is not None
-                tree = spans.tree_masks[mask_offsets[b]: mask_offsets[b] + q * q].view(q, q).bool()  # [q, q]
-                prefix = torch.ones(q, start, dtype=torch.bool, device=tree.device)
-                mask = torch.cat([prefix, tree], dim=1)  # [q, seq_len]
+                ancestors = spans.tree_masks[mask_offsets[b]: mask_offsets[b] + q * q].view(q, q).bool()  # [q, q]
+                prefix = torch.ones(q, start, dtype=torch.bool, device=ancestors.device)
+                mask, tree = torch.cat([prefix, ancestors], dim=1), True  # [q, seq_len]
             elif q > 1:
                 key_pos = torch.arange(seq_len, device=spans.positions.device)
                 q_pos = torch.arange(start, seq_len, device=spans.positions.device)
@@ -76,7 +80,8 @@ class TorchAttentionBackend(AttentionBackend):
             blocks = spans.block_tables[b, : -(-seq_len // bs)]
             ids = blocks.tolist()
             consecutive = ids == list(range(ids[0], ids[0] + len(ids)))
-            views.append(SpanView(slice(cu[b], cu[b + 1]), blocks, ids[0] if consecutive else None, seq_len, mask))
+            views.append(SpanView(slice(cu[b], cu[b + 1]), blocks, ids[0] if consecutive else None, seq_len, mask,
+                                  tree))
         return views
 
     def forward(self, query, key, value, key_cache, value_cache, metadata: TorchAttentionMetadata,
@@ -100,26 +105,37 @@ class TorchAttentionBackend(AttentionBackend):
                      key_cache: torch.Tensor, value_cache: torch.Tensor,  # [num_blocks, block_size, H_kv, D]
                      views: list[SpanView], scaling: float,
                      out: torch.Tensor) -> None:  # [T, H, D], the rows of `views` are written
-        num_heads, head_dim = query.shape[1], query.shape[2]
-        num_kv_heads = key_cache.shape[2]
-        group = num_heads // num_kv_heads
         for span in views:
             if span.seq_len == 0:
                 out[span.rows] = 0
                 continue
             k, v = (self._span_keys(cache, span).to(query.dtype) for cache in (key_cache, value_cache))
-            q = query[span.rows].view(-1, num_kv_heads, group, head_dim)  # [q, H_kv, G, D]
-            n = q.shape[0]
-            q = q.permute(1, 2, 0, 3).reshape(num_kv_heads, group * n, head_dim)  # [H_kv, G*q, D]
-            scores = torch.matmul(q, k.permute(1, 2, 0)) * scaling  # [H_kv, G*q, L]
-            if span.mask is not None:
-                scores = scores.view(num_kv_heads, group, n, -1).masked_fill(~span.mask, float("-inf"))
-                scores = scores.view(num_kv_heads, group * n, -1)
-            wide = scores.dtype in (torch.float32, torch.float64)
-            probs = scores.softmax(dim=-1) if wide else scores.float().softmax(dim=-1).to(v.dtype)
-            o = torch.matmul(probs, v.transpose(0, 1))  # [H_kv, G*q, D]
-            o = o.view(num_kv_heads, group, n, head_dim).permute(2, 0, 1, 3)
-            out[span.rows] = o.reshape(n, num_heads, head_dim)
+            if span.tree:  # each node as the decode of its path: its visible keys, contiguous, in order
+                assert span.mask is not None
+                for i, row in enumerate(range(span.rows.start, span.rows.stop)):
+                    seen = span.mask[i].nonzero().squeeze(1)  # [L_i]
+                    out[row: row + 1] = self._attend(query[row: row + 1], k[seen], v[seen], None, scaling)
+            else:
+                out[span.rows] = self._attend(query[span.rows], k, v, span.mask, scaling)
+
+    @staticmethod
+    def _attend(query: torch.Tensor,  # [q, H, D]
+                k: torch.Tensor, v: torch.Tensor,  # [L, H_kv, D]
+                mask: torch.Tensor | None,  # [q, L] bool
+                scaling: float) -> torch.Tensor:  # [q, H, D]
+        n, num_heads, head_dim = query.shape
+        num_kv_heads = k.shape[1]
+        group = num_heads // num_kv_heads
+        q = query.view(n, num_kv_heads, group, head_dim)
+        q = q.permute(1, 2, 0, 3).reshape(num_kv_heads, group * n, head_dim)  # [H_kv, G*q, D]
+        scores = torch.matmul(q, k.permute(1, 2, 0)) * scaling  # [H_kv, G*q, L]
+        if mask is not None:
+            scores = scores.view(num_kv_heads, group, n, -1).masked_fill(~mask, float("-inf"))
+            scores = scores.view(num_kv_heads, group * n, -1)
+        wide = scores.dtype in (torch.float32, torch.float64)
+        probs = scores.softmax(dim=-1) if wide else scores.float().softmax(dim=-1).to(v.dtype)
+        o = torch.matmul(probs, v.transpose(0, 1))  # [H_kv, G*q, D]
+        return o.view(num_kv_heads, group, n, head_dim).permute(2, 0, 1, 3).reshape(n, num_heads, head_dim)
 
     @staticmethod
     def _span_keys(cache: torch.Tensor,  # [num_blocks, block_size, H_kv, D]

@@ -27,7 +27,8 @@ from pathlib import Path
 CSRC = Path(__file__).with_name("csrc")
 CORE_SOURCES = [CSRC / name for name in (
     "paged_attention.c", "kv_write.c", "linear_bf16.c", "rms_norm.c", "rotary.c", "silu_mul.c", "decoder_bf16.c",
-    "cpu_features.c", "spans.c", "quant_decode.c", "quant_linear.c", "quant_dispatch.c", "quant_repack.c")]
+    "cpu_features.c", "spans.c", "quant_decode.c", "quant_linear.c", "quant_dispatch.c", "quant_repack.c",
+    "quant_repack_b32.c")]
 PATH_SUFFIXES = {"x86_64": ("avx2", "avx512", "avx512_vnni", "avx512_bf16"), "aarch64": ("neon", "neon_dotprod")}
 """The SIMD paths per architecture (the order of ``csrc/kernels.h``'s enum), as file-name suffixes."""
 BASELINE_MARCH = {"x86_64": "x86-64", "aarch64": "armv8-a"}

@@ -6,7 +6,8 @@ weights in 144 bytes; Q6_K: 256 in 210; Q8_0: 32 in 34 ...), as a ``uint8``
 tensor ``[out_features, row_bytes]``; or, for Q4_K and Q6_K where the AVX-512
 VNNI path runs, the same information repacked at load in groups of 16 rows
 (``REPACKED_FORMATS``, ``csrc/quant_repack.c``: 4 codes of each row per 32-bit
-lane, scales as bytes), which that path's group kernel reads without shuffles. ``csrc/quant_linear.c`` computes
+lane, scales as bytes), which that path's group kernel reads without shuffles; Q4_0, Q4_1, Q5_0 and
+Q8_0 likewise (``csrc/quant_repack_b32.c``, in the file's bytes per row). ``csrc/quant_linear.c`` computes
 ``y = x W^T + b``: it quantizes each input row to 8 bits per block of 32 and
 takes integer dot products against the decoded weight blocks. A row's output
 does not depend on the other rows of the call, so a speculative verify of n rows
@@ -16,11 +17,12 @@ gives each row the bits a one-row decode gives it.
 with their block sizes. A tensor of any other type is dequantized at load
 (``loading/gguf_quant.py``), never refused. Every format runs the scalar
 reference and the AVX2 and AVX-512 VNNI dot products over decoded tiles
-(``csrc/quant_linear.c``; Q4_0, Q4_1, Q8_0, Q4_K and Q6_K tiles decoded with
-AVX2, Q5_0 and Q5_K with scalar code); Q4_K and Q6_K also have integer-only
+(``csrc/quant_linear.c``; Q4_0, Q4_1, Q5_0, Q8_0, Q4_K and Q6_K tiles decoded with
+AVX2, Q5_K with scalar code); Q4_K and Q6_K also have integer-only
 AVX-512 VNNI kernels: per file row (``csrc/quant_avx512_vnni.c``) and per repacked
-group of 16 rows (``csrc/quant_x16_avx512_vnni.c``); other paths read a repacked
-group row by row through the reference decoder.
+group of 16 rows (``csrc/quant_x16_avx512_vnni.c``), and so do the repacked blocks of
+32 (``csrc/quant_x16_b32_avx512_vnni.c``); other paths read a repacked group row by
+row through the reference decoder.
 """
 
 from __future__ import annotations
@@ -69,8 +71,11 @@ QUANT_FORMATS = {f.type_id: f for f in (
     QuantFormat("Q5_0", 6, 32, 22), QuantFormat("Q8_0", 8, 32, 34),
     QuantFormat("Q4_K", 12, 256, 144), QuantFormat("Q5_K", 13, 256, 176),
     QuantFormat("Q6_K", 14, 256, 210))}
-REPACKED_FORMATS = {12: QuantFormat("Q4_K_X16", 76, 256, 148, 16), 14: QuantFormat("Q6_K_X16", 78, 256, 212, 16)}
-"""File type -> its layout repacked for the AVX-512 VNNI group kernel (Q4_K 1.03x, Q6_K 1.01x the file's bytes)."""
+REPACKED_FORMATS = {12: QuantFormat("Q4_K_X16", 76, 256, 148, 16), 14: QuantFormat("Q6_K_X16", 78, 256, 212, 16),
+                    **{t: QuantFormat(f"{f.name}_X16", 64 + t, 32, f.block_bytes, 16)
+                       for t, f in QUANT_FORMATS.items() if f.name in ("Q4_0", "Q4_1", "Q5_0", "Q8_0")}}
+"""File type -> its layout repacked for the AVX-512 VNNI group kernels (Q4_K 1.03x, Q6_K 1.01x the file's
+bytes; the blocks of 32, ``csrc/quant_repack_b32.c``, the file's bytes), padded to whole groups of 16 rows."""
 STORAGE_FORMATS = {**QUANT_FORMATS, **{f.type_id: f for f in REPACKED_FORMATS.values()}}
 """Every layout a ``QuantLinear`` holds, by the type id the kernel reads."""
 

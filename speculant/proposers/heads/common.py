@@ -101,6 +101,14 @@ class HiddenStateProposer(Proposer):
         return dimension_problems(head_cfg, read_text_config(config.model.path), options.path,
                                   config.speculative.num_speculative_tokens, cls.max_tokens(head_cfg))
 
+    @classmethod
+    def max_tokens_for(cls, options: HeadsOptions, config: EngineConfigView) -> int | None:
+        """The heads' count (None where their config cannot be read: ``validate_against`` says why)."""
+        try:
+            return cls.max_tokens(read_head_config(options.path, cls.model_type))
+        except (FileNotFoundError, ValueError):
+            return None
+
     def __init__(self, options: HeadsOptions, context: ProposerContext) -> None:
         super().__init__(options, context)
         self.head_config = read_head_config(options.path, self.model_type)

@@ -205,9 +205,28 @@ def test_a_tree_node_gives_the_bits_of_the_decode_of_its_path(kernel_paths, path
     if path not in runnable_isas(load_kernel()):
         pytest.skip(f"this CPU does not run the {path} path")
     kernel_paths(path)
+    assert_nodes_give_their_paths_decode(CpuKernelAttentionBackend, f"{path} {dtype}", dtype, prefix, parents,
+                                         block_size, num_kv_heads, seed)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+@settings(**{**SETTINGS, "max_examples": 60})
+@given(prefix=st.integers(1, 70), parents=trees(), block_size=st.sampled_from([1, 4, 16]),
+       num_kv_heads=st.sampled_from([4, 2, 1]), seed=st.integers(0, 2 ** 16))
+def test_a_torch_reference_tree_node_gives_the_bits_of_the_decode_of_its_path(dtype, prefix, parents, block_size,
+                                                                              num_kv_heads, seed):
+    """The same exactness for the torch reference backend (the CPU's fallback and the GPU's without flash-attn)."""
+    assert_nodes_give_their_paths_decode(TorchAttentionBackend, f"torch_ref {dtype}", dtype, prefix, parents,
+                                         block_size, num_kv_heads, seed)
+
+
+def assert_nodes_give_their_paths_decode(backend_class, what: str, dtype: torch.dtype, prefix: int,
+                                         parents: list[int], block_size: int, num_kv_heads: int, seed: int) -> None:
+    """Every node of a one-tree batch run by ``backend_class`` equals, bit for bit, a
+    decode by the same backend over the node's path laid out contiguously."""
     case = Case({"trees": [(prefix, parents)], "block_size": block_size, "num_kv_heads": num_kv_heads,
                  "causal": False, "seed": seed}, dtype)
-    tree_out = case.run(CpuKernelAttentionBackend())  # writes the tree's K/V into its slots
+    tree_out = case.run(backend_class())  # writes the tree's K/V into its slots
     span, bs = case.spans[0], block_size
     tree_keys, tree_values = case.key_cache.flatten(0, 1), case.value_cache.flatten(0, 1)
     for i, seen in enumerate(case.visible[0]):  # seen: the slots node i sees, itself last
@@ -218,12 +237,12 @@ def test_a_tree_node_gives_the_bits_of_the_decode_of_its_path(kernel_paths, path
             slot = span.block_table[p // bs] * bs + p % bs
             key_cache.flatten(0, 1)[pos] = tree_keys[slot]
             value_cache.flatten(0, 1)[pos] = tree_values[slot]
-        backend = CpuKernelAttentionBackend()
+        backend = backend_class()
         decode = SpanTensors.build([PagedSpan(list(range(blocks)), len(seen) - 1, [0], [0])], bs,
                                    torch.device("cpu"))
         got = backend.forward(case.query[i: i + 1], case.key[i: i + 1], case.value[i: i + 1], key_cache,
                               value_cache, backend.build_metadata(decode), HEAD_DIM ** -0.5)
-        assert torch.equal(got[0], tree_out[i]), f"{path} {dtype}: node {i} of {parents} differs from its decode"
+        assert torch.equal(got[0], tree_out[i]), f"{what}: node {i} of {parents} differs from its decode"
 
 
 @pytest.mark.parametrize("span, message", [

@@ -121,7 +121,8 @@ def test_repacked_rows_hold_the_files_weights(type_id):
     stays within 1.03x of the file's bytes."""
     fmt = QUANT_FORMATS[type_id]
     n, k = 37, 768  # two whole groups of 16 rows and a padded one
-    blocks = torch.from_numpy(random_blocks(fmt.name, 256, fmt.block_bytes, n, k, np.random.default_rng(7)))
+    blocks = torch.from_numpy(random_blocks(fmt.name, fmt.block_elems, fmt.block_bytes, n, k,
+                                            np.random.default_rng(7)))
     kept, layout = stored_blocks(blocks, fmt, k, repack=True)
     assert kept.shape[0] == 3 and kept.numel() <= 1.03 * blocks.numel() * 48 / n
     ids = torch.arange(n)

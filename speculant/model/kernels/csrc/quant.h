@@ -17,8 +17,11 @@
 
 /* ggml type ids (the GGUF file's tensor types) */
 enum { QT_Q4_0 = 2, QT_Q4_1 = 3, QT_Q5_0 = 6, QT_Q8_0 = 8, QT_Q4_K = 12, QT_Q5_K = 13, QT_Q6_K = 14 };
-/* Q4_K and Q6_K repacked at load into groups of 16 weight rows (quant_repack.c): our own type ids */
+/* formats repacked at load into groups of 16 weight rows (quant_repack.c: Q4_K, Q6_K; quant_repack_b32.c:
+ * the blocks of 32): our own type ids */
 enum { QT_X16 = 64, QT_Q4_K_X16 = QT_X16 + QT_Q4_K, QT_Q6_K_X16 = QT_X16 + QT_Q6_K, QT_MAX = QT_Q6_K_X16 };
+enum { QT_Q4_0_X16 = QT_X16 + QT_Q4_0, QT_Q4_1_X16 = QT_X16 + QT_Q4_1, QT_Q5_0_X16 = QT_X16 + QT_Q5_0,
+       QT_Q8_0_X16 = QT_X16 + QT_Q8_0 };
 #define XROWS 16 /* weight rows per repacked group */
 /* byte offsets inside a repacked group tile (the layouts are described in quant_repack.c); tiles and
  * the code vectors inside them start on 64-byte lines (a load that crosses one costs two), and the
@@ -71,6 +74,30 @@ static inline void speculant_scale_min_k4(int j, const uint8_t *s, int *sc, int 
  * [k0, k0 + n) decoded like speculant_qdecode (the same bytes and floats as the file's row) */
 void speculant_qdecode_x16(int type, const uint8_t *w, int64_t K, int64_t row, int64_t k0, int n, uint8_t *u,
                            float *ws, float *wb);
+
+/* quant_repack_b32.c: whether file type `type` is one of the blocks of 32 it repacks (Q4_0, Q4_1, Q5_0,
+ * Q8_0); the repack (dst zeroed) and the reference decoder of those layouts */
+int speculant_qis_b32(int type);
+void speculant_qrepack_x16_b32(int type, const uint8_t *src, int64_t N, int64_t K, uint8_t *dst);
+void speculant_qdecode_x16_b32(int type, const uint8_t *w, int64_t K, int64_t row, int64_t k0, int n, uint8_t *u,
+                               float *ws, float *wb);
+/* quant_x16_b32_avx512_vnni.c (a path file; NULL where not built): speculant_qgroup_x16_vnni's contract for
+ * the repacked blocks of 32, K a multiple of 32, activations in blocks of 32 */
+__attribute__((weak)) void speculant_qgroup_x16_b32_vnni(int type, const uint8_t *group, int64_t K, int64_t R,
+                                                        const int8_t *xq, const float *xd, const int16_t *xn,
+                                                        float *sums);
+
+/* Activation rows in passes whose row count the compiler knows (accumulators in registers, not memory):
+ * BODY(NR) runs rows [r0, r0 + NR) for r0 = 0, 4, 8, ... while 4 are left, then once for the 1-3 left. */
+#define QUANT_ROWS_IN_FOURS(R, r0, BODY)                                                                  \
+    for (r0 = 0; (R) - r0 >= 4; r0 += 4)                                                                  \
+        BODY(4)                                                                                           \
+    switch ((R) - r0) {                                                                                   \
+    case 3: BODY(3) break;                                                                                \
+    case 2: BODY(2) break;                                                                                \
+    case 1: BODY(1) break;                                                                                \
+    default: break;                                                                                       \
+    }
 
 /* quant_x16_avx512_vnni.c (a path file; NULL where not built): one repacked group of XROWS weight rows
  * (K a multiple of 256) against R activation rows in natural order: sums[r * XROWS + l] = the dot

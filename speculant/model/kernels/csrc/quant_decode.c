@@ -1,6 +1,6 @@
 /* Decoding GGUF blocks into the common tile shape of quant.h: a scalar
  * decoder per format (the reference) and AVX2 decoders for the formats of the
- * common Q4_K_M and Q4_1/Q8_0 files. Both give the same bytes and floats: the
+ * common Q4_K_M and Q4_1/Q5_0/Q8_0 files. Both give the same bytes and floats: the
  * scales are computed by the same scalar code, only the code unpacking is vectorised.
  */
 #include <string.h>
@@ -17,6 +17,8 @@ static const qformat FORMATS[] = {
     [QT_Q4_0] = {32, 18, 15, 1},   [QT_Q4_1] = {32, 20, 15, 1},   [QT_Q5_0] = {32, 22, 31, 1},
     [QT_Q8_0] = {32, 34, 255, 1},  [QT_Q4_K] = {256, 144, 15, 1}, [QT_Q5_K] = {256, 176, 31, 1},
     [QT_Q6_K] = {256, 210, 63, 1}, [QT_Q4_K_X16] = {256, 148, 15, XROWS}, [QT_Q6_K_X16] = {256, 212, 63, XROWS},
+    [QT_Q4_0_X16] = {32, 18, 15, XROWS}, [QT_Q4_1_X16] = {32, 20, 15, XROWS}, [QT_Q5_0_X16] = {32, 22, 31, XROWS},
+    [QT_Q8_0_X16] = {32, 34, 255, XROWS},
 };
 
 const qformat *speculant_qformat(int type)
@@ -168,6 +170,21 @@ QUANT_AVX2_TARGET static void decode_nibbles16_avx2(const uint8_t *qs, uint8_t *
     _mm_storeu_si128((__m128i *)(u + 16), _mm_and_si128(_mm_srli_epi16(v, 4), low));
 }
 
+/* Q5_0: the nibbles, then bit i of the block's 32-bit qh as bit 4 of code i (bytes spread by a
+ * shuffle, each byte's own bit picked by a compare) */
+QUANT_AVX2_TARGET static void decode_q5_0_avx2(const uint8_t *b, uint8_t *u)
+{
+    decode_nibbles16_avx2(b + 6, u);
+    uint32_t qh;
+    memcpy(&qh, b + 2, 4);
+    const __m256i spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                                            2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+    __m256i h = _mm256_shuffle_epi8(_mm256_set1_epi32((int)qh), spread);
+    h = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(h, bit), bit), _mm256_set1_epi8(0x10));
+    _mm256_storeu_si256((__m256i *)u, _mm256_or_si256(_mm256_loadu_si256((const __m256i *)u), h));
+}
+
 QUANT_AVX2_TARGET static void decode_q8_0_avx2(const uint8_t *b, uint8_t *u)
 {
     __m256i v = _mm256_loadu_si256((const __m256i *)(b + 2));
@@ -210,6 +227,12 @@ void speculant_qdecode(int type, const uint8_t *row, int64_t k0, int n, uint8_t 
                 float d = half_at(b);
                 decode_nibbles16_avx2(b + (type == QT_Q4_0 ? 2 : 4), ub);
                 small_scales(d, type == QT_Q4_0 ? -8.0f * d : half_at(b + 2), s, o);
+                break;
+            }
+            if (simd && type == QT_Q5_0) {
+                float d = half_at(b);
+                decode_q5_0_avx2(b, ub);
+                small_scales(d, -16.0f * d, s, o);
                 break;
             }
             if (simd && type == QT_Q8_0) {

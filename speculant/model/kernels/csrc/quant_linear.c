@@ -197,10 +197,21 @@ static inline void store_out(float sum, float bias, int dtype, const void *res, 
         ((uint16_t *)y)[at] = round_bf16(sum);
 }
 
-/* the work units of a matrix: its repacked groups where the group kernel runs, else its rows */
-static int64_t units_of(const qformat *f, int64_t N, int by_group)
+typedef void (*group_kernel_fn)(int type, const uint8_t *group, int64_t K, int64_t R, const int8_t *xq,
+                                const float *xd, const int16_t *xn, float *sums);
+
+/* the kernel of XROWS weight rows at once for type `type` (a repacked layout) on the VNNI path, else NULL */
+static group_kernel_fn group_kernel(int type, int vnni)
 {
-    return by_group && f->group_rows > 1 ? (N + XROWS - 1) / XROWS : N;
+    if (!vnni || speculant_qformat(type)->group_rows == 1)
+        return 0;
+    return speculant_qis_b32(type - QT_X16) ? speculant_qgroup_x16_b32_vnni : speculant_qgroup_x16_vnni;
+}
+
+/* the work units of a matrix: its repacked groups where the group kernel runs, else its rows */
+static int64_t units_of(int type, int64_t N, int vnni)
+{
+    return group_kernel(type, vnni) ? (N + XROWS - 1) / XROWS : N;
 }
 
 /* the block of activation codes for a call over `n_mats` matrices: 256 where every matrix is a
@@ -234,11 +245,11 @@ void speculant_qlinear_team(int n_mats, const int *types, const uint8_t *const *
                             int dtype, const void *res, void *y, int64_t ldy, void *scratch)
 {
     const int isa = speculant_qlinear_isa();
-    const int by_group = HAVE_QUANT_X86 && isa == QISA_AVX512_VNNI && speculant_qgroup_x16_vnni != 0;
+    const int vnni = HAVE_QUANT_X86 && isa == QISA_AVX512_VNNI;
     const int64_t ng = K / QGROUP;
     int64_t total = 0;
     for (int m = 0; m < n_mats; m++)
-        total += units_of(speculant_qformat(types[m]), Ns[m], by_group);
+        total += units_of(types[m], Ns[m], vnni);
     float *xd = scratch, *xs = xd + R * ng;
     int16_t *xn = (int16_t *)(xs + R * ng);
     int8_t *xq = (int8_t *)(xn + R * ng), *xq4 = xq + R * K;  /* xq4: in Q4_K's order (VNNI rows) */
@@ -263,15 +274,16 @@ void speculant_qlinear_team(int n_mats, const int *types, const uint8_t *const *
             int m = 0;
             int64_t n = unit, col0 = 0;  /* col0: matrix m's first column of y */
             const qformat *f = speculant_qformat(types[0]);
-            while (n >= units_of(f, Ns[m], by_group)) {
-                n -= units_of(f, Ns[m], by_group);
+            while (n >= units_of(types[m], Ns[m], vnni)) {
+                n -= units_of(types[m], Ns[m], vnni);
                 col0 += Ns[m++];
                 f = speculant_qformat(types[m]);
             }
 #if HAVE_QUANT_X86
-            if (by_group && f->group_rows > 1) {  /* XROWS weight rows at once */
-                const uint8_t *group = ws[m] + n * (K / QTILE) * f->block_bytes * XROWS;
-                speculant_qgroup_x16_vnni(types[m], group, K, nr, xq + r0 * K, xd + r0 * ng, xn + r0 * ng, sums);
+            const group_kernel_fn group_rows = group_kernel(types[m], vnni);
+            if (group_rows) {  /* XROWS weight rows at once */
+                const uint8_t *group = ws[m] + n * (K / f->block_elems) * f->block_bytes * XROWS;
+                group_rows(types[m], group, K, nr, xq + r0 * K, xd + r0 * ng, xn + r0 * ng, sums);
                 for (int l = 0; l < XROWS && n * XROWS + l < Ns[m]; l++)
                     for (int64_t r = 0; r < nr; r++)
                         store_out(sums[r * XROWS + l], biases[m] ? biases[m][n * XROWS + l] : 0.0f, dtype, res, y,

@@ -26,10 +26,11 @@ static int tile_bytes(int type)
     return type == QT_Q4_K_X16 ? K4_TILE : K6_TILE;
 }
 
-/* bytes of a repacked matrix of N rows of K (K a multiple of 256), the last group padded */
+/* bytes of a repacked matrix of N rows of K (a whole number of blocks), the last group padded */
 int64_t speculant_qrepacked_bytes(int type, int64_t N, int64_t K)
 {
-    return (N + XROWS - 1) / XROWS * (K / QTILE) * tile_bytes(QT_X16 + type);
+    const qformat *f = speculant_qformat(QT_X16 + type);
+    return (N + XROWS - 1) / XROWS * (K / f->block_elems) * f->block_bytes * XROWS;
 }
 
 static void put_q4k(const uint8_t *b, int l, uint8_t *t)
@@ -70,10 +71,15 @@ static void put_q6k(const uint8_t *b, int l, uint8_t *t)
     }
 }
 
-/* dst (speculant_qrepacked_bytes) = the N rows of src (file blocks, Q4_K or Q6_K) repacked;
- * 0, or -1 for another type or a K that is not a multiple of 256 */
+/* dst (speculant_qrepacked_bytes) = the N rows of src (file blocks, Q4_K or Q6_K, or a block of 32
+ * format: quant_repack_b32.c) repacked; 0, or -1 for another type or a K that is not a whole number of blocks */
 int speculant_qrepack_x16(int type, const uint8_t *src, int64_t N, int64_t K, uint8_t *dst)
 {
+    if (speculant_qis_b32(type) && K > 0 && K % 32 == 0) {
+        memset(dst, 0, (size_t)speculant_qrepacked_bytes(type, N, K));
+        speculant_qrepack_x16_b32(type, src, N, K, dst);
+        return 0;
+    }
     if ((type != QT_Q4_K && type != QT_Q6_K) || K <= 0 || K % QTILE)
         return -1;
     const qformat *f = speculant_qformat(type);
@@ -102,6 +108,10 @@ static float half_at(const uint8_t *p)
 void speculant_qdecode_x16(int type, const uint8_t *w, int64_t K, int64_t row, int64_t k0, int n, uint8_t *u,
                            float *ws, float *wb)
 {
+    if (speculant_qis_b32(type - QT_X16)) {
+        speculant_qdecode_x16_b32(type, w, K, row, k0, n, u, ws, wb);
+        return;
+    }
     const int64_t tiles = K / QTILE, tb = tile_bytes(type);
     const int l = (int)(row % XROWS);
     for (int done = 0; done < n; done += QTILE) {
@@ -142,6 +152,9 @@ void speculant_qdecode_x16(int type, const uint8_t *w, int64_t K, int64_t row, i
  * path now and its group kernel was built (other paths read repacked rows, more slowly) */
 int speculant_qrepack_wanted(int type)
 {
-    return (type == QT_Q4_K || type == QT_Q6_K) && speculant_qlinear_isa() == QISA_AVX512_VNNI
-           && speculant_qgroup_x16_vnni != 0;
+    if (speculant_qlinear_isa() != QISA_AVX512_VNNI)
+        return 0;
+    if (speculant_qis_b32(type))
+        return speculant_qgroup_x16_b32_vnni != 0;
+    return (type == QT_Q4_K || type == QT_Q6_K) && speculant_qgroup_x16_vnni != 0;
 }

@@ -11,26 +11,9 @@
  * along: a row's result does not depend on the batch. Bounds: Q4_K |sum| < 8 * 63 * 32 * 15 *
  * 127 < 2^25, Q6_K < 16 * 128 * (16 * 63 * 127 + 32 * 16 * 127) < 2^29: no overflow.
  */
-#include <string.h>
-
 #include "quant.h"
 #if defined(__x86_64__) && defined(__GNUC__)
-#include <immintrin.h>
-
-#define ROW_GROUP 4 /* activation rows each decoded sub-block serves while it sits in registers */
-
-static inline uint32_t load_u32(const int8_t *p)
-{
-    uint32_t v;
-    memcpy(&v, p, 4);
-    return v;
-}
-
-/* the activation's 4 codes at p, in every 32-bit lane */
-QUANT_VNNI_TARGET static inline __m512i bcast4(const int8_t *p)
-{
-    return _mm512_set1_epi32((int)load_u32(p));
-}
+#include "quant_x16_vnni.h"
 
 /* two Q4_K sub-block sums of 16-weight groups n[0..3] as one int16 pair (each at most 32 * 127) */
 static inline int32_t pair_sums(const int16_t *n)
@@ -55,15 +38,8 @@ static inline int32_t pair_sums(const int16_t *n)
             }                                                                                              \
             for (int i = 0; i < NR; i++) {                                                                 \
                 const int8_t *x = xq + (r0 + i) * K + k0 + 32 * j;                                         \
-                __m512i a = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q[0], bcast4(x));                  \
-                __m512i b = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q[4], bcast4(x + 16));             \
-                a = _mm512_dpbusd_epi32(a, q[1], bcast4(x + 4));                                           \
-                b = _mm512_dpbusd_epi32(b, q[5], bcast4(x + 20));                                          \
-                a = _mm512_dpbusd_epi32(a, q[2], bcast4(x + 8));                                           \
-                b = _mm512_dpbusd_epi32(b, q[6], bcast4(x + 24));                                          \
-                a = _mm512_dpbusd_epi32(a, q[3], bcast4(x + 12));                                          \
-                b = _mm512_dpbusd_epi32(b, q[7], bcast4(x + 28));                                          \
-                tot[i] = _mm512_add_epi32(tot[i], _mm512_mullo_epi32(_mm512_add_epi32(a, b), sc));         \
+                const __m512i dot = speculant_dot32_x16(_mm512_setzero_si512(), q, x);                     \
+                tot[i] = _mm512_add_epi32(tot[i], _mm512_mullo_epi32(dot, sc));                            \
             }                                                                                              \
         }                                                                                                  \
         const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(T + K4_D)));                 \
@@ -101,10 +77,10 @@ static inline int32_t pair_sums(const int16_t *n)
             for (int i = 0; i < NR; i++) {                                                                 \
                 const int8_t *x = xq + (r0 + i) * K + k0 + 16 * g;                                         \
                 __m512i a = _mm512_dpbusd_epi32(_mm512_set1_epi32(-32 * xn[((r0 + i) * K) / QGROUP + gx + g]), \
-                                                c0, bcast4(x));                                            \
-                __m512i b = _mm512_dpbusd_epi32(_mm512_setzero_si512(), c2, bcast4(x + 8));                \
-                a = _mm512_dpbusd_epi32(a, c1, bcast4(x + 4));                                             \
-                b = _mm512_dpbusd_epi32(b, c3, bcast4(x + 12));                                            \
+                                                c0, speculant_bcast4(x));                                   \
+                __m512i b = _mm512_dpbusd_epi32(_mm512_setzero_si512(), c2, speculant_bcast4(x + 8));       \
+                a = _mm512_dpbusd_epi32(a, c1, speculant_bcast4(x + 4));                                    \
+                b = _mm512_dpbusd_epi32(b, c3, speculant_bcast4(x + 12));                                   \
                 tot[i] = _mm512_add_epi32(tot[i], _mm512_mullo_epi32(_mm512_add_epi32(a, b), sc));         \
             }                                                                                              \
         }                                                                                                  \
@@ -138,14 +114,7 @@ QUANT_VNNI_TARGET void speculant_qgroup_x16_vnni(int type, const uint8_t *group,
     const int q6 = type == QT_Q6_K_X16;
     const int64_t tile = q6 ? K6_TILE : K4_TILE;
     const __m512i low = _mm512_set1_epi8(0xf), top = _mm512_set1_epi8(0x30);
-    int64_t r0 = 0;
-    for (; R - r0 >= ROW_GROUP; r0 += ROW_GROUP)
-        ROWS_BODY(ROW_GROUP)
-    switch (R - r0) {
-    case 3: ROWS_BODY(3) break;
-    case 2: ROWS_BODY(2) break;
-    case 1: ROWS_BODY(1) break;
-    default: break;
-    }
+    int64_t r0;  /* each decoded sub-block serves 4 activation rows while it sits in registers */
+    QUANT_ROWS_IN_FOURS(R, r0, ROWS_BODY)
 }
 #endif
