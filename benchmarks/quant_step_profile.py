@@ -4,8 +4,9 @@
 Each step is timed through ``ModelRunner.forward`` (what the engine runs, the fused decoder included),
 then its parts are timed on their own with the step's shapes: every quantized linear layer but the
 output layer (``quant GEMM``) and the output layer on the rows that need logits. ``rest`` is the step
-less those parts: attention (over the requests' lengths), norms, rotary, residual adds, activations,
-activation quantization, Python. Median of ``--repeats`` calls each.
+less those parts. It is not a cost of its own: each part is timed by repeating one matrix, which then
+sits in cache, while the step streams every matrix from memory (benchmarks/README.md has the perf
+breakdown: at batch 1 the non-GEMM work is a few percent). Median of ``--repeats`` calls each.
 """
 
 from __future__ import annotations

@@ -188,8 +188,9 @@ def step_profile(results: Path) -> list[str]:
               "prefill_512": "a 512-token prefill chunk"}
     return [f"`quant_step_profile.py`: one engine step through `ModelRunner.forward` ({data['fast_forward']}), "
             "then its parts timed alone on the step's shapes: every quantized linear layer but the output layer "
-            "(one call per matrix, so a little above the fused step's), the output layer on the rows with logits; "
-            "the rest is attention, norms, rotary, activations and Python. Milliseconds, median of "
+            "(one call per matrix), the output layer on the rows with logits; "
+            "the rest is the step less those calls, which repeat one matrix and so find it in cache (where the "
+            "time goes: benchmarks/README.md). Milliseconds, median of "
             f"{o['repeats']} calls, {o['threads']} threads; measured on {measured_on(data)}, load "
             f"{data['environment'].get('load_avg')}:", "",
             "| step | tokens | step, ms | quant GEMM | output layer | rest |", "|---|---|---|---|---|---|",
