@@ -33,7 +33,7 @@ from .real_size_tables import (
     smollm2_q4_1,
     step_profile,
 )
-from .spec_cost_tables import spec_cost
+from .spec_cost_tables import sampling_filter, spec_cost
 from .structured_tables import structured, structured_headline
 from .tables import (
     HEADLINE_HEADER,
@@ -86,6 +86,7 @@ BLOCKS: dict[str, Table] = {
     "llamacpp": llamacpp,
     "prefix": prefix_cache,
     "spec-cost": spec_cost,
+    "sampling-filter": sampling_filter,
     "random-llama": random_llama,
     "structured": structured,
     "fast-forward": fast_forward,

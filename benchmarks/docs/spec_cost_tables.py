@@ -45,3 +45,21 @@ def _table(what: str, workload: str, data: dict | None) -> list[str]:
     if data.get("draft_model") and any(n.startswith("draft_model") for n in rows):
         out.append(f"- draft_model: {data['draft_model']}")
     return out
+
+
+def sampling_filter(results: Path) -> list[str]:
+    """Top-k / top-p among the most likely tokens vs a full sort (``benchmarks/sampling_filter_bench.py``)."""
+    data = _load(results, "sampling_filter.json")
+    if data is None:
+        return []
+    load = (data.get("environment") or {}).get("load_avg")
+    out = [f"{data['model']}, open chat at temperature 1.0, top-p 0.95, {data['prompts']} prompt(s) x "
+           f"{data['max_tokens']} tokens per run, one request at a time, {data['options']['repeats']} alternating "
+           f"rounds, {data['options']['threads']} threads; the cut looked for among the {data['candidates']} most "
+           f"likely tokens first; measured on {measured_on(data)}; load average at the start "
+           f"{load[0] if load else '?'} on 2 cores.", "",
+           "| engine / filter | tok/s (median) | vs the full sort: median (min-max) |", "|---|---|---|"]
+    for name, r in data["rows"].items():
+        s = r["speedup_vs_full_sort"]
+        out.append(f"| {name} | {r['tok_per_s']['median']:.1f} | {s['median']:.3f} ({s['min']:.3f}-{s['max']:.3f}) |")
+    return out
