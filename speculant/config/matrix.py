@@ -61,6 +61,16 @@ class MatrixCell:
         """Structured-output requests are served (where the cell is supported)."""
         return self.supported and not any(i.structured_only for i in self.issues)
 
+    def speculative(self, proposer_options: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The cell's ``speculative`` settings. Its k is set only where the proposer's
+        class clipped the default; otherwise it is left unset, as a user would, and the
+        engine lowers it to what the checkpoint gives (a Medusa file's heads)."""
+        out: dict[str, Any] = {"proposer": self.proposer, "proposer_options": proposer_options or {},
+                               "scorer": self.scorer, "acceptance": self.acceptance}
+        if self.num_speculative_tokens != SpeculativeConfig.model_fields["num_speculative_tokens"].default:
+            out["num_speculative_tokens"] = self.num_speculative_tokens
+        return out
+
     @property
     def reasons(self) -> list[str]:
         """Full messages of the issues that make the cell unsupported."""

@@ -50,9 +50,7 @@ def test_matrix_cell_end_to_end(cell, llama_dir, proposer_options, reference):
         f"no end-to-end options for proposer {cell.proposer!r}: add them to proposer_options"
     kwargs = dict(model=str(llama_dir), max_num_batched_tokens=32 if cell.enable_chunked_prefill else 128,
                   max_num_seqs=4, enable_chunked_prefill=cell.enable_chunked_prefill,
-                  speculative={"proposer": cell.proposer, "proposer_options": proposer_options[cell.proposer],
-                               "scorer": cell.scorer, "acceptance": cell.acceptance,
-                               "num_speculative_tokens": cell.num_speculative_tokens})
+                  speculative=cell.speculative(proposer_options[cell.proposer]))
     if not cell.supported:
         with pytest.raises(ConfigError) as err:
             LLM(**kwargs)

@@ -164,9 +164,7 @@ def no_spec_reference(llama_dir) -> dict[bool, list[list[int]]]:
 @pytest.mark.parametrize("cell", _cells())
 def test_greedy_with_speculation_equals_without_under_a_grammar(cell, llama_dir, proposer_options,
                                                                no_spec_reference):
-    llm = engine(llama_dir, {"proposer": cell.proposer, "proposer_options": proposer_options[cell.proposer],
-                             "scorer": cell.scorer, "acceptance": cell.acceptance,
-                             "num_speculative_tokens": cell.num_speculative_tokens},
+    llm = engine(llama_dir, cell.speculative(proposer_options[cell.proposer]),
                  max_num_batched_tokens=32 if cell.enable_chunked_prefill else 128,
                  enable_chunked_prefill=cell.enable_chunked_prefill)
     outs = run(llm, PROMPTS[:3], [params(s) for s in MATRIX_SCHEMAS])
